@@ -1,0 +1,56 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// envName is the environment twin of a flag: --ingest-queue → KETTLE_INGEST_QUEUE.
+func envName(flagName string) string {
+	return "KETTLE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newFlagSet returns a flag set whose usage lists every flag with its
+// environment twin; it is the configuration reference of the command.
+func newFlagSet(name, synopsis, doc string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: kettle %s %s\n\n%s\n\nFlags (each also read from its environment variable; a flag on the command line wins):\n", name, synopsis, strings.TrimSpace(doc))
+		fs.VisitAll(func(f *flag.Flag) {
+			def := ""
+			if f.DefValue != "" {
+				def = fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(w, "  --%s  [%s]%s\n      %s\n", f.Name, envName(f.Name), def, f.Usage)
+		})
+	}
+	return fs
+}
+
+// parseFlags parses args, then fills every flag not given on the command line
+// from its environment twin.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %w", envName(f.Name), v, e)
+			}
+		}
+	})
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
+	}
+	return err
+}

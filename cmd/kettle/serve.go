@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet/server"
+)
+
+func init() {
+	register("serve", "run the backend: device API, commands, statistics", runServe)
+}
+
+const serveDoc = `
+Runs the kettlefleet backend. Kettles post measurements and poll commands over
+the case-study protocol (POST /login, POST /measurement, GET /command) or the
+v1 API (/v1/…, bearer tokens); operators read statistics and set overrides.
+The API is described at GET /openapi.json.
+
+Every reading is validated, queued (bounded: a full queue answers 503 with
+Retry-After), committed in a batch transaction together with the latest state
+and statistics rollups, and only then acknowledged. Command polls are answered
+from memory. SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
+
+Secrets: when --operator-token or --secret is empty, a random value is
+generated at first start and kept in --data-dir (files operator-token and
+secret, mode 0600); the log says where.`
+
+// logger builds the process logger from --log-format and --log-level.
+func logger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(stderrSink(), opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(stderrSink(), opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+func runServe(ctx context.Context, args []string) error {
+	fs := newFlagSet("serve", "[flags]", serveDoc)
+	var cfg server.Config
+	fs.StringVar(&cfg.Addr, "addr", "127.0.0.1:8080", "HTTP listen address")
+	fs.StringVar(&cfg.DB, "db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
+	fs.StringVar(&cfg.DataDir, "data-dir", "kettle-data", "directory for generated secrets (operator-token, secret)")
+	fs.StringVar(&cfg.OperatorToken, "operator-token", "", "bearer token for operator endpoints (empty: generated and kept in --data-dir)")
+	fs.StringVar(&cfg.Secret, "secret", "", "key device tokens are derived from (empty: generated and kept in --data-dir)")
+	fs.IntVar(&cfg.Ingest.QueueRows, "ingest-queue", 65536, "readings that may wait for a commit; beyond it ingest answers 503 + Retry-After")
+	fs.IntVar(&cfg.Ingest.BatchRows, "batch-rows", 2000, "most readings committed in one transaction")
+	fs.DurationVar(&cfg.Ingest.BatchWait, "batch-wait", 0, "wait this long for more readings before committing a partial batch (0: commit at once; batches still grow under load)")
+	fs.IntVar(&cfg.Ingest.Writers, "writers", 0, "concurrent batch transactions (0: 1 for SQLite, 2 for PostgreSQL)")
+	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
+	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
+	fs.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to send request headers (slowloris bound)")
+	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", 15*time.Second, "time allowed to send a whole request")
+	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
+	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "keep-alive connections idle longer are closed (keep it above the kettles' interval)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
+	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool")
+	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
+	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 1, "fraction of requests written to the access log (0 = none, 1 = all)")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := logger(*logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	srv, err := server.Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	tok, sec := srv.TokenFiles()
+	fmt.Fprintf(os.Stderr, "kettle serve listening on %s\n", srv.URL())
+	if tok != "" {
+		fmt.Fprintf(os.Stderr, "  operator token: %s (curl -H \"Authorization: Bearer $(cat %s)\" %s/v1/statistics)\n", tok, tok, srv.URL())
+	}
+	if sec != "" {
+		fmt.Fprintf(os.Stderr, "  device-token secret: %s (kettle token --data-dir %s --device UUID)\n", sec, strings.TrimSuffix(cfg.DataDir, "/"))
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-srv.Done():
+		if err != nil {
+			log.Error("serve failed", "err", err)
+		}
+	}
+	err = srv.Close()
+	stderrSink().Flush()
+	return err
+}

@@ -1,0 +1,72 @@
+package kettle
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Code classifies an Error; adapters map it once to an HTTP status or an
+// MQTT reason code.
+type Code string
+
+// Error codes.
+const (
+	EInvalid      Code = "invalid"      // bad input: 400
+	EUnauthorized Code = "unauthorized" // missing or wrong credentials: 401
+	EForbidden    Code = "forbidden"    // right credentials, wrong resource: 403
+	ENotFound     Code = "not_found"    // 404
+	ETooLarge     Code = "too_large"    // body or batch over its limit: 413
+	EUnavailable  Code = "unavailable"  // queue full, store down: 503
+	EInternal     Code = "internal"     // a bug or an unexpected store failure: 500
+)
+
+// FieldError names one bad input field and says what is wrong with it.
+type FieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+func (f FieldError) String() string { return fmt.Sprintf("field %q: %s", f.Field, f.Message) }
+
+// Error is kettlefleet's one error type. Message tells the operator or
+// client what to do about it.
+type Error struct {
+	Code       Code
+	Message    string
+	Fields     []FieldError
+	RetryAfter time.Duration // for EUnavailable
+}
+
+func (e *Error) Error() string {
+	if len(e.Fields) == 0 {
+		return e.Message
+	}
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = f.String()
+	}
+	if e.Message == "" {
+		return strings.Join(parts, "; ")
+	}
+	return e.Message + ": " + strings.Join(parts, "; ")
+}
+
+// Errorf returns an *Error with the code and a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, EInternal
+// for any other error, and "" for nil.
+func ErrorCode(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return EInternal
+}

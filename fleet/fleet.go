@@ -1,0 +1,436 @@
+// Package fleet is the heart of kettle serve between the wire adapters
+// (httpapi, mqttapi) and the store: the bounded ingest queue and its batcher
+// (one store transaction per batch, ack after commit), and the in-memory
+// caches that answer command polls without waiting on the store.
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// Config sizes the ingest pipeline.
+type Config struct {
+	// QueueRows bounds the readings waiting for a transaction. When full,
+	// Ingest fails fast with EUnavailable (HTTP 503 + Retry-After).
+	QueueRows int
+	// BatchRows is the most readings committed in one transaction.
+	BatchRows int
+	// BatchWait is how long the batcher waits for more readings after the
+	// first one before committing a partial batch (0: commit what is there;
+	// batches still grow under load while the previous commit runs).
+	BatchWait time.Duration
+	// Writers is the number of concurrent batch transactions (1 for SQLite,
+	// which has one writer; a few for PostgreSQL).
+	Writers int
+	// PollInterval is the poll_after_s a kettle is told when nothing
+	// time-dependent is due sooner.
+	PollInterval time.Duration
+	// RetryAfter is what a refused client is told to wait.
+	RetryAfter time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.QueueRows <= 0 {
+		c.QueueRows = 65536
+	}
+	if c.BatchRows <= 0 {
+		c.BatchRows = 2000
+	}
+	if c.Writers <= 0 {
+		c.Writers = 1
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = 30 * time.Second
+	}
+	if c.RetryAfter <= 0 {
+		c.RetryAfter = time.Second
+	}
+}
+
+// Hooks lets the server observe the pipeline (metrics) without this package
+// importing a metrics library. Any field may be nil.
+type Hooks struct {
+	Batch    func(rows, dups int, commit time.Duration, err error)
+	Rejected func(reason string, rows int)
+}
+
+// device is the cached state of one kettle. Guarded by Service.mu.
+type device struct {
+	registeredAt time.Time
+	lastSeen     time.Time
+	latest       *kettle.Measurement
+	capacityML   float64
+	override     *kettle.Override
+}
+
+// Service owns the ingest queue, the batcher goroutines and the caches.
+type Service struct {
+	store kettle.Store
+	cfg   Config
+	log   *slog.Logger
+	now   func() time.Time
+	hooks Hooks
+
+	queue  chan *request
+	queued atomic.Int64 // readings in the queue
+	closed atomic.Bool
+	wg     sync.WaitGroup
+	sendMu sync.RWMutex // held (R) while sending to queue; (W) to close it
+
+	mu      sync.RWMutex
+	devices map[kettle.DeviceID]*device
+
+	stored     atomic.Int64
+	duplicates atomic.Int64
+}
+
+type request struct {
+	rows []kettle.Measurement
+	dup  []bool
+	err  error
+	done chan struct{}
+}
+
+// New loads every device from the store into memory and starts the batchers.
+// now is the clock (a field, so tests can fake it).
+func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, now func() time.Time, hooks Hooks) (*Service, error) {
+	cfg.defaults()
+	if now == nil {
+		now = time.Now
+	}
+	s := &Service{
+		store:   store,
+		cfg:     cfg,
+		log:     log,
+		now:     now,
+		hooks:   hooks,
+		queue:   make(chan *request, cfg.QueueRows),
+		devices: make(map[kettle.DeviceID]*device),
+	}
+	err := store.Scan(ctx, func(d kettle.DeviceState) error {
+		s.devices[d.ID] = &device{
+			registeredAt: d.RegisteredAt,
+			lastSeen:     d.LastSeen,
+			latest:       d.Latest,
+			capacityML:   d.CapacityML,
+			override:     d.Override,
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load device cache: %w", err)
+	}
+	for i := 0; i < cfg.Writers; i++ {
+		s.wg.Add(1)
+		go s.batcher()
+	}
+	return s, nil
+}
+
+// Config returns the effective configuration.
+func (s *Service) Config() Config { return s.cfg }
+
+// Store returns the store behind the service.
+func (s *Service) Store() kettle.Store { return s.store }
+
+// Now is the service clock.
+func (s *Service) Now() time.Time { return s.now() }
+
+// QueueLen is the number of readings waiting for a transaction.
+func (s *Service) QueueLen() int { return int(s.queued.Load()) }
+
+// Counters returns readings stored and duplicates seen since start.
+func (s *Service) Counters() (stored, duplicates int64) {
+	return s.stored.Load(), s.duplicates.Load()
+}
+
+// Ingest queues readings (already validated and normalized) and returns
+// after the transaction holding them committed: how many were stored and how
+// many were duplicates. A full queue fails at once with EUnavailable.
+func (s *Service) Ingest(ctx context.Context, rows []kettle.Measurement) (stored, dups int, err error) {
+	if len(rows) == 0 {
+		return 0, 0, nil
+	}
+	n := int64(len(rows))
+	if s.queued.Add(n) > int64(s.cfg.QueueRows) {
+		s.queued.Add(-n)
+		s.reject("queue_full", len(rows))
+		return 0, 0, &kettle.Error{
+			Code:       kettle.EUnavailable,
+			Message:    fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", s.cfg.QueueRows, s.cfg.RetryAfter),
+			RetryAfter: s.cfg.RetryAfter,
+		}
+	}
+	req := &request{rows: rows, done: make(chan struct{})}
+	s.sendMu.RLock()
+	if s.closed.Load() {
+		s.sendMu.RUnlock()
+		s.queued.Add(-n)
+		s.reject("shutting_down", len(rows))
+		return 0, 0, &kettle.Error{Code: kettle.EUnavailable, Message: "server is shutting down; retry on another node or after restart", RetryAfter: s.cfg.RetryAfter}
+	}
+	s.queue <- req // never blocks: capacity ≥ QueueRows ≥ queued requests
+	s.sendMu.RUnlock()
+	<-req.done // not ctx: the commit decides; a gone client simply retries into a duplicate
+	if req.err != nil {
+		return 0, 0, req.err
+	}
+	for _, d := range req.dup {
+		if d {
+			dups++
+		}
+	}
+	return len(rows) - dups, dups, nil
+}
+
+func (s *Service) reject(reason string, rows int) {
+	if s.hooks.Rejected != nil {
+		s.hooks.Rejected(reason, rows)
+	}
+}
+
+// batcher takes whatever is queued, up to BatchRows, commits it in one
+// transaction, updates the caches and wakes every waiter.
+func (s *Service) batcher() {
+	defer s.wg.Done()
+	var (
+		reqs  []*request
+		batch []kettle.Measurement
+	)
+	for {
+		first, ok := <-s.queue
+		if !ok {
+			return
+		}
+		reqs = append(reqs[:0], first)
+		batch = append(batch[:0], first.rows...)
+		var (
+			deadline <-chan time.Time
+			timer    *time.Timer
+		)
+		if s.cfg.BatchWait > 0 {
+			timer = time.NewTimer(s.cfg.BatchWait)
+			deadline = timer.C
+		}
+	gather:
+		for len(batch) < s.cfg.BatchRows {
+			select {
+			case r, ok := <-s.queue:
+				if !ok {
+					break gather
+				}
+				reqs = append(reqs, r)
+				batch = append(batch, r.rows...)
+			default:
+				if deadline == nil {
+					break gather
+				}
+				select {
+				case r, ok := <-s.queue:
+					if !ok {
+						break gather
+					}
+					reqs = append(reqs, r)
+					batch = append(batch, r.rows...)
+				case <-deadline:
+					break gather
+				}
+			}
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		s.commit(reqs, batch)
+	}
+}
+
+func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
+	start := time.Now()
+	received := s.now()
+	dup, err := s.store.Write(context.Background(), batch, received)
+	took := time.Since(start)
+	s.queued.Add(-int64(len(batch)))
+	ndup := 0
+	if err != nil {
+		s.log.Error("store write failed; readings refused with 503", "rows", len(batch), "err", err)
+		err = &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("store unavailable (%v); retry after %s", err, s.cfg.RetryAfter), RetryAfter: s.cfg.RetryAfter}
+	} else {
+		s.mu.Lock()
+		for i := range batch {
+			if dup[i] {
+				ndup++
+				continue
+			}
+			s.apply(&batch[i], received)
+		}
+		s.mu.Unlock()
+		s.stored.Add(int64(len(batch) - ndup))
+		s.duplicates.Add(int64(ndup))
+	}
+	if s.hooks.Batch != nil {
+		s.hooks.Batch(len(batch), ndup, took, err)
+	}
+	off := 0
+	for _, r := range reqs {
+		if err != nil {
+			r.err = err
+		} else {
+			r.dup = dup[off : off+len(r.rows)]
+		}
+		off += len(r.rows)
+		close(r.done)
+	}
+}
+
+// apply folds a committed reading into the cache, with the same rules as the
+// store (latest only if newer). Caller holds s.mu.
+func (s *Service) apply(m *kettle.Measurement, received time.Time) {
+	d := s.devices[m.Device]
+	if d == nil {
+		d = &device{registeredAt: received}
+		s.devices[m.Device] = d
+	}
+	d.lastSeen = received
+	if m.LevelML > d.capacityML {
+		d.capacityML = m.LevelML
+	}
+	if d.latest == nil || m.Time.After(d.latest.Time) {
+		c := *m
+		d.latest = &c
+	}
+}
+
+// Close stops accepting readings, commits everything queued and stops the
+// batchers. Call it after the wire adapters stopped.
+func (s *Service) Close() {
+	s.sendMu.Lock()
+	if !s.closed.Swap(true) {
+		close(s.queue)
+	}
+	s.sendMu.Unlock()
+	s.wg.Wait()
+}
+
+// Register creates new devices with fresh random ids, durably, and returns
+// their ids.
+func (s *Service) Register(ctx context.Context, n int) ([]kettle.DeviceID, error) {
+	ids := make([]kettle.DeviceID, n)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	return ids, s.RegisterIDs(ctx, ids)
+}
+
+// RegisterIDs creates the given devices (existing ones are left alone).
+func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error {
+	at := s.now().UTC().Truncate(kettle.TimePrecis)
+	if err := s.store.Register(ctx, ids, at); err != nil {
+		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("register devices: store unavailable (%v); retry", err), RetryAfter: s.cfg.RetryAfter}
+	}
+	s.mu.Lock()
+	for _, id := range ids {
+		if s.devices[id] == nil {
+			s.devices[id] = &device{registeredAt: at}
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Registered reports whether the device is known (the case-study protocol's
+// only credential check). Answered from memory.
+func (s *Service) Registered(id kettle.DeviceID) bool {
+	s.mu.RLock()
+	_, ok := s.devices[id]
+	s.mu.RUnlock()
+	return ok
+}
+
+// DeviceCount is the number of registered devices in the cache.
+func (s *Service) DeviceCount() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.devices)
+}
+
+// ReportingSince counts devices whose last stored reading was committed at
+// or after t, from memory.
+func (s *Service) ReportingSince(t time.Time) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, d := range s.devices {
+		if !d.lastSeen.Before(t) && !d.lastSeen.IsZero() {
+			n++
+		}
+	}
+	return n
+}
+
+// Command is the device's current command, from memory: the policy applied
+// to the cached latest reading, capacity and override at the service clock.
+// An unknown device gets the policy's answer for a kettle with no reading.
+func (s *Service) Command(id kettle.DeviceID) (kettle.Command, time.Duration) {
+	now := s.now()
+	s.mu.RLock()
+	in := kettle.PolicyInput{Now: now}
+	if d := s.devices[id]; d != nil {
+		in.Latest, in.CapacityML, in.Override = d.latest, d.capacityML, d.override
+	}
+	s.mu.RUnlock()
+	return kettle.Decide(in), kettle.NextChange(now, in.Override, s.cfg.PollInterval)
+}
+
+// SetOverride stores an override durably, then applies it to the cache so
+// the kettle's next poll sees it.
+func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Override) error {
+	if err := s.store.SetOverride(ctx, id, o); err != nil {
+		return storeErr("set override", err)
+	}
+	s.mu.Lock()
+	if d := s.devices[id]; d != nil {
+		c := o
+		d.override = &c
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// ClearOverride removes a device's override, durably, then from the cache.
+func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
+	if _, err := s.store.Device(ctx, id); err != nil {
+		return storeErr("clear override", err)
+	}
+	if err := s.store.ClearOverride(ctx, id); err != nil {
+		return storeErr("clear override", err)
+	}
+	s.mu.Lock()
+	if d := s.devices[id]; d != nil {
+		d.override = nil
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// storeErr keeps domain errors (not found) and turns anything else into a
+// retryable 503: a failing store is an outage, not a bug of the caller.
+func storeErr(what string, err error) error {
+	switch kettle.ErrorCode(err) {
+	case kettle.EInternal:
+		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: store unavailable (%v); retry", what, err), RetryAfter: time.Second}
+	default:
+		return err
+	}
+}
+
+// StoreErr is storeErr for the adapters' read paths.
+func StoreErr(what string, err error) error { return storeErr(what, err) }

@@ -1,0 +1,746 @@
+// Package httpapi is kettle serve's HTTP adapter: the case-study protocol
+// (unchanged, for kettles in the field), the v1 API, health and the OpenAPI
+// document. It decodes and validates, then hands readings to the fleet
+// service; it never talks to the store on the poll path.
+package httpapi
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+)
+
+// ReportingWindow is how recently a device must have stored a reading to
+// count as reporting.
+const ReportingWindow = 5 * time.Minute
+
+// Config is what the handler needs besides the fleet service.
+type Config struct {
+	OperatorToken string
+	Secret        []byte
+}
+
+// API holds the routes. Build it with New; it is an http.Handler.
+type API struct {
+	svc *fleet.Service
+	cfg Config
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the handler. extra lets the server mount more routes (metrics,
+// dashboard) on the same mux before it is served.
+func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	m := a.mux
+	// Case-study protocol.
+	m.HandleFunc("POST /login", a.v0Login)
+	m.HandleFunc("GET /command", a.v0Command)
+	m.HandleFunc("POST /measurement", a.v0Measurement)
+	m.HandleFunc("GET /statistics", a.operator(a.v0Statistics))
+	// v1.
+	m.HandleFunc("POST /v1/devices", a.operator(a.createDevices))
+	m.HandleFunc("GET /v1/devices", a.operator(a.listDevices))
+	m.HandleFunc("GET /v1/devices/{id}", a.deviceOrOperator(a.getDevice))
+	m.HandleFunc("GET /v1/devices/{id}/measurements", a.deviceOrOperator(a.history))
+	m.HandleFunc("PUT /v1/devices/{id}/override", a.operator(a.putOverride))
+	m.HandleFunc("DELETE /v1/devices/{id}/override", a.operator(a.deleteOverride))
+	m.HandleFunc("POST /v1/measurements", a.v1Measurements)
+	m.HandleFunc("GET /v1/command", a.v1Command)
+	m.HandleFunc("GET /v1/statistics", a.operator(a.v1Statistics))
+	// Operations.
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
+	m.HandleFunc("GET /readyz", a.readyz)
+	m.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(OpenAPI)
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, a.log, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", r.Method, truncate(r.URL.Path, 128)))
+	})
+	return a
+}
+
+// Handle mounts another handler on the API's mux (metrics, dashboard).
+func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+
+// ServeHTTP serves the routes.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// ---- errors and JSON ----
+
+type errorBody struct {
+	Error   kettle.Code         `json:"error"`
+	Message string              `json:"message"`
+	Fields  []kettle.FieldError `json:"fields,omitempty"`
+}
+
+// Status maps an error code to its HTTP status — the one place this happens.
+func Status(code kettle.Code) int {
+	switch code {
+	case kettle.EInvalid:
+		return http.StatusBadRequest
+	case kettle.EUnauthorized:
+		return http.StatusUnauthorized
+	case kettle.EForbidden:
+		return http.StatusForbidden
+	case kettle.ENotFound:
+		return http.StatusNotFound
+	case kettle.ETooLarge:
+		return http.StatusRequestEntityTooLarge
+	case kettle.EUnavailable:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
+	var e *kettle.Error
+	if !errors.As(err, &e) {
+		e = &kettle.Error{Code: kettle.EInternal, Message: "internal error; see the server log"}
+		log.Error("internal error", "err", err)
+	}
+	status := Status(e.Code)
+	if e.Code == kettle.EUnavailable {
+		ra := e.RetryAfter
+		if ra <= 0 {
+			ra = time.Second
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int((ra+time.Second-1)/time.Second)))
+	}
+	if e.Code == kettle.EUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="kettlefleet"`)
+	}
+	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: e.Fields})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"error":"internal","message":"encoding response"}`, 500)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// ---- authentication ----
+
+type ctxKey int
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:]), true
+	}
+	return "", false
+}
+
+func (a *API) isOperator(tok string) bool {
+	return subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.OperatorToken)) == 1
+}
+
+// operator guards operator endpoints: the operator token, nothing else.
+func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := bearer(r)
+		if !ok {
+			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "operator token required: send Authorization: Bearer <token> (kettle serve prints where it is kept)"))
+			return
+		}
+		if !a.isOperator(tok) {
+			if _, isDev := kettle.VerifyDeviceToken(a.cfg.Secret, tok); isDev {
+				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
+				return
+			}
+			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "wrong operator token"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// device authenticates a v1 device token (no store round trip).
+func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
+	tok, ok := bearer(r)
+	if !ok {
+		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device token required: send Authorization: Bearer <device token>")
+	}
+	id, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
+	if !ok {
+		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "invalid device token")
+	}
+	return id, nil
+}
+
+// deviceOrOperator lets the operator read any device and a device read only
+// itself.
+func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id kettle.DeviceID)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := uuid.Parse(r.PathValue("id"))
+		if err != nil {
+			writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
+			return
+		}
+		tok, ok := bearer(r)
+		if !ok {
+			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "token required: send Authorization: Bearer <operator or device token>"))
+			return
+		}
+		if !a.isOperator(tok) {
+			dev, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
+			if !ok {
+				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid token"))
+				return
+			}
+			if dev != id {
+				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
+				return
+			}
+		}
+		h(w, r, id)
+	}
+}
+
+// v0Device is the case-study credential: a UUID this server issued.
+func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
+	c := r.Header.Get("servant-auth-cookie")
+	if c == "" {
+		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "missing servant-auth-cookie header; POST /login first")
+	}
+	id, err := uuid.Parse(c)
+	if err != nil || !a.svc.Registered(id) {
+		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "unknown device; POST /login to register")
+	}
+	return id, nil
+}
+
+// ---- case-study protocol ----
+
+func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	var req struct {
+		Username *string `json:"username"`
+	}
+	if err := decodeJSON(body, &req); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	if req.Username == nil {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
+		return
+	}
+	ids, err := a.svc.Register(r.Context(), 1)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	writeJSON(w, 200, map[string]string{"username": ids[0].String()})
+}
+
+var (
+	v0Flush = map[bool]string{true: "FlushReservoir", false: "NoFlushReservoir"}
+)
+
+func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
+	id, err := a.v0Device(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	c, _ := a.svc.Command(id)
+	b := make([]byte, 0, 128)
+	b = append(b, `{"charge":"`...)
+	if c.Charge {
+		b = append(b, `ChargeBattery","fill":"`...)
+	} else {
+		b = append(b, `NoChargeBattery","fill":"`...)
+	}
+	if c.Fill {
+		b = append(b, `FillReservoir","flush":`...)
+	} else {
+		b = append(b, `NoFillReservoir","flush":`...)
+	}
+	if c.FlushMLPerS > 0 {
+		b = append(b, `{"tag":"FlushReservoir","contents":`...)
+		b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
+		b = append(b, "}}\n"...)
+	} else {
+		b = append(b, `{"tag":"NoFlushReservoir"}}`+"\n"...)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Write(b)
+}
+
+func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
+	id, err := a.v0Device(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	m, err := DecodeV0(body, id, a.svc.Now())
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	if _, _, err := a.svc.Ingest(r.Context(), []kettle.Measurement{m}); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", "3")
+	w.Write([]byte("[]\n"))
+}
+
+func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery, error) {
+	q := kettle.StatsQuery{ReportingSince: a.svc.Now().Add(-ReportingWindow)}
+	var errs []kettle.FieldError
+	parse := func(name string, dst *time.Time) {
+		if v := r.URL.Query().Get(name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				errs = append(errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+				return
+			}
+			*dst = t.UTC()
+		}
+	}
+	parse("from", &q.From)
+	parse("to", &q.To)
+	if len(errs) == 0 && !q.From.IsZero() && !q.To.IsZero() && !q.To.After(q.From) {
+		errs = append(errs, kettle.FieldError{Field: "to", Message: "must be after from"})
+	}
+	if len(errs) > 0 {
+		return kettle.Statistics{}, q, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs}
+	}
+	s, err := a.svc.Store().Statistics(r.Context(), q)
+	if err != nil {
+		return s, q, fleet.StoreErr("statistics", err)
+	}
+	return s, q, nil
+}
+
+func (a *API) v0Statistics(w http.ResponseWriter, r *http.Request) {
+	s, _, err := a.statistics(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	hours := make([][2]any, 0, 24)
+	for _, h := range s.ByHour {
+		if h.Water.N > 0 {
+			hours = append(hours, [2]any{h.Hour, [2]float64{h.Water.Mean, h.Water.Stddev()}})
+		}
+	}
+	writeJSON(w, 200, map[string]any{
+		"statsMeasurementCount":   s.MeasurementCount,
+		"statsNumDevices":         s.DevicesRegistered,
+		"statsTotalBatteryCharge": s.TotalChargeMWh,
+		"statsTotalWaterVolume":   s.TotalWaterML,
+		"statsMeanTemperature":    hours,
+		"statsTotalWaterEnergy":   s.TotalPotentialJ(),
+	})
+}
+
+// ---- v1 ----
+
+// MeasurementJSON is a stored reading as the v1 API returns it.
+type MeasurementJSON struct {
+	Time    time.Time `json:"time"`
+	Charge  float64   `json:"battery_charge_mwh"`
+	Full    float64   `json:"battery_full_mwh"`
+	Rate    float64   `json:"battery_rate_mw"`
+	Ambient float64   `json:"ambient_temp_c"`
+	Water   float64   `json:"water_temp_c"`
+	Level   float64   `json:"water_level_ml"`
+}
+
+func toJSON(m *kettle.Measurement) *MeasurementJSON {
+	if m == nil {
+		return nil
+	}
+	return &MeasurementJSON{m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}
+}
+
+// CommandJSON is GET /v1/command's body.
+type CommandJSON struct {
+	Charge      bool    `json:"charge"`
+	Fill        bool    `json:"fill"`
+	FlushMLPerS float64 `json:"flush_ml_per_s"`
+	Reason      string  `json:"reason"`
+	PollAfterS  int     `json:"poll_after_s"`
+}
+
+// OverrideJSON is an operator override on the wire.
+type OverrideJSON struct {
+	Charge      *bool      `json:"charge,omitempty"`
+	Fill        *bool      `json:"fill,omitempty"`
+	FlushMLPerS *float64   `json:"flush_ml_per_s,omitempty"`
+	ExpiresAt   *time.Time `json:"expires_at"`
+	SetAt       *time.Time `json:"set_at,omitempty"`
+	Active      bool       `json:"active"`
+}
+
+// DeviceJSON is a device with its latest state.
+type DeviceJSON struct {
+	ID           kettle.DeviceID  `json:"id"`
+	RegisteredAt time.Time        `json:"registered_at"`
+	LastSeen     *time.Time       `json:"last_seen"`
+	Latest       *MeasurementJSON `json:"latest"`
+	CapacityML   float64          `json:"capacity_ml"`
+	Measurements int64            `json:"measurements"`
+	Command      *CommandJSON     `json:"command,omitempty"`
+	Override     *OverrideJSON    `json:"override,omitempty"`
+}
+
+func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
+	j := DeviceJSON{ID: d.ID, RegisteredAt: d.RegisteredAt, Latest: toJSON(d.Latest), CapacityML: d.CapacityML, Measurements: d.Measurements}
+	if !d.LastSeen.IsZero() {
+		t := d.LastSeen
+		j.LastSeen = &t
+	}
+	now := a.svc.Now()
+	if o := d.Override; o != nil {
+		exp, set := o.ExpiresAt, o.SetAt
+		j.Override = &OverrideJSON{Charge: o.Charge, Fill: o.Fill, FlushMLPerS: o.FlushMLPerS, ExpiresAt: &exp, SetAt: &set, Active: o.ActiveAt(now)}
+	}
+	if withCommand {
+		c := kettle.Decide(kettle.PolicyInput{Latest: d.Latest, CapacityML: d.CapacityML, Override: d.Override, Now: now})
+		next := kettle.NextChange(now, d.Override, a.svc.Config().PollInterval)
+		j.Command = &CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)}
+	}
+	return j
+}
+
+func pollSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	req := struct {
+		Count *int `json:"count"`
+	}{}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		if err := decodeJSON(body, &req); err != nil {
+			writeError(w, a.log, err)
+			return
+		}
+	}
+	n := 1
+	if req.Count != nil {
+		n = *req.Count
+	}
+	if n < 1 || n > kettle.MaxBatch {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
+		return
+	}
+	ids, err := a.svc.Register(r.Context(), n)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	type dev struct {
+		ID    kettle.DeviceID `json:"id"`
+		Token string          `json:"token"`
+	}
+	out := make([]dev, len(ids))
+	for i, id := range ids {
+		out[i] = dev{id, kettle.DeviceToken(a.cfg.Secret, id)}
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"devices": out})
+}
+
+func queryInt(r *http.Request, name string, def, min, max int, errs *[]kettle.FieldError) int {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min || n > max {
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an integer from %d to %d, got %q", min, max, truncate(v, 32))})
+		return def
+	}
+	return n
+}
+
+func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
+	var errs []kettle.FieldError
+	limit := queryInt(r, "limit", 20, 1, 1000, &errs)
+	after := uuid.Nil
+	if v := r.URL.Query().Get("after"); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", truncate(v, 64))})
+		}
+		after = id
+	}
+	if len(errs) > 0 {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		return
+	}
+	ds, err := a.svc.Store().Devices(r.Context(), after, limit)
+	if err != nil {
+		writeError(w, a.log, fleet.StoreErr("list devices", err))
+		return
+	}
+	out := make([]DeviceJSON, len(ds))
+	for i, d := range ds {
+		out[i] = a.deviceJSON(d, false)
+	}
+	next := ""
+	if len(ds) == limit {
+		next = ds[len(ds)-1].ID.String()
+	}
+	writeJSON(w, 200, map[string]any{"devices": out, "next": next})
+}
+
+func (a *API) getDevice(w http.ResponseWriter, r *http.Request, id kettle.DeviceID) {
+	d, err := a.svc.Store().Device(r.Context(), id)
+	if err != nil {
+		writeError(w, a.log, fleet.StoreErr("get device", err))
+		return
+	}
+	writeJSON(w, 200, a.deviceJSON(d, true))
+}
+
+func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID) {
+	var errs []kettle.FieldError
+	q := kettle.HistoryQuery{Device: id}
+	q.Limit = queryInt(r, "limit", 100, 1, 1000, &errs)
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &q.From}, {"to", &q.To}, {"after", &q.After}} {
+		if v := r.URL.Query().Get(p.name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				errs = append(errs, kettle.FieldError{Field: p.name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+				continue
+			}
+			*p.dst = t.UTC()
+		}
+	}
+	if len(errs) > 0 {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		return
+	}
+	if _, err := a.svc.Store().Device(r.Context(), id); err != nil {
+		writeError(w, a.log, fleet.StoreErr("history", err))
+		return
+	}
+	ms, err := a.svc.Store().History(r.Context(), q)
+	if err != nil {
+		writeError(w, a.log, fleet.StoreErr("history", err))
+		return
+	}
+	out := make([]*MeasurementJSON, len(ms))
+	for i := range ms {
+		out[i] = toJSON(&ms[i])
+	}
+	next := ""
+	if len(ms) == q.Limit {
+		next = ms[len(ms)-1].Time.Format(time.RFC3339Nano)
+	}
+	writeJSON(w, 200, map[string]any{"measurements": out, "next": next})
+}
+
+func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		return
+	}
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	var req OverrideJSON
+	if err := decodeJSON(body, &req); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	now := a.svc.Now()
+	var errs []kettle.FieldError
+	if req.ExpiresAt == nil {
+		errs = append(errs, kettle.FieldError{Field: "expires_at", Message: "required (RFC 3339)"})
+	} else if !req.ExpiresAt.After(now) {
+		errs = append(errs, kettle.FieldError{Field: "expires_at", Message: "must be in the future"})
+	} else if req.ExpiresAt.After(now.Add(366 * 24 * time.Hour)) {
+		errs = append(errs, kettle.FieldError{Field: "expires_at", Message: "must be within a year"})
+	}
+	if req.FlushMLPerS != nil && (*req.FlushMLPerS < 0 || *req.FlushMLPerS > 1000 || *req.FlushMLPerS != *req.FlushMLPerS) {
+		errs = append(errs, kettle.FieldError{Field: "flush_ml_per_s", Message: "must be between 0 (off) and 1000"})
+	}
+	if req.Charge == nil && req.Fill == nil && req.FlushMLPerS == nil {
+		errs = append(errs, kettle.FieldError{Field: "charge", Message: "set at least one of charge, fill, flush_ml_per_s"})
+	}
+	if len(errs) > 0 {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid override", Fields: errs})
+		return
+	}
+	o := kettle.Override{Charge: req.Charge, Fill: req.Fill, FlushMLPerS: req.FlushMLPerS, ExpiresAt: req.ExpiresAt.UTC().Truncate(kettle.TimePrecis), SetAt: now.UTC().Truncate(kettle.TimePrecis)}
+	if err := a.svc.SetOverride(r.Context(), id, o); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	d, err := a.svc.Store().Device(r.Context(), id)
+	if err != nil {
+		writeError(w, a.log, fleet.StoreErr("get device", err))
+		return
+	}
+	writeJSON(w, 200, a.deviceJSON(d, true))
+}
+
+func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		return
+	}
+	if err := a.svc.ClearOverride(r.Context(), id); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
+	id, err := a.device(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	ms, err := DecodeV1(body, id, a.svc.Now())
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	stored, dups, err := a.svc.Ingest(r.Context(), ms)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	writeJSON(w, 200, map[string]int{"stored": stored, "duplicates": dups})
+}
+
+func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
+	id, err := a.device(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	c, next := a.svc.Command(id)
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%t|%t|%g|%s", c.Charge, c.Fill, c.FlushMLPerS, c.Reason)
+	etag := fmt.Sprintf(`"%x"`, h.Sum64())
+	w.Header().Set("ETag", etag)
+	w.Header().Set("Cache-Control", "no-cache")
+	if inm := r.Header.Get("If-None-Match"); inm != "" && inm == etag {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+}
+
+// StatsJSON is GET /v1/statistics's body.
+type StatsJSON struct {
+	From              *time.Time `json:"from"`
+	To                *time.Time `json:"to"`
+	MeasurementCount  int64      `json:"measurement_count"`
+	RangeCount        int64      `json:"range_measurement_count"`
+	DevicesRegistered int64      `json:"devices_registered"`
+	DevicesReporting  int64      `json:"devices_reporting"`
+	ReportingWindowS  int        `json:"reporting_window_s"`
+	TotalChargeMWh    float64    `json:"total_battery_charge_mwh"`
+	TotalWaterML      float64    `json:"total_water_volume_ml"`
+	TotalPotentialCmL float64    `json:"total_potential_energy_c_ml"`
+	TotalPotentialJ   float64    `json:"total_potential_energy_j"`
+	ByHour            []HourJSON `json:"temperature_by_hour"`
+}
+
+// HourJSON is statistic 5 for one hour of the day.
+type HourJSON struct {
+	Hour    int      `json:"hour"`
+	Count   int64    `json:"count"`
+	Water   MeanJSON `json:"water_temp_c"`
+	Ambient MeanJSON `json:"ambient_temp_c"`
+}
+
+// MeanJSON is a mean with its population standard deviation.
+type MeanJSON struct {
+	Mean   float64 `json:"mean"`
+	Stddev float64 `json:"stddev"`
+}
+
+func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
+	s, q, err := a.statistics(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	out := StatsJSON{
+		MeasurementCount: s.MeasurementCount, RangeCount: s.RangeCount,
+		DevicesRegistered: s.DevicesRegistered, DevicesReporting: s.DevicesReporting,
+		ReportingWindowS: int(ReportingWindow / time.Second),
+		TotalChargeMWh:   s.TotalChargeMWh, TotalWaterML: s.TotalWaterML,
+		TotalPotentialCmL: s.TotalPotentialCmL, TotalPotentialJ: s.TotalPotentialJ(),
+		ByHour: make([]HourJSON, 24),
+	}
+	if !q.From.IsZero() {
+		out.From = &q.From
+	}
+	if !q.To.IsZero() {
+		out.To = &q.To
+	}
+	for i, h := range s.ByHour {
+		out.ByHour[i] = HourJSON{Hour: i, Count: h.Water.N, Water: MeanJSON{h.Water.Mean, h.Water.Stddev()}, Ambient: MeanJSON{h.Ambient.Mean, h.Ambient.Stddev()}}
+	}
+	writeJSON(w, 200, out)
+}
+
+func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := a.svc.Store().Ping(r.Context()); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "store": err.Error()})
+		return
+	}
+	writeJSON(w, 200, map[string]string{"status": "ready"})
+}

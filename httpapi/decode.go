@@ -1,0 +1,207 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// v0Measurement is the case-study firmware's body. "id" is ignored.
+type v0Measurement struct {
+	Time    *string  `json:"time"`
+	Charge  *float64 `json:"charge_now"`
+	Full    *float64 `json:"charge_full"`
+	Rate    *float64 `json:"charge_rate"`
+	Ambient *float64 `json:"ambient_temp"`
+	Water   *float64 `json:"water_temp"`
+	Level   *float64 `json:"water_level"`
+}
+
+// V1Measurement is one reading in the v1 API and MQTT payloads.
+type V1Measurement struct {
+	Time    *string  `json:"time"`
+	Charge  *float64 `json:"battery_charge_mwh"`
+	Full    *float64 `json:"battery_full_mwh"`
+	Rate    *float64 `json:"battery_rate_mw"`
+	Ambient *float64 `json:"ambient_temp_c"`
+	Water   *float64 `json:"water_temp_c"`
+	Level   *float64 `json:"water_level_ml"`
+}
+
+type wireFields struct {
+	time                                    *string
+	charge, full, rate, ambient, water, lvl *float64
+}
+
+func (v *v0Measurement) fields() wireFields {
+	return wireFields{v.Time, v.Charge, v.Full, v.Rate, v.Ambient, v.Water, v.Level}
+}
+
+func (v *V1Measurement) fields() wireFields {
+	return wireFields{v.Time, v.Charge, v.Full, v.Rate, v.Ambient, v.Water, v.Level}
+}
+
+// toMeasurement checks presence, parses the time, validates ranges and
+// appends field errors. The result is normalized (UTC, µs).
+func (w wireFields) toMeasurement(dev kettle.DeviceID, now time.Time, names *kettle.FieldNames, prefix string, errs []kettle.FieldError) (kettle.Measurement, []kettle.FieldError) {
+	m := kettle.Measurement{Device: dev}
+	n0 := len(errs)
+	missing := func(field string) {
+		errs = append(errs, kettle.FieldError{Field: prefix + field, Message: "required"})
+	}
+	if w.time == nil {
+		missing(names.Time)
+	} else if t, err := time.Parse(time.RFC3339Nano, *w.time); err != nil {
+		errs = append(errs, kettle.FieldError{Field: prefix + names.Time, Message: fmt.Sprintf("must be an RFC 3339 time such as 2026-11-22T14:02:10.5Z, got %q", truncate(*w.time, 64))})
+	} else {
+		m.Time = t
+	}
+	get := func(p *float64, field string, dst *float64) {
+		if p == nil {
+			missing(field)
+			return
+		}
+		*dst = *p
+	}
+	get(w.charge, names.Charge, &m.ChargeMWh)
+	get(w.full, names.Full, &m.FullMWh)
+	get(w.rate, names.Rate, &m.RateMW)
+	get(w.ambient, names.Ambient, &m.AmbientC)
+	get(w.water, names.Water, &m.WaterC)
+	get(w.lvl, names.Level, &m.LevelML)
+	if len(errs) > n0 {
+		return m, errs
+	}
+	m.Normalize()
+	return m, m.Validate(now, names, prefix, errs)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// readBody reads a body of at most kettle.MaxBody bytes.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, kettle.MaxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, kettle.Errorf(kettle.ETooLarge, "request body over %d bytes; split the upload", kettle.MaxBody)
+		}
+		return nil, kettle.Errorf(kettle.EInvalid, "reading request body: %v", err)
+	}
+	return body, nil
+}
+
+// jsonError turns an encoding/json error into a 400 naming the field.
+func jsonError(err error, prefix string) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if field == "" {
+			field = "body"
+		}
+		msg := fmt.Sprintf("must be a %s, got %s", jsonKind(te.Type.Kind().String()), te.Value)
+		if te.Value == "number" || strings.HasPrefix(te.Value, "number ") {
+			msg = fmt.Sprintf("must be a finite number representable as float64, got %s", te.Value)
+		}
+		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: []kettle.FieldError{{Field: prefix + field, Message: msg}}}
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return &kettle.Error{Code: kettle.EInvalid, Message: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)}
+	}
+	return &kettle.Error{Code: kettle.EInvalid, Message: fmt.Sprintf("malformed JSON: %v", err)}
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "ptr", "float64":
+		return "number"
+	case "string":
+		return "string"
+	case "slice":
+		return "array"
+	case "struct":
+		return "object"
+	}
+	return k
+}
+
+// decodeJSON decodes body into v, rejecting trailing data and invalid UTF-8.
+func decodeJSON(body []byte, v any) error {
+	if !utf8.Valid(body) {
+		return kettle.Errorf(kettle.EInvalid, "body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return kettle.Errorf(kettle.EInvalid, "empty body; send a JSON object")
+		}
+		return jsonError(err, "")
+	}
+	if dec.More() {
+		return kettle.Errorf(kettle.EInvalid, "malformed JSON: data after the first value")
+	}
+	return nil
+}
+
+// DecodeV0 decodes and validates a case-study POST /measurement body.
+func DecodeV0(body []byte, dev kettle.DeviceID, now time.Time) (kettle.Measurement, error) {
+	var v v0Measurement
+	if err := decodeJSON(body, &v); err != nil {
+		return kettle.Measurement{}, err
+	}
+	m, errs := v.fields().toMeasurement(dev, now, &kettle.V0Names, "", nil)
+	if len(errs) > 0 {
+		return m, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
+	}
+	return m, nil
+}
+
+// DecodeV1 decodes and validates a v1 upload: one reading or an array of up
+// to kettle.MaxBatch. Field names in errors of an array are prefixed "[i].".
+func DecodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		var vs []V1Measurement
+		if err := decodeJSON(body, &vs); err != nil {
+			return nil, err
+		}
+		if len(vs) > kettle.MaxBatch {
+			return nil, &kettle.Error{Code: kettle.EInvalid, Message: "batch too large", Fields: []kettle.FieldError{{Field: "batch", Message: fmt.Sprintf("at most %d readings per upload, got %d; split it", kettle.MaxBatch, len(vs))}}}
+		}
+		if len(vs) == 0 {
+			return nil, &kettle.Error{Code: kettle.EInvalid, Message: "empty batch", Fields: []kettle.FieldError{{Field: "batch", Message: "must hold at least one reading"}}}
+		}
+		ms := make([]kettle.Measurement, len(vs))
+		var errs []kettle.FieldError
+		for i := range vs {
+			ms[i], errs = vs[i].fields().toMeasurement(dev, now, &kettle.V1Names, fmt.Sprintf("[%d].", i), errs)
+		}
+		if len(errs) > 0 {
+			return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurements", Fields: errs}
+		}
+		return ms, nil
+	}
+	var v V1Measurement
+	if err := decodeJSON(body, &v); err != nil {
+		return nil, err
+	}
+	m, errs := v.fields().toMeasurement(dev, now, &kettle.V1Names, "", nil)
+	if len(errs) > 0 {
+		return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
+	}
+	return []kettle.Measurement{m}, nil
+}

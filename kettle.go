@@ -1,0 +1,193 @@
+// Package kettle holds kettlefleet's domain: measurements, devices, commands,
+// statistics, the command policy and the small interfaces the adapters
+// (sqlite, postgres, httpapi, mqttapi) implement or use. It imports no
+// database or HTTP package, so the architecture stays visible in the tree.
+package kettle
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// DeviceID identifies one kettle. It is the UUID the case-study firmware
+// receives from POST /login, and the subject of a v1 device token.
+type DeviceID = uuid.UUID
+
+// Measurement is one reading a kettle reports every interval.
+// Time is the device's clock (UTC), truncated to microseconds so that every
+// store keeps the same value: (Device, Time) is the idempotency key.
+type Measurement struct {
+	Device    DeviceID
+	Time      time.Time
+	ChargeMWh float64 // battery charge now
+	FullMWh   float64 // battery capacity when full
+	RateMW    float64 // charge (+) or discharge (−) rate
+	AmbientC  float64 // ambient temperature
+	WaterC    float64 // water temperature
+	LevelML   float64 // water in the reservoir
+}
+
+// PotentialCmL is this reading's contribution to statistic 6:
+// (water − ambient) × level, in °C·mL.
+func (m Measurement) PotentialCmL() float64 { return (m.WaterC - m.AmbientC) * m.LevelML }
+
+// JoulesPerCmL converts °C·mL of water to joules (specific heat of water,
+// 4.186 J/(g·K), 1 mL ≈ 1 g).
+const JoulesPerCmL = 4.186
+
+// Override forces parts of a device's command until ExpiresAt. A nil field is
+// left to the policy.
+type Override struct {
+	Charge      *bool
+	Fill        *bool
+	FlushMLPerS *float64
+	ExpiresAt   time.Time
+	SetAt       time.Time
+}
+
+// ActiveAt reports whether the override is in force at now.
+func (o *Override) ActiveAt(now time.Time) bool { return o != nil && now.Before(o.ExpiresAt) }
+
+// DeviceState is what the backend knows about one kettle now.
+type DeviceState struct {
+	ID           DeviceID
+	RegisteredAt time.Time
+	// LastSeen is the server time at which the newest stored measurement of
+	// this device was committed; zero when it never reported.
+	LastSeen time.Time
+	// Latest is the measurement with the greatest device time; nil if none.
+	Latest *Measurement
+	// CapacityML is the largest water level this device ever reported: its
+	// usual reservoir capacity, the history input of the command policy.
+	CapacityML float64
+	// Measurements is how many measurements of this device are stored.
+	Measurements int64
+	// Override is the operator override, possibly expired; nil if none.
+	Override *Override
+}
+
+// Moments holds count, mean and sum of squared deviations (M2) of a sample,
+// so that partial aggregates merge exactly (Chan et al.) without the
+// cancellation of a sum-of-squares formula.
+type Moments struct {
+	N    int64
+	Mean float64
+	M2   float64
+}
+
+// Add folds one value into m (Welford).
+func (m *Moments) Add(x float64) {
+	m.N++
+	d := x - m.Mean
+	m.Mean += d / float64(m.N)
+	m.M2 += d * (x - m.Mean)
+}
+
+// Merge returns the moments of the union of the two samples.
+func (m Moments) Merge(o Moments) Moments {
+	if o.N == 0 {
+		return m
+	}
+	if m.N == 0 {
+		return o
+	}
+	n := m.N + o.N
+	d := o.Mean - m.Mean
+	return Moments{
+		N:    n,
+		Mean: m.Mean + d*float64(o.N)/float64(n),
+		M2:   m.M2 + o.M2 + d*d*float64(m.N)*float64(o.N)/float64(n),
+	}
+}
+
+// Stddev is the population standard deviation (0 for an empty sample).
+func (m Moments) Stddev() float64 {
+	if m.N == 0 || m.M2 <= 0 {
+		return 0
+	}
+	return math.Sqrt(m.M2 / float64(m.N))
+}
+
+// Rollup is the stored aggregate of all measurements whose device time falls
+// in one UTC hour (Hour is that hour's start). Statistics are sums of rollups,
+// never scans of history.
+type Rollup struct {
+	Hour    time.Time
+	Water   Moments
+	Ambient Moments
+}
+
+// HourStat is statistic 5 for one hour of the day (UTC).
+type HourStat struct {
+	Hour    int // 0..23
+	Water   Moments
+	Ambient Moments
+}
+
+// StatsQuery selects the range of device time for the by-hour statistics.
+// A zero From or To leaves that side open. Bounds are rounded down to whole
+// hours (rollups are hourly). ReportingSince is the server time after which a
+// device that stored a measurement counts as reporting.
+type StatsQuery struct {
+	From, To       time.Time
+	ReportingSince time.Time
+}
+
+// Statistics are the six fleet statistics of DESIGN.md.
+type Statistics struct {
+	MeasurementCount  int64   // 1. all measurements stored
+	RangeCount        int64   // measurements in the queried range (= MeasurementCount when open)
+	DevicesRegistered int64   // 2a. registered devices
+	DevicesReporting  int64   // 2b. devices that stored a measurement since ReportingSince
+	TotalChargeMWh    float64 // 3. Σ latest charge
+	TotalWaterML      float64 // 4. Σ latest level
+	ByHour            [24]HourStat
+	TotalPotentialCmL float64 // 6. Σ (water − ambient) × level over latest states
+}
+
+// TotalPotentialJ is statistic 6 in joules.
+func (s Statistics) TotalPotentialJ() float64 { return s.TotalPotentialCmL * JoulesPerCmL }
+
+// HistoryQuery pages through one device's measurements in device-time order.
+// From is inclusive, To exclusive; After (exclusive) is the cursor: the time of
+// the last row of the previous page.
+type HistoryQuery struct {
+	Device   DeviceID
+	From, To time.Time
+	After    time.Time
+	Limit    int
+}
+
+// Store is the source of truth. Everything derived from measurements (latest
+// state, capacity, rollups, totals) is written in the transaction that writes
+// the measurements. Implementations: sqlite.Store, postgres.Store.
+type Store interface {
+	// Register creates devices; ids that exist are left as they are.
+	Register(ctx context.Context, ids []DeviceID, at time.Time) error
+	// Write stores a batch in one transaction and returns, per row, whether
+	// it was a duplicate (same device and time already stored, or earlier in
+	// the batch). Devices not yet registered are registered at receivedAt.
+	// It returns only after the commit.
+	Write(ctx context.Context, batch []Measurement, receivedAt time.Time) (dup []bool, err error)
+	// Statistics computes the six statistics from rollups and totals.
+	Statistics(ctx context.Context, q StatsQuery) (Statistics, error)
+	// Devices lists devices in id order after the cursor (uuid.Nil: from the start).
+	Devices(ctx context.Context, after DeviceID, limit int) ([]DeviceState, error)
+	// Device returns one device or an *Error with code ENotFound.
+	Device(ctx context.Context, id DeviceID) (DeviceState, error)
+	// History pages through one device's measurements.
+	History(ctx context.Context, q HistoryQuery) ([]Measurement, error)
+	// SetOverride stores an override (ENotFound for an unknown device).
+	SetOverride(ctx context.Context, id DeviceID, o Override) error
+	// ClearOverride removes it (no error when there is none).
+	ClearOverride(ctx context.Context, id DeviceID) error
+	// Scan calls fn for every device, to rebuild in-memory caches at start.
+	Scan(ctx context.Context, fn func(DeviceState) error) error
+	// Ping checks that the store answers (readiness).
+	Ping(ctx context.Context) error
+	// Close releases the store.
+	Close() error
+}

@@ -1,0 +1,285 @@
+// Package server assembles kettle serve: the store, the fleet service, the
+// HTTP API with its limits, and orderly shutdown. Tests and `kettle demo`
+// start exactly what a user starts, on :0 with a temp data dir.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/httpapi"
+)
+
+// Config is kettle serve's configuration; cmd/kettle/serve.go maps flags
+// and environment onto it.
+type Config struct {
+	Addr          string // listen address, e.g. 127.0.0.1:8080 (":0" for any port)
+	DB            string // sqlite:PATH or postgres://…
+	DataDir       string // where generated secrets are kept
+	OperatorToken string // empty: read or generate DataDir/operator-token
+	Secret        string // empty: read or generate DataDir/secret
+
+	Ingest fleet.Config
+
+	// MaxConns caps open HTTP connections; the excess is answered 503 and
+	// closed. 0: derived from the process's open-file limit.
+	MaxConns int
+
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	ShutdownTimeout   time.Duration
+
+	// AccessLogSample is the fraction of requests logged (0 = none, 1 = all).
+	AccessLogSample float64
+
+	Store StoreOptions
+
+	Logger *slog.Logger
+	Now    func() time.Time // the clock; nil = time.Now
+}
+
+// Server is a running kettle serve.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	store    kettle.Store
+	svc      *fleet.Service
+	api      *httpapi.API
+	http     *http.Server
+	ln       *limitListener
+	opToken  string
+	secret   []byte
+	tokFile  string
+	secFile  string
+	serveErr chan error
+	once     sync.Once
+	closeErr error
+}
+
+// DefaultMaxConns is the connection cap derived from the open-file limit:
+// the hard limit is raised to, minus a reserve for the store, logs and
+// outgoing connections.
+func DefaultMaxConns() int {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 1000
+	}
+	if rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	}
+	n := int(rl.Cur) - 1024
+	if n < 64 {
+		n = 64
+	}
+	return n
+}
+
+func (c *Config) defaults() {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:8080"
+	}
+	if c.DB == "" {
+		c.DB = "sqlite:kettle-data/kettle.db"
+	}
+	if c.DataDir == "" {
+		c.DataDir = "kettle-data"
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns()
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 5 * time.Second
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = 15 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Start opens the store, loads the caches, and starts serving. It returns
+// once the listener is bound.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	cfg.defaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, serveErr: make(chan error, 1)}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+	}
+	var err error
+	s.opToken, s.tokFile, err = secretValue(cfg.OperatorToken, filepath.Join(cfg.DataDir, "operator-token"))
+	if err != nil {
+		return nil, err
+	}
+	sec, secFile, err := secretValue(cfg.Secret, filepath.Join(cfg.DataDir, "secret"))
+	if err != nil {
+		return nil, err
+	}
+	s.secret, s.secFile = []byte(sec), secFile
+
+	s.store, err = OpenStore(ctx, cfg.DB, cfg.Store, s.log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Ingest.Writers <= 0 && !strings.HasPrefix(cfg.DB, "sqlite:") {
+		cfg.Ingest.Writers = 2
+	}
+	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, fleet.Hooks{})
+	if err != nil {
+		s.store.Close()
+		return nil, err
+	}
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret}, s.log)
+
+	l, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		s.svc.Close()
+		s.store.Close()
+		return nil, fmt.Errorf("listen on %s: %w (is another kettle serve running? choose --addr)", cfg.Addr, err)
+	}
+	s.ln = newLimitListener(l, cfg.MaxConns)
+	s.http = &http.Server{
+		Handler:           accessLog(s.api, s.log, cfg.AccessLogSample),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	go func() { s.serveErr <- s.http.Serve(s.ln) }()
+	s.log.Info("kettle serve started", "addr", s.Addr(), "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
+		"max_conns", cfg.MaxConns, "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
+		"operator_token_file", s.tokFile, "secret_file", s.secFile)
+	return s, nil
+}
+
+// Addr is the bound listen address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the base URL of the HTTP API.
+func (s *Server) URL() string { return "http://" + s.Addr() }
+
+// OperatorToken is the operator bearer token in force.
+func (s *Server) OperatorToken() string { return s.opToken }
+
+// Secret is the key device tokens are derived from.
+func (s *Server) Secret() []byte { return s.secret }
+
+// TokenFiles says where generated secrets are kept ("" when given by flag).
+func (s *Server) TokenFiles() (operatorToken, secret string) { return s.tokFile, s.secFile }
+
+// Service is the fleet service (for tests and embedding).
+func (s *Server) Service() *fleet.Service { return s.svc }
+
+// Store is the store in use.
+func (s *Server) Store() kettle.Store { return s.store }
+
+// Handle mounts an extra handler on the API mux.
+func (s *Server) Handle(pattern string, h http.Handler) { s.api.Handle(pattern, h) }
+
+// Done reports a serve error (nil after Close).
+func (s *Server) Done() <-chan error { return s.serveErr }
+
+// Close stops accepting connections, waits for in-flight requests (their
+// readings commit first), drains the ingest queue, and closes the store.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+		defer cancel()
+		s.log.Info("shutting down: no new connections, draining in-flight requests and the ingest queue")
+		err := s.http.Shutdown(ctx)
+		s.svc.Close()
+		stored, dups := s.svc.Counters()
+		if cerr := s.store.Close(); err == nil {
+			err = cerr
+		}
+		s.closeErr = err
+		s.log.Info("kettle serve stopped", "stored", stored, "duplicates", dups, "err", errString(err))
+	})
+	return s.closeErr
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// secretValue returns v if set, else the content of file, generating a
+// random one there (0600) at first start.
+func secretValue(v, file string) (string, string, error) {
+	if v != "" {
+		return v, "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err == nil {
+		if t := strings.TrimSpace(string(b)); t != "" {
+			return t, file, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", "", fmt.Errorf("read %s: %w", file, err)
+	}
+	buf := make([]byte, 32)
+	if _, err := rand.Read(buf); err != nil {
+		return "", "", err
+	}
+	t := hex.EncodeToString(buf)
+	if err := os.WriteFile(file, []byte(t+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("write %s: %w", file, err)
+	}
+	return t, file, nil
+}
+
+// ReadSecret reads a generated secret file of a data dir (for kettle token).
+func ReadSecret(dataDir, name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, name))
+	if err != nil {
+		return "", fmt.Errorf("read %s (start kettle serve once with this --data-dir, or pass the value): %w", filepath.Join(dataDir, name), err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func redactDSN(dsn string) string {
+	if i := strings.Index(dsn, "://"); i >= 0 {
+		if at := strings.LastIndex(dsn, "@"); at > i {
+			rest := dsn[i+3 : at]
+			if c := strings.Index(rest, ":"); c >= 0 {
+				return dsn[:i+3] + rest[:c] + ":***" + dsn[at:]
+			}
+		}
+	}
+	return dsn
+}

@@ -1,0 +1,37 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/sqlite"
+)
+
+// StoreOptions tunes the stores (PostgreSQL pool and timeouts).
+type StoreOptions struct {
+	PoolSize         int
+	StatementTimeout time.Duration
+}
+
+// OpenStore opens the store a DSN names: sqlite:PATH or postgres://….
+func OpenStore(ctx context.Context, dsn string, opts StoreOptions, log *slog.Logger) (kettle.Store, error) {
+	switch {
+	case strings.HasPrefix(dsn, "sqlite:"):
+		path := strings.TrimPrefix(dsn, "sqlite:")
+		if path == "" {
+			return nil, fmt.Errorf("--db sqlite: needs a file path, e.g. sqlite:kettle-data/kettle.db")
+		}
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("open store %s: %w", dsn, err)
+		}
+		return st, nil
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return openPostgres(ctx, dsn, opts, log)
+	}
+	return nil, fmt.Errorf("--db %q: want sqlite:PATH or postgres://user@host/db", dsn)
+}

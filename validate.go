@@ -1,0 +1,74 @@
+package kettle
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Limits on what can be a reading. Anything inside them is accepted: the
+// case-study client sends random but plausible values and must never see a
+// 4xx.
+const (
+	MinTempC   = -50.0
+	MaxTempC   = 150.0
+	MaxBatch   = 1000             // readings in one upload
+	MaxBody    = 1 << 20          // bytes in one request body
+	MaxAhead   = 24 * time.Hour   // device clock may run this far ahead of ours
+	TimePrecis = time.Microsecond // every store keeps device time to this
+)
+
+// MinTime is the earliest device time accepted.
+var MinTime = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// FieldNames gives the wire names of the measurement fields in one protocol,
+// so validation errors name the field the client actually sent.
+type FieldNames struct {
+	Time, Charge, Full, Rate, Ambient, Water, Level string
+}
+
+// V1Names are the field names of the v1 API and MQTT payloads.
+var V1Names = FieldNames{"time", "battery_charge_mwh", "battery_full_mwh", "battery_rate_mw", "ambient_temp_c", "water_temp_c", "water_level_ml"}
+
+// V0Names are the field names of the case-study protocol.
+var V0Names = FieldNames{"time", "charge_now", "charge_full", "charge_rate", "ambient_temp", "water_temp", "water_level"}
+
+// Normalize puts m.Time in UTC at store precision.
+func (m *Measurement) Normalize() { m.Time = m.Time.UTC().Truncate(TimePrecis) }
+
+// Validate appends to errs one FieldError per bad field, named with names.
+// now is the server clock. prefix is prepended to field names (e.g. "[3].")
+// for readings inside a batch.
+func (m *Measurement) Validate(now time.Time, names *FieldNames, prefix string, errs []FieldError) []FieldError {
+	bad := func(field, msg string) { errs = append(errs, FieldError{Field: prefix + field, Message: msg}) }
+	if m.Time.Before(MinTime) {
+		bad(names.Time, fmt.Sprintf("must be at or after %s, got %s", MinTime.Format(time.RFC3339), m.Time.Format(time.RFC3339Nano)))
+	} else if m.Time.After(now.Add(MaxAhead)) {
+		bad(names.Time, fmt.Sprintf("must be at most 24h ahead of the server clock (%s), got %s", now.UTC().Format(time.RFC3339), m.Time.Format(time.RFC3339Nano)))
+	}
+	nonNeg := func(field string, v float64) {
+		if !finite(v) {
+			bad(field, "must be a finite number")
+		} else if v < 0 {
+			bad(field, fmt.Sprintf("must be ≥ 0, got %v", v))
+		}
+	}
+	temp := func(field string, v float64) {
+		if !finite(v) {
+			bad(field, "must be a finite number")
+		} else if v < MinTempC || v > MaxTempC {
+			bad(field, fmt.Sprintf("must be between %v and %v °C, got %v", MinTempC, MaxTempC, v))
+		}
+	}
+	nonNeg(names.Charge, m.ChargeMWh)
+	nonNeg(names.Full, m.FullMWh)
+	if !finite(m.RateMW) {
+		bad(names.Rate, "must be a finite number")
+	}
+	temp(names.Ambient, m.AmbientC)
+	temp(names.Water, m.WaterC)
+	nonNeg(names.Level, m.LevelML)
+	return errs
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
