@@ -206,6 +206,9 @@ func (s *Server) Service() *fleet.Service { return s.svc }
 // Store is the store in use.
 func (s *Server) Store() kettle.Store { return s.store }
 
+// Routes lists the API's route patterns.
+func (s *Server) Routes() []string { return s.api.Routes() }
+
 // Handle mounts an extra handler on the API mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.api.Handle(pattern, h) }
 

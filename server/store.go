@@ -30,7 +30,8 @@ func OpenStore(ctx context.Context, dsn string, opts StoreOptions, log *slog.Log
 			return nil, fmt.Errorf("open store %s: %w", dsn, err)
 		}
 		return st, nil
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"),
+		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname="): // libpq keyword/value form
 		return openPostgres(ctx, dsn, opts, log)
 	}
 	return nil, fmt.Errorf("--db %q: want sqlite:PATH or postgres://user@host/db", dsn)

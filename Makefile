@@ -1,0 +1,47 @@
+# kettlefleet — `make demo` runs the case study end to end, `make test` runs
+# every test (vet + race) against SQLite and a throwaway PostgreSQL.
+
+GO      ?= go
+BIN     := bin/kettle
+PKGS    := ./...
+# A fresh clone needs only Go for `make demo`; `make test` also needs the
+# Debian packages installed by `make deps` (PostgreSQL, Chromium, Mosquitto,
+# Prometheus, wrk, Locust).
+DEB_PKGS := postgresql chromium mosquitto prometheus wrk python3-locust
+
+.PHONY: all build demo test test-short vet deps bench bench-ingest clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/kettle
+
+demo: build
+	./$(BIN) demo $(DEMO_ARGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+test: vet
+	$(GO) test -race -timeout 12m -count=1 $(PKGS)
+
+test-short: vet
+	$(GO) test -short -count=1 $(PKGS)
+
+# Installs the Debian packages the tests use (root; CI calls this).
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "deps: all installed"; fi
+
+# Acknowledged measurements/s on the embedded store vs a bare JSON handler.
+bench-ingest: build
+	bench/ingest.sh
+
+bench: bench-ingest
+	$(GO) test -run '^$$' -bench . -benchmem ./httpapi/ ./sqlite/ ./
+
+clean:
+	rm -rf bin kettle-data results
