@@ -39,7 +39,7 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 	if !q.ReportingSince.IsZero() {
 		since = q.ReportingSince.UnixMicro()
 	}
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE last_seen >= ?`, since).Scan(&st.DevicesReporting); err != nil {
+	if err := tx.QueryRowContext(ctx, `SELECT ifnull(sum(n), 0) FROM last_seen WHERE at >= ?`, since).Scan(&st.DevicesReporting); err != nil {
 		return st, fmt.Errorf("sqlite statistics: count reporting devices: %w", err)
 	}
 

@@ -49,7 +49,7 @@ type Store struct {
 	insMeas, selDev, insDev, updDevLatest, updDev *sql.Stmt
 	selRollup, putRollup, selHod, putHod          *sql.Stmt
 	selTotals, putTotals, regDev, setOv, clearOv  *sql.Stmt
-	devCount                                      *sql.Stmt
+	devCount, addSeen, subSeen, delSeen           *sql.Stmt
 }
 
 type config struct {
@@ -216,20 +216,23 @@ func (s *Store) prepare(ctx context.Context) error {
 		q   string
 	}{
 		{&s.insMeas, `INSERT OR IGNORE INTO measurements(device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml) VALUES (?,?,?,?,?,?,?,?)`},
-		{&s.selDev, `SELECT latest_t, latest_charge, latest_level, latest_water, latest_ambient FROM devices WHERE id = ?`},
+		{&s.selDev, `SELECT last_seen, latest_t, latest_charge, latest_level, latest_water, latest_ambient FROM devices WHERE id = ?`},
 		{&s.insDev, `INSERT INTO devices(id, registered_at, last_seen, measurements, capacity_ml,
 			latest_t, latest_charge, latest_full, latest_rate, latest_ambient, latest_water, latest_level)
 			VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`},
-		{&s.updDevLatest, `UPDATE devices SET last_seen = max(ifnull(last_seen, ?1), ?1), measurements = measurements + ?2, capacity_ml = max(capacity_ml, ?3),
+		{&s.updDevLatest, `UPDATE devices SET last_seen = ?, measurements = measurements + ?, capacity_ml = max(capacity_ml, ?),
 			latest_t = ?, latest_charge = ?, latest_full = ?, latest_rate = ?, latest_ambient = ?, latest_water = ?, latest_level = ?
 			WHERE id = ?`},
-		{&s.updDev, `UPDATE devices SET last_seen = max(ifnull(last_seen, ?1), ?1), measurements = measurements + ?2, capacity_ml = max(capacity_ml, ?3) WHERE id = ?4`},
+		{&s.updDev, `UPDATE devices SET last_seen = ?, measurements = measurements + ?, capacity_ml = max(capacity_ml, ?) WHERE id = ?`},
 		{&s.selRollup, `SELECT n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups WHERE hour = ?`},
 		{&s.putRollup, `INSERT OR REPLACE INTO rollups(hour, n, water_mean, water_m2, ambient_mean, ambient_m2) VALUES (?,?,?,?,?,?)`},
 		{&s.selHod, `SELECT n, water_mean, water_m2, ambient_mean, ambient_m2 FROM hours_of_day WHERE hod = ?`},
 		{&s.putHod, `INSERT OR REPLACE INTO hours_of_day(hod, n, water_mean, water_m2, ambient_mean, ambient_m2) VALUES (?,?,?,?,?,?)`},
 		{&s.selTotals, `SELECT measurement_count, device_count, charge, charge_c, level, level_c, potential, potential_c FROM totals WHERE id = 0`},
 		{&s.putTotals, `UPDATE totals SET measurement_count = ?, device_count = ?, charge = ?, charge_c = ?, level = ?, level_c = ?, potential = ?, potential_c = ? WHERE id = 0`},
+		{&s.addSeen, `INSERT INTO last_seen(at, n) VALUES (?, ?) ON CONFLICT(at) DO UPDATE SET n = n + excluded.n`},
+		{&s.subSeen, `UPDATE last_seen SET n = n - ? WHERE at = ?`},
+		{&s.delSeen, `DELETE FROM last_seen WHERE at = ? AND n <= 0`},
 		{&s.regDev, `INSERT OR IGNORE INTO devices(id, registered_at) VALUES (?, ?)`},
 		{&s.devCount, `UPDATE totals SET device_count = device_count + ? WHERE id = 0`},
 		{&s.setOv, `UPDATE devices SET ov_charge = ?, ov_fill = ?, ov_flush = ?, ov_expires = ?, ov_set = ? WHERE id = ?`},
@@ -271,7 +274,7 @@ func (s *Store) Close() error {
 			errs = append(errs, s.r.Close())
 		}
 		for _, st := range []*sql.Stmt{s.insMeas, s.selDev, s.insDev, s.updDevLatest, s.updDev,
-			s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev, s.setOv, s.clearOv, s.devCount} {
+			s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev, s.setOv, s.clearOv, s.devCount, s.addSeen, s.subSeen, s.delSeen} {
 			if st != nil {
 				st.Close()
 			}

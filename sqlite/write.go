@@ -160,6 +160,7 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 	}
 	tot.measurements += added
 
+	seenDelta := make(map[int64]int64, 8)
 	sel := tx.StmtContext(nc, s.selDev)
 	insDev := tx.StmtContext(nc, s.insDev)
 	updLatest := tx.StmtContext(nc, s.updDevLatest)
@@ -170,10 +171,23 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		m := &batch[d.newest]
 		t := m.Time.UnixMicro()
 		var (
-			oldT                            sql.NullInt64
+			oldSeen, oldT                   sql.NullInt64
 			oldCharge, oldLevel, oldW, oldA sql.NullFloat64
 		)
-		err := sel.QueryRowContext(nc, id).Scan(&oldT, &oldCharge, &oldLevel, &oldW, &oldA)
+		err := sel.QueryRowContext(nc, id).Scan(&oldSeen, &oldT, &oldCharge, &oldLevel, &oldW, &oldA)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("read device: %w", err)
+		}
+		// last_seen never goes back, even if the server clock does.
+		seen := recv
+		if oldSeen.Valid && oldSeen.Int64 >= recv {
+			seen = oldSeen.Int64
+		} else {
+			if oldSeen.Valid {
+				seenDelta[oldSeen.Int64]--
+			}
+			seenDelta[recv]++
+		}
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			tot.devices++
@@ -183,10 +197,8 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 				return fmt.Errorf("insert device: %w", err)
 			}
 			tot.addLatest(m, 1)
-		case err != nil:
-			return fmt.Errorf("read device: %w", err)
 		case !oldT.Valid || t > oldT.Int64:
-			_, err = updLatest.ExecContext(nc, recv, d.n, d.maxLevel,
+			_, err = updLatest.ExecContext(nc, seen, d.n, d.maxLevel,
 				t, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML, id)
 			if err != nil {
 				return fmt.Errorf("update device: %w", err)
@@ -197,10 +209,14 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 			}
 			tot.addLatest(m, 1)
 		default: // back-dated: latest stays
-			if _, err = upd.ExecContext(nc, recv, d.n, d.maxLevel, id); err != nil {
+			if _, err = upd.ExecContext(nc, seen, d.n, d.maxLevel, id); err != nil {
 				return fmt.Errorf("update device: %w", err)
 			}
 		}
+	}
+
+	if err := s.moveSeen(nc, tx, seenDelta); err != nil {
+		return fmt.Errorf("update last-seen counts: %w", err)
 	}
 
 	if err := mergeMoments(nc, tx.StmtContext(nc, s.selRollup), tx.StmtContext(nc, s.putRollup), hours); err != nil {
@@ -218,6 +234,27 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		tot.charge.sum, tot.charge.c, tot.level.sum, tot.level.c, tot.potential.sum, tot.potential.c)
 	if err != nil {
 		return fmt.Errorf("update totals: %w", err)
+	}
+	return nil
+}
+
+// moveSeen applies the changes in how many devices have each last_seen
+// value, dropping values no device has any more.
+func (s *Store) moveSeen(ctx context.Context, tx *sql.Tx, delta map[int64]int64) error {
+	add, sub, del := tx.StmtContext(ctx, s.addSeen), tx.StmtContext(ctx, s.subSeen), tx.StmtContext(ctx, s.delSeen)
+	for at, n := range delta {
+		var err error
+		switch {
+		case n > 0:
+			_, err = add.ExecContext(ctx, at, n)
+		case n < 0:
+			if _, err = sub.ExecContext(ctx, -n, at); err == nil {
+				_, err = del.ExecContext(ctx, at)
+			}
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
