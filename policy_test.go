@@ -9,7 +9,7 @@ import (
 )
 
 func TestDecide(t *testing.T) {
-	noon := time.Date(2026, 11, 22, 12, 5, 0, 0, time.UTC)   // in the 12:00 tea window
+	noon := time.Date(2026, 11, 22, 12, 5, 0, 0, time.UTC)    // in the 12:00 tea window
 	evening := time.Date(2026, 11, 22, 19, 0, 0, 0, time.UTC) // no tea window
 	m := func(charge, full, rate, amb, water, level float64) *kettle.Measurement {
 		return &kettle.Measurement{ChargeMWh: charge, FullMWh: full, RateMW: rate, AmbientC: amb, WaterC: water, LevelML: level}

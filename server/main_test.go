@@ -157,7 +157,7 @@ func (c *client) validate(req *http.Request, body string, res *http.Response, re
 	}
 	out := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: in, Status: res.StatusCode, Header: res.Header,
-		Body: io.NopCloser(bytes.NewReader(resBody)),
+		Body:    io.NopCloser(bytes.NewReader(resBody)),
 		Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
 	}
 	if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
