@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Acknowledged single-measurement requests/s on the embedded store, against a
+# bare JSON-decoding handler, with the same client (wrk) in the same run.
+#
+#   bench/ingest.sh                  # defaults below
+#   DEVICES=5000 DURATION=30s CONNS=128 bench/ingest.sh
+#
+# Prints one RESULT line per side and the ratio. Everything runs on
+# 127.0.0.1 and stops by itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NDEV=${DEVICES:-2000}
+DURATION=${DURATION:-20s}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+PORT_K=${PORT_K:-18480}
+PORT_B=${PORT_B:-18490}
+command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk (or make deps)"; exit 1; }
+work=$(mktemp -d /tmp/kettle-bench-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+go build -o "$work/kettle" ./cmd/kettle
+go build -o "$work/bare" ./bench/bare
+
+wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1"; exit 1; }
+
+"$work/bare" --addr 127.0.0.1:$PORT_B 2>"$work/bare.log" & pids+=($!)
+"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
+	--access-log-sample "${ACCESS_LOG_SAMPLE:-1}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
+wait_up "http://127.0.0.1:$PORT_K/healthz"
+
+echo "registering $NDEV devices through POST /login ..."
+for _ in $(seq "$NDEV"); do
+	curl -s -XPOST "http://127.0.0.1:$PORT_K/login" -d '{"username":"bench"}'; echo
+done | sed -n 's/.*"username":"\([^"]*\)".*/\1/p' >"$work/devices.txt"
+[ "$(wc -l <"$work/devices.txt")" = "$NDEV" ] || { echo "registration failed"; exit 1; }
+
+export DEVICES="$work/devices.txt" BASE_EPOCH=$(( $(date +%s) - 7200 ))
+echo "wrk: $THREADS threads, $CONNS connections, $DURATION, $NDEV devices; machine: $(nproc) cores"
+echo "--- bare JSON-decoding handler (no store) ---"
+bare=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_B" | grep RESULT)
+echo "$bare"
+echo "--- kettle serve, SQLite, 200 after commit ---"
+kett=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
+echo "$kett"
+tok=$(cat "$work/data/operator-token")
+stored=$(curl -s -H "Authorization: Bearer $tok" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p')
+reqs=$(echo "$kett" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
+errs=$(echo "$kett" | sed -n 's/.*errors_status=\([0-9]*\).*/\1/p')
+echo "stored rows (GET /v1/statistics measurement_count): $stored; wrk requests: $reqs; non-2xx: $errs"
+rb=$(echo "$bare" | sed -n 's/.*rps=\([0-9.]*\).*/\1/p'); rk=$(echo "$kett" | sed -n 's/.*rps=\([0-9.]*\).*/\1/p')
+awk -v k="$rk" -v b="$rb" 'BEGIN { printf "ratio kettle/bare = %.3f (%.0f / %.0f req/s)\n", k/b, k, b }'
