@@ -23,6 +23,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/web"
 )
 
 // Config is kettle serve's configuration; cmd/kettle/serve.go maps flags
@@ -62,6 +63,7 @@ type Server struct {
 	store    kettle.Store
 	svc      *fleet.Service
 	api      *httpapi.API
+	web      *web.Web
 	http     *http.Server
 	ln       *limitListener
 	opToken  string
@@ -160,7 +162,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.store.Close()
 		return nil, err
 	}
-	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret}, s.log)
+	s.web = web.New(web.Config{OperatorToken: s.opToken, Now: cfg.Now}, s.log)
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator}, s.log)
+	s.web.Mount(s.api)
 
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
