@@ -63,6 +63,11 @@ type Hooks struct {
 	Rejected func(reason string, rows int)
 }
 
+// ChangeFunc is told which devices' state changed (a committed reading, an
+// override set or cleared), after the change is durable and cached. It runs
+// on the committing goroutine: keep it short and non-blocking.
+type ChangeFunc func(ids []kettle.DeviceID)
+
 // device is the cached state of one kettle. Guarded by Service.mu.
 type device struct {
 	registeredAt time.Time
@@ -91,6 +96,25 @@ type Service struct {
 
 	stored     atomic.Int64
 	duplicates atomic.Int64
+
+	watchMu  sync.RWMutex
+	watchers []ChangeFunc
+}
+
+// OnChange registers fn to be told of device state changes (MQTT pushes
+// commands with it).
+func (s *Service) OnChange(fn ChangeFunc) {
+	s.watchMu.Lock()
+	s.watchers = append(s.watchers, fn)
+	s.watchMu.Unlock()
+}
+
+func (s *Service) changed(ids []kettle.DeviceID) {
+	s.watchMu.RLock()
+	defer s.watchMu.RUnlock()
+	for _, fn := range s.watchers {
+		fn(ids)
+	}
 }
 
 type request struct {
@@ -260,10 +284,12 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	took := time.Since(start)
 	s.queued.Add(-int64(len(batch)))
 	ndup := 0
+	rawErr := err
 	if err != nil {
 		s.log.Error("store write failed; readings refused with 503", "rows", len(batch), "err", err)
 		err = &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("store unavailable (%v); retry after %s", err, s.cfg.RetryAfter), RetryAfter: s.cfg.RetryAfter}
 	} else {
+		var changed []kettle.DeviceID
 		s.mu.Lock()
 		for i := range batch {
 			if dup[i] {
@@ -271,13 +297,19 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 				continue
 			}
 			s.apply(&batch[i], received)
+			if n := len(changed); n == 0 || changed[n-1] != batch[i].Device {
+				changed = append(changed, batch[i].Device)
+			}
 		}
 		s.mu.Unlock()
 		s.stored.Add(int64(len(batch) - ndup))
 		s.duplicates.Add(int64(ndup))
+		if len(changed) > 0 {
+			s.changed(changed)
+		}
 	}
 	if s.hooks.Batch != nil {
-		s.hooks.Batch(len(batch), ndup, took, err)
+		s.hooks.Batch(len(batch), ndup, took, rawErr)
 	}
 	off := 0
 	for _, r := range reqs {
@@ -402,6 +434,7 @@ func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.
 		d.override = &c
 	}
 	s.mu.Unlock()
+	s.changed([]kettle.DeviceID{id})
 	return nil
 }
 
@@ -418,6 +451,7 @@ func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 		d.override = nil
 	}
 	s.mu.Unlock()
+	s.changed([]kettle.DeviceID{id})
 	return nil
 }
 

@@ -18,11 +18,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/web"
 )
 
@@ -52,6 +54,9 @@ type Config struct {
 
 	Store StoreOptions
 
+	// Metrics is the registry /metrics serves; nil: a new one.
+	Metrics *prometheus.Registry
+
 	Logger *slog.Logger
 	Now    func() time.Time // the clock; nil = time.Now
 }
@@ -64,6 +69,7 @@ type Server struct {
 	svc      *fleet.Service
 	api      *httpapi.API
 	web      *web.Web
+	metrics  *metrics.Server
 	http     *http.Server
 	ln       *limitListener
 	opToken  string
@@ -150,14 +156,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.secret, s.secFile = []byte(sec), secFile
 
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	s.metrics = metrics.New(reg)
 	s.store, err = OpenStore(ctx, cfg.DB, cfg.Store, s.log)
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.RegisterStore(s.store)
+	registerPool(s.metrics, s.store)
 	if cfg.Ingest.Writers <= 0 && !strings.HasPrefix(cfg.DB, "sqlite:") {
 		cfg.Ingest.Writers = 2
 	}
-	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, fleet.Hooks{})
+	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, s.metrics.FleetHooks())
 	if err != nil {
 		s.store.Close()
 		return nil, err
@@ -165,6 +178,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.web = web.New(web.Config{OperatorToken: s.opToken, Now: cfg.Now}, s.log)
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator}, s.log)
 	s.web.Mount(s.api)
+	s.metrics.RegisterFleet(s.svc)
+	s.api.Handle("GET /metrics", s.metrics.Handler())
 
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
@@ -173,8 +188,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("listen on %s: %w (is another kettle serve running? choose --addr)", cfg.Addr, err)
 	}
 	s.ln = newLimitListener(l, cfg.MaxConns)
+	s.metrics.RegisterConns(s.ln)
 	s.http = &http.Server{
-		Handler:           accessLog(s.api, s.log, cfg.AccessLogSample),
+		Handler:           s.metrics.Middleware(accessLog(s.api, s.log, cfg.AccessLogSample)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -206,6 +222,9 @@ func (s *Server) TokenFiles() (operatorToken, secret string) { return s.tokFile,
 
 // Service is the fleet service (for tests and embedding).
 func (s *Server) Service() *fleet.Service { return s.svc }
+
+// Metrics is the server's metrics (for tests and embedding).
+func (s *Server) Metrics() *metrics.Server { return s.metrics }
 
 // Store is the store in use.
 func (s *Server) Store() kettle.Store { return s.store }

@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/postgres"
+	"github.com/kettlefleet/kettlefleet/seed"
+	"github.com/kettlefleet/kettlefleet/sqlite"
+)
+
+func init() {
+	register("seed", "fill the store with realistic history", runSeed)
+}
+
+const seedDoc = `
+Fills the store with the history of a simulated fleet: ambient temperature
+with a daily cycle per device location, water heated before tea times and
+cooling toward ambient, reservoirs dispensed at tea times and refilled,
+batteries charging and discharging, a few devices offline for a while.
+
+Deterministic for a given --seed: device ids and readings are derived from
+it, so re-running the same command adds no duplicates (a later --end adds
+only the new part). Devices are registered (their tokens work: kettle token
+--device ID), and their latest state and the statistics rollups are updated
+in the same transactions, so /v1/statistics and GET /command are right the
+moment seeding ends. A device's last-seen time is its last reading's time.
+
+PostgreSQL: binary COPY straight into the month partitions, --workers
+streams in parallel. SQLite: large transactions through the store's Write.`
+
+func runSeed(ctx context.Context, args []string) error {
+	fs := newFlagSet("seed", "--db DSN --devices N --days D [flags]", seedDoc)
+	db := fs.String("db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
+	devices := fs.Int("devices", 100, "kettles in the fleet")
+	days := fs.Float64("days", 7, "days of history, ending at --end")
+	interval := fs.Duration("interval", 30*time.Second, "time between two readings of a kettle")
+	endFlag := fs.String("end", "", "end of history (RFC 3339 or YYYY-MM-DD, UTC; empty: the current hour, so re-runs within the hour are identical)")
+	seedFlag := fs.Uint64("seed", 42, "random seed: same seed, same fleet and readings")
+	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite)")
+	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (about; a chunk is a group of devices × one UTC day)")
+	pool := fs.Int("pg-pool", 0, "PostgreSQL: connections in the pool (0: --workers + 2)")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	end := time.Now().UTC().Truncate(time.Hour)
+	if *endFlag != "" {
+		var err error
+		if end, err = time.Parse(time.RFC3339Nano, *endFlag); err != nil {
+			if end, err = time.Parse(time.DateOnly, *endFlag); err != nil {
+				return fmt.Errorf("--end %q: want RFC 3339 (2024-06-01T00:00:00Z) or YYYY-MM-DD", *endFlag)
+			}
+		}
+	}
+	if *days <= 0 {
+		return fmt.Errorf("--days must be > 0, got %v", *days)
+	}
+	f := seed.Fleet{
+		Seed: *seedFlag, Devices: *devices, Interval: *interval,
+		End:   end.UTC(),
+		Start: end.UTC().Add(-time.Duration(*days * float64(24*time.Hour))),
+	}
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	if *chunk < 1 {
+		return fmt.Errorf("--chunk-rows must be ≥ 1, got %d", *chunk)
+	}
+
+	var sink seedSink
+	switch {
+	case strings.HasPrefix(*db, "sqlite:"):
+		path := strings.TrimPrefix(*db, "sqlite:")
+		if path == "" {
+			return errors.New("--db sqlite: needs a file path, e.g. sqlite:kettle-data/kettle.db")
+		}
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			return err
+		}
+		sink = writeSink{st}
+		if *workers <= 0 {
+			*workers = 2
+		}
+	case strings.HasPrefix(*db, "postgres://"), strings.HasPrefix(*db, "postgresql://"), strings.Contains(*db, "host="), strings.Contains(*db, "dbname="):
+		if *workers <= 0 {
+			*workers = 3
+		}
+		if *pool <= 0 {
+			*pool = *workers + 2
+		}
+		st, err := postgres.Open(ctx, *db, postgres.Options{MaxConns: int32(*pool)})
+		if err != nil {
+			return err
+		}
+		sink = copySink{st}
+	default:
+		return fmt.Errorf("--db %q: want sqlite:PATH or postgres://user@host/db", *db)
+	}
+	defer sink.Close()
+
+	r := &seedRun{fleet: f, sink: sink, workers: *workers, chunkRows: *chunk}
+	if !*quiet {
+		r.progress = os.Stderr
+	}
+	return r.run(ctx, os.Stdout)
+}
+
+// seedSink is where generated chunks go: rows grouped by device, in
+// increasing time.
+type seedSink interface {
+	kettle.Store
+	// put stores rows and returns how many were new.
+	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
+}
+
+// copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
+type copySink struct{ *postgres.Store }
+
+func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.Time) (int64, error) {
+	return s.SeedCopy(ctx, rows, reg)
+}
+
+// writeSink seeds any store through Write, one transaction per chunk. The
+// chunk's newest reading stands in for the time it was received.
+type writeSink struct{ kettle.Store }
+
+func (s writeSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
+	recv := rows[0].Time
+	for i := range rows {
+		if rows[i].Time.After(recv) {
+			recv = rows[i].Time
+		}
+	}
+	dup, err := s.Write(ctx, rows, recv)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, d := range dup {
+		if !d {
+			n++
+		}
+	}
+	return n, nil
+}
+
+type seedRun struct {
+	fleet     seed.Fleet
+	sink      seedSink
+	workers   int
+	chunkRows int
+	progress  io.Writer // nil: quiet
+
+	generated, stored atomic.Int64
+}
+
+func (r *seedRun) run(ctx context.Context, out io.Writer) error {
+	f := r.fleet
+	start := time.Now()
+	ids := make([]kettle.DeviceID, f.Devices)
+	for i := range ids {
+		ids[i] = seed.DeviceID(f.Seed, i)
+	}
+	for i := 0; i < len(ids); i += 10_000 {
+		if err := r.sink.Register(ctx, ids[i:min(i+10_000, len(ids))], f.Start); err != nil {
+			return fmt.Errorf("register devices: %w", err)
+		}
+	}
+
+	// Work unit: a group of devices, all its days in order (the physics is
+	// continuous); one transaction per group × UTC day, so a chunk never
+	// spans two month partitions.
+	perDay := max(1, int(24*time.Hour/f.Interval))
+	group := max(1, min(r.chunkRows/perDay, f.Devices))
+	groups := make(chan int)
+	total := int64(f.Devices) * f.RowsPerDevice()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	for range r.workers {
+		wg.Go(func() {
+			var rows []kettle.Measurement
+			for g := range groups {
+				if err := r.group(ctx, g, min(g+group, f.Devices), &rows); err != nil {
+					fail(err)
+					return
+				}
+			}
+		})
+	}
+	stopProgress := r.showProgress(start, total)
+	go func() {
+		defer close(groups)
+		for g := 0; g < f.Devices; g += group {
+			select {
+			case groups <- g:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	stopProgress()
+	if firstErr != nil {
+		return firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	el := time.Since(start)
+	gen, st := r.generated.Load(), r.stored.Load()
+	fmt.Fprintf(out, "seeded %d devices × %s at %s (%s … %s, seed %d)\n", f.Devices, f.End.Sub(f.Start), f.Interval,
+		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
+	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
+	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
+	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
+	if err != nil {
+		return fmt.Errorf("read statistics: %w", err)
+	}
+	fmt.Fprintf(out, "  store now: %d measurements, %d devices registered, %d reported in the last 5 min of history, Σ charge %.0f mWh, Σ water %.0f mL, potential %.0f J\n",
+		stats.MeasurementCount, stats.DevicesRegistered, stats.DevicesReporting, stats.TotalChargeMWh, stats.TotalWaterML, stats.TotalPotentialJ())
+	return nil
+}
+
+// group seeds devices [lo, hi) day by day.
+func (r *seedRun) group(ctx context.Context, lo, hi int, buf *[]kettle.Measurement) error {
+	f := r.fleet
+	kettles := make([]*seed.Kettle, hi-lo)
+	for i := range kettles {
+		kettles[i] = f.Kettle(lo + i)
+	}
+	for day := f.Start.Truncate(24 * time.Hour); day.Before(f.End); day = day.Add(24 * time.Hour) {
+		until := day.Add(24 * time.Hour)
+		rows := (*buf)[:0]
+		var m kettle.Measurement
+		for _, k := range kettles {
+			for k.Next(until, &m) {
+				rows = append(rows, m)
+			}
+		}
+		*buf = rows
+		if len(rows) == 0 {
+			continue
+		}
+		n, err := r.sink.put(ctx, rows, f.Start)
+		if err != nil {
+			return fmt.Errorf("seed devices %d…%d, %s: %w", lo, hi-1, day.Format(time.DateOnly), err)
+		}
+		r.generated.Add(int64(len(rows)))
+		r.stored.Add(n)
+	}
+	return nil
+}
+
+// showProgress prints rows, rows/s and ETA every second (on one line when
+// the output is a terminal) until the returned function is called.
+func (r *seedRun) showProgress(start time.Time, total int64) (stop func()) {
+	if r.progress == nil {
+		return func() {}
+	}
+	tty := false
+	if f, ok := r.progress.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		every := 1
+		if !tty {
+			every = 10
+		}
+		for n := 1; ; n++ {
+			select {
+			case <-done:
+				if tty {
+					fmt.Fprintln(r.progress)
+				}
+				return
+			case <-tick.C:
+			}
+			if n%every != 0 {
+				continue
+			}
+			gen := r.generated.Load()
+			el := time.Since(start).Seconds()
+			rate := float64(gen) / el
+			eta := "?"
+			if rate > 0 && total > gen {
+				eta = (time.Duration(float64(total-gen)/rate) * time.Second).Round(time.Second).String()
+			}
+			line := fmt.Sprintf("seed: %d / ~%d rows (%.1f%%), %d stored, %.0f rows/s, ETA %s", gen, total, 100*float64(gen)/float64(max(total, 1)), r.stored.Load(), rate, eta)
+			if tty {
+				fmt.Fprintf(r.progress, "\r%-100s", line)
+			} else {
+				fmt.Fprintln(r.progress, line)
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

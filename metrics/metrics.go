@@ -1,0 +1,416 @@
+// Package metrics is kettlefleet's Prometheus instrumentation: RED metrics
+// per route for kettle serve, the ingest pipeline's saturation (the S of the
+// USE method), store and fleet gauges, Go runtime and process collectors, and
+// the simulator's client-side view (see Swarm).
+//
+// Everything registers on a *prometheus.Registry that the caller passes in,
+// never on the global one, so two servers in one process (tests, kettle demo)
+// do not collide. Every label has a bounded set of values: routes are
+// ServeMux pattern templates, never raw paths; device ids never appear.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+)
+
+// ReportingWindow is the window of kettle_devices_reporting (the same five
+// minutes the statistics endpoints use).
+const ReportingWindow = 5 * time.Minute
+
+// LatencyBuckets are the request and commit duration buckets in seconds. The
+// SLO (100 ms) is a bucket boundary so the p99 alert is exact at the SLO.
+var LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// BatchBuckets are the ingest batch size buckets in readings.
+var BatchBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000}
+
+// Rejection reasons of kettle_ingest_rejected_total. Reasons the fleet
+// service reports that are not in this list are counted as "other", so the
+// label stays bounded whatever a future caller passes.
+var RejectReasons = []string{"queue_full", "shutting_down", "store_error", "other"}
+
+// StoreErrorKinds are the values of kettle_store_errors_total's kind label
+// (see ErrorKind).
+var StoreErrorKinds = []string{"timeout", "canceled", "unavailable", "internal", "other"}
+
+// Server holds kettle serve's metrics. Build it with New before the fleet
+// service (its hooks go into fleet.New), then register the service, the
+// listener and the store once they exist.
+type Server struct {
+	reg *prometheus.Registry
+
+	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+
+	mu        sync.RWMutex
+	observers map[routeKey]prometheus.Observer
+
+	batchRows   prometheus.Histogram
+	commit      prometheus.Histogram
+	stored      prometheus.Counter
+	duplicates  prometheus.Counter
+	storeErrors *prometheus.CounterVec
+	rejected    *prometheus.CounterVec
+}
+
+type routeKey struct {
+	route, method string
+	class         int
+}
+
+// New registers the HTTP and ingest metrics and the Go runtime and process
+// collectors on reg.
+func New(reg *prometheus.Registry) *Server {
+	m := &Server{
+		reg:       reg,
+		observers: make(map[routeKey]prometheus.Observer),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kettle_http_request_duration_seconds",
+			Help:    "Time from request headers read to handler return, by route template (ServeMux pattern, \"unmatched\" when none), method and status class (2xx, 4xx, 5xx…). Its _count is the request rate and error rate (RED).",
+			Buckets: LatencyBuckets,
+		}, []string{"route", "method", "status"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kettle_http_requests_in_flight",
+			Help: "HTTP requests being served now, ingest requests waiting for their commit included.",
+		}),
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kettle_ingest_batch_rows",
+			Help:    "Readings per ingest transaction. Batches grow under load; a batch size stuck at --batch-rows means the store is the bottleneck.",
+			Buckets: BatchBuckets,
+		}),
+		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kettle_ingest_commit_seconds",
+			Help:    "Duration of one ingest batch transaction (write, latest state, rollups, commit), failed ones included.",
+			Buckets: LatencyBuckets,
+		}),
+		stored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kettle_ingest_rows_stored_total",
+			Help: "Readings stored (committed and acknowledged), duplicates excluded.",
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kettle_ingest_duplicates_total",
+			Help: "Readings acknowledged as duplicates (same device and device time already stored); stored once, counted once.",
+		}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kettle_store_errors_total",
+			Help: "Failed ingest transactions by kind (timeout, canceled, unavailable, internal, other). Every reading in a failed batch is refused with 503.",
+		}, []string{"kind"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kettle_ingest_rejected_total",
+			Help: "Readings refused with 503 + Retry-After, by reason: queue_full (the bounded ingest queue), shutting_down, store_error (their transaction failed).",
+		}, []string{"reason"}),
+	}
+	// Pre-create every bounded label value so rates and alerts see a zero
+	// series before the first failure instead of no series at all.
+	for _, k := range StoreErrorKinds {
+		m.storeErrors.WithLabelValues(k)
+	}
+	for _, r := range RejectReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	reg.MustRegister(m.duration, m.inFlight, m.batchRows, m.commit, m.stored, m.duplicates, m.storeErrors, m.rejected)
+	reg.MustRegister(
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
+		)),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Registry is the registry the metrics are registered on.
+func (m *Server) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus exposition format (mount it
+// at GET /metrics).
+func (m *Server) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorHandling: promhttp.ContinueOnError})
+}
+
+// ---- HTTP (RED) ----
+
+// Middleware records kettle_http_request_duration_seconds and
+// kettle_http_requests_in_flight around next.
+//
+// The route label is r.Pattern read after next returned: http.ServeMux sets
+// Pattern on the very *http.Request it is given before calling the matched
+// handler, so it is visible here as long as every layer between this
+// middleware and the mux passes the request on unchanged (no r.WithContext or
+// r.Clone in between — wrap those inside the mux's routes instead). A request
+// no pattern matched is labelled "unmatched"; the label is therefore one of
+// the patterns registered in code, never a raw path or a device id.
+func (m *Server) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		m.inFlight.Inc()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			m.inFlight.Dec()
+			m.observer(r.Pattern, r.Method, sw.status).Observe(time.Since(start).Seconds())
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}
+
+// observer returns the cached histogram child for a route, method and status:
+// a map lookup with no allocation on the hot path.
+func (m *Server) observer(pattern, method string, status int) prometheus.Observer {
+	k := routeKey{route: pattern, method: Method(method), class: status / 100}
+	if status == 0 {
+		k.class = 2 // nothing written: net/http sends 200
+	}
+	m.mu.RLock()
+	o := m.observers[k]
+	m.mu.RUnlock()
+	if o != nil {
+		return o
+	}
+	route := k.route
+	if route == "" {
+		route = "unmatched"
+	}
+	o = m.duration.WithLabelValues(route, k.method, StatusClass(k.class*100))
+	m.mu.Lock()
+	m.observers[k] = o
+	m.mu.Unlock()
+	return o
+}
+
+// Method bounds the method label: standard methods as they are, anything a
+// client invents as "OTHER".
+func Method(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return method
+	}
+	return "OTHER"
+}
+
+// StatusClass is the status label: "2xx" for 200–299 and so on, "other"
+// outside 100–599.
+func StatusClass(status int) string {
+	switch status / 100 {
+	case 1:
+		return "1xx"
+	case 2:
+		return "2xx"
+	case 3:
+		return "3xx"
+	case 4:
+		return "4xx"
+	case 5:
+		return "5xx"
+	}
+	return "other"
+}
+
+// statusWriter records the status written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush, deadlines).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ---- ingest ----
+
+// FleetHooks returns the hooks to pass to fleet.New: batch size, commit
+// duration, stored and duplicate readings, store errors and refusals.
+func (m *Server) FleetHooks() fleet.Hooks {
+	return fleet.Hooks{Batch: m.batch, Rejected: m.reject}
+}
+
+func (m *Server) batch(rows, dups int, commit time.Duration, err error) {
+	m.batchRows.Observe(float64(rows))
+	m.commit.Observe(commit.Seconds())
+	if err != nil {
+		m.storeErrors.WithLabelValues(ErrorKind(err)).Inc()
+		m.rejected.WithLabelValues("store_error").Add(float64(rows))
+		return
+	}
+	m.stored.Add(float64(rows - dups))
+	m.duplicates.Add(float64(dups))
+}
+
+func (m *Server) reject(reason string, rows int) {
+	m.rejected.WithLabelValues(bounded(reason, RejectReasons)).Add(float64(rows))
+}
+
+// ErrorKind classifies a store error for kettle_store_errors_total: timeout
+// (a deadline, e.g. statement_timeout), canceled, else the kettle error code
+// (unavailable, internal); anything else is "other".
+func ErrorKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return bounded(string(kettle.ErrorCode(err)), StoreErrorKinds)
+}
+
+func bounded(v string, allowed []string) string {
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	return "other"
+}
+
+// ---- gauges read at scrape time ----
+
+// Fleet is what the fleet gauges read; *fleet.Service implements it.
+type Fleet interface {
+	QueueLen() int
+	Config() fleet.Config
+	DeviceCount() int
+	ReportingSince(time.Time) int
+	Now() time.Time
+}
+
+var _ Fleet = (*fleet.Service)(nil)
+
+// RegisterFleet registers the ingest queue's length and capacity and the
+// fleet gauges (devices registered, reporting in the last ReportingWindow),
+// read from f at each scrape. Call it once.
+func (m *Server) RegisterFleet(f Fleet) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_ingest_queue_rows",
+			Help: "Readings waiting in the bounded ingest queue for a transaction. Compare with kettle_ingest_queue_capacity_rows: when full, ingest answers 503.",
+		}, func() float64 { return float64(f.QueueLen()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_ingest_queue_capacity_rows",
+			Help: "Capacity of the ingest queue in readings (--ingest-queue).",
+		}, func() float64 { return float64(f.Config().QueueRows) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_devices_registered",
+			Help: "Devices registered (statistic 2, from memory).",
+		}, func() float64 { return float64(f.DeviceCount()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_devices_reporting",
+			Help: "Devices with a reading stored in the last 5 minutes (statistic 2, from memory).",
+		}, func() float64 { return float64(f.ReportingSince(f.Now().Add(-ReportingWindow))) }),
+	)
+}
+
+// Conns is the server's connection-limiting listener.
+type Conns interface {
+	Active() int64
+	Refused() int64
+}
+
+// RegisterConns registers the open and refused connection counts of the
+// server's listener. Call it once.
+func (m *Server) RegisterConns(l Conns) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_http_connections_open",
+			Help: "Open HTTP connections (capped by --max-conns).",
+		}, func() float64 { return float64(l.Active()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_http_connections_refused_total",
+			Help: "Connections over --max-conns, answered 503 and closed at once.",
+		}, func() float64 { return float64(l.Refused()) }),
+	)
+}
+
+// BusyRetrier is implemented by the SQLite store.
+type BusyRetrier interface{ BusyRetries() uint64 }
+
+// RegisterStore registers what the store exposes: SQLite's busy retries when
+// store implements BusyRetrier. (PostgreSQL's pool: RegisterPool.) Call it
+// once; a store with nothing to expose registers nothing.
+func (m *Server) RegisterStore(store any) {
+	if b, ok := store.(BusyRetrier); ok {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_sqlite_busy_retries_total",
+			Help: "Times a SQLite transaction found the database locked (SQLITE_BUSY) and was retried. Rising: another process writes the file, or the writer is saturated.",
+		}, func() float64 { return float64(b.BusyRetries()) }))
+	}
+}
+
+// PoolStats is a snapshot of the PostgreSQL connection pool. Its fields are
+// those of postgres.PoolStats, in the same order, so the server converts one
+// into the other: metrics.PoolStats(pg.PoolStats()). (This package does not
+// import postgres and its driver.)
+type PoolStats struct {
+	MaxConns             int32
+	TotalConns           int32
+	AcquiredConns        int32
+	IdleConns            int32
+	AcquireCount         int64
+	EmptyAcquireCount    int64
+	AcquireDuration      time.Duration
+	CanceledAcquireCount int64
+}
+
+// RegisterPool registers the PostgreSQL pool metrics, read from stats once per
+// scrape (one consistent snapshot). Call it once.
+func (m *Server) RegisterPool(stats func() PoolStats) {
+	m.reg.MustRegister(&poolCollector{stats: stats})
+}
+
+var (
+	poolMax      = prometheus.NewDesc("kettle_pg_pool_max_conns", "PostgreSQL pool capacity (--pg-pool).", nil, nil)
+	poolTotal    = prometheus.NewDesc("kettle_pg_pool_total_conns", "Open PostgreSQL connections.", nil, nil)
+	poolAcquired = prometheus.NewDesc("kettle_pg_pool_acquired_conns", "PostgreSQL connections in use.", nil, nil)
+	poolIdle     = prometheus.NewDesc("kettle_pg_pool_idle_conns", "PostgreSQL connections open and free.", nil, nil)
+	poolAcquires = prometheus.NewDesc("kettle_pg_pool_acquires_total", "Successful connection acquires from the PostgreSQL pool.", nil, nil)
+	poolEmpty    = prometheus.NewDesc("kettle_pg_pool_empty_acquires_total", "Acquires that found no idle connection and had to wait: the pool, not the database, is the bottleneck when this climbs with the wait.", nil, nil)
+	poolWait     = prometheus.NewDesc("kettle_pg_pool_acquire_wait_seconds_total", "Total time spent waiting for a PostgreSQL connection; rate() of it is the average number of requests waiting.", nil, nil)
+	poolCanceled = prometheus.NewDesc("kettle_pg_pool_canceled_acquires_total", "Acquires given up by their context while waiting for a connection.", nil, nil)
+)
+
+type poolCollector struct{ stats func() PoolStats }
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolMax, poolTotal, poolAcquired, poolIdle, poolAcquires, poolEmpty, poolWait, poolCanceled} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	n := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	g(poolMax, float64(s.MaxConns))
+	g(poolTotal, float64(s.TotalConns))
+	g(poolAcquired, float64(s.AcquiredConns))
+	g(poolIdle, float64(s.IdleConns))
+	n(poolAcquires, float64(s.AcquireCount))
+	n(poolEmpty, float64(s.EmptyAcquireCount))
+	n(poolWait, s.AcquireDuration.Seconds())
+	n(poolCanceled, float64(s.CanceledAcquireCount))
+}

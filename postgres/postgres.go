@@ -1,0 +1,293 @@
+// Package postgres is kettlefleet's production store: kettle.Store on
+// PostgreSQL through pgx and its pool.
+//
+// Measurements live in a table partitioned by month of device time; each
+// write batch goes in with binary COPY into a per-connection staging table and
+// then INSERT … ON CONFLICT DO NOTHING into the partitioned table, so
+// duplicates are detected and counted, and the devices' latest state, the
+// hourly rollups and the fleet totals are updated in the same transaction.
+// The schema is migrated at Open.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/kettlefleet/kettlefleet"
+)
+
+var _ kettle.Store = (*Store)(nil)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Advisory lock keys (pg_advisory_lock), one per kind of DDL.
+const (
+	lockMigrate   int64 = 0x6b65_7474_6c65_0001 // "kettle" 1
+	lockPartition int64 = 0x6b65_7474_6c65_0002
+)
+
+// Options tune the store. The zero value is usable.
+type Options struct {
+	// MaxConns caps the connection pool. Every in-flight write batch and
+	// query holds one connection; beyond this they wait (see
+	// PoolStats.AcquireDuration). 0 means 4 × GOMAXPROCS, at least 8.
+	MaxConns int32
+	// MinConns are kept open even when idle, so a burst does not pay for
+	// connection set-up. 0 means none.
+	MinConns int32
+	// StatementTimeout makes the server cancel any statement running longer
+	// (statement_timeout), so a stuck query fails instead of holding a
+	// connection forever. 0 leaves the server's setting.
+	StatementTimeout time.Duration
+	// ConnectTimeout bounds opening one connection. 0 means 10s.
+	ConnectTimeout time.Duration
+	// PartitionsAhead is how many months after the current one get their
+	// measurement partition at Open. Partitions for other months are created
+	// when a batch needs them. 0 means 2.
+	PartitionsAhead int
+	// Now is the clock used to choose the partitions created at Open; nil
+	// means time.Now.
+	Now func() time.Time
+}
+
+// Store is kettle.Store on PostgreSQL. It is safe for concurrent use, also by
+// several processes (server nodes) on one database.
+type Store struct {
+	pool *pgxpool.Pool
+	opts Options
+
+	partMu sync.Mutex
+	parts  map[int]bool // months (year*12+month-1) whose partition exists
+}
+
+// Open connects to the database at dsn (a postgres:// URL or keyword/value
+// string), applies the schema migrations the database lacks, and creates the
+// measurement partitions of this month and the next Options.PartitionsAhead.
+func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	if opts.MaxConns <= 0 {
+		opts.MaxConns = int32(max(8, 4*runtime.GOMAXPROCS(0)))
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 10 * time.Second
+	}
+	if opts.PartitionsAhead <= 0 {
+		opts.PartitionsAhead = 2
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	cfg.MaxConns = opts.MaxConns
+	cfg.MinConns = min(opts.MinConns, opts.MaxConns)
+	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	rp := cfg.ConnConfig.RuntimeParams
+	if rp["application_name"] == "" {
+		rp["application_name"] = "kettle"
+	}
+	rp["timezone"] = "UTC"
+	if opts.StatementTimeout > 0 {
+		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
+	}
+	// The staging table of Write, once per connection. Temporary tables are
+	// private to the session, so concurrent batches never see each other's rows.
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS stage (LIKE measurements) ON COMMIT DELETE ROWS`)
+		return err
+	}
+	s := &Store{opts: opts, parts: map[int]bool{}}
+	// Migrate on a plain connection first: AfterConnect needs the schema.
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	err = migrate(ctx, conn)
+	conn.Close(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	s.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	if err := s.loadPartitions(ctx); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	now := opts.Now().UTC()
+	first := monthOf(now)
+	if err := s.ensureSpan(ctx, first, first+opts.PartitionsAhead); err != nil {
+		s.pool.Close()
+		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	return s, nil
+}
+
+// migrate applies, in order and each in its own transaction, the embedded
+// migrations not yet recorded in schema_migrations. A session advisory lock
+// makes a second server starting at the same time wait, then find nothing to
+// do.
+func migrate(ctx context.Context, conn *pgx.Conn) (err error) {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockMigrate); err != nil {
+		return fmt.Errorf("migrate: lock: %w", err)
+	}
+	defer func() {
+		if _, uerr := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", lockMigrate); uerr != nil && err == nil {
+			err = fmt.Errorf("migrate: unlock: %w", uerr)
+		}
+	}()
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    int PRIMARY KEY,
+		name       text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, _ := conn.Query(ctx, "SELECT version FROM schema_migrations")
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, v := range vs {
+		applied[int(v)] = true
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		base := strings.TrimPrefix(name, "migrations/")
+		v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("migrate: %s: name must start with a version number", name)
+		}
+		if applied[v] {
+			continue
+		}
+		sql, err := migrations.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, string(sql)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", v, base)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrate %s: %w", base, err)
+		}
+	}
+	return nil
+}
+
+// Close closes every connection of the pool.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// Ping checks that the database answers a query.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.pool.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+		return unavailable("ping", err)
+	}
+	return nil
+}
+
+// PoolStats is a snapshot of the connection pool, for metrics. Acquire wait
+// is where a too-small pool shows: requests queue for a connection while the
+// database itself is idle.
+type PoolStats struct {
+	MaxConns      int32 // pool capacity
+	TotalConns    int32 // open connections
+	AcquiredConns int32 // in use
+	IdleConns     int32 // open and free
+	// AcquireCount is how many acquires succeeded; EmptyAcquireCount how many
+	// of those had to wait because no connection was idle.
+	AcquireCount      int64
+	EmptyAcquireCount int64
+	// AcquireDuration is the cumulative time spent waiting in acquires.
+	AcquireDuration time.Duration
+	// CanceledAcquireCount counts acquires given up by their context.
+	CanceledAcquireCount int64
+}
+
+// PoolStats returns the current pool statistics.
+func (s *Store) PoolStats() PoolStats {
+	st := s.pool.Stat()
+	return PoolStats{
+		MaxConns:             st.MaxConns(),
+		TotalConns:           st.TotalConns(),
+		AcquiredConns:        st.AcquiredConns(),
+		IdleConns:            st.IdleConns(),
+		AcquireCount:         st.AcquireCount(),
+		EmptyAcquireCount:    st.EmptyAcquireCount(),
+		AcquireDuration:      st.AcquireDuration(),
+		CanceledAcquireCount: st.CanceledAcquireCount(),
+	}
+}
+
+// unavailable wraps a database failure as EUnavailable when it looks like the
+// database is unreachable or the request timed out, EInternal otherwise, with
+// a message for the operator. Context cancellation is returned as is.
+func unavailable(op string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "57014": // query_canceled: statement_timeout
+			return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database timed out (%s); retry later, or raise the statement timeout", op, pgErr.Message), RetryAfter: time.Second}
+		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "57P"):
+			return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database is unavailable (%s %s); retry later", op, pgErr.Code, pgErr.Message), RetryAfter: time.Second}
+		}
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) || isConnErr(err) {
+		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database is unreachable (%v); retry later", op, err), RetryAfter: time.Second}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func isConnErr(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
+
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxx")
+			return u.String()
+		}
+	}
+	if i := strings.Index(dsn, "password="); i >= 0 {
+		end := strings.IndexByte(dsn[i:], ' ')
+		if end < 0 {
+			return dsn[:i] + "password=xxx"
+		}
+		return dsn[:i] + "password=xxx" + dsn[i+end:]
+	}
+	return dsn
+}

@@ -1,0 +1,339 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/postgres"
+	"github.com/kettlefleet/kettlefleet/storetest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func open(t testing.TB, dsn string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 8})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) (kettle.Store, func(t *testing.T) kettle.Store) {
+		dsn := pgtest.Start(t)
+		cur := open(t, dsn)
+		t.Cleanup(func() { cur.Close() })
+		return cur, func(t *testing.T) kettle.Store {
+			cur.Close()
+			cur = open(t, dsn)
+			return cur
+		}
+	})
+}
+
+func rowAt(rng *rand.Rand, dev kettle.DeviceID, t time.Time) kettle.Measurement {
+	return kettle.Measurement{
+		Device: dev, Time: t,
+		ChargeMWh: rng.Float64() * 40000, FullMWh: 40000, RateMW: rng.Float64()*2000 - 1000,
+		AmbientC: 15 + rng.Float64()*10, WaterC: 20 + rng.Float64()*80, LevelML: rng.Float64() * 1500,
+	}
+}
+
+func devID(i int) kettle.DeviceID { return kettle.DeviceID{0xd0, byte(i >> 8), byte(i)} }
+
+// recompute is the naive answer, straight from the measurements table: what
+// the derived tables must equal.
+type recompute struct {
+	n                        int64
+	charge, level, potential float64
+	hourN                    [24]int64
+	hourWaterMean            [24]float64
+}
+
+func naive(t *testing.T, dsn string) recompute {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var r recompute
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM measurements`).Scan(&r.n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = conn.QueryRow(ctx, `SELECT coalesce(sum(charge_mwh),0), coalesce(sum(level_ml),0), coalesce(sum((water_c-ambient_c)*level_ml),0)
+		FROM (SELECT DISTINCT ON (device) * FROM measurements ORDER BY device, t DESC) l`).Scan(&r.charge, &r.level, &r.potential)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := conn.Query(ctx, `SELECT extract(hour FROM t AT TIME ZONE 'UTC')::int, count(*), avg(water_c) FROM measurements GROUP BY 1`)
+	for rows.Next() {
+		var h int
+		var n int64
+		var mean float64
+		if err := rows.Scan(&h, &n, &mean); err != nil {
+			t.Fatal(err)
+		}
+		r.hourN[h], r.hourWaterMean[h] = n, mean
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func checkExact(t *testing.T, s *postgres.Store, dsn string) {
+	t.Helper()
+	want := naive(t, dsn)
+	st, err := s.Statistics(context.Background(), kettle.StatsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MeasurementCount != want.n {
+		t.Errorf("MeasurementCount = %d, stored rows = %d", st.MeasurementCount, want.n)
+	}
+	f := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+			t.Errorf("%s = %v, recomputed %v", what, got, want)
+		}
+	}
+	f("TotalChargeMWh", st.TotalChargeMWh, want.charge)
+	f("TotalWaterML", st.TotalWaterML, want.level)
+	f("TotalPotentialCmL", st.TotalPotentialCmL, want.potential)
+	for h := range 24 {
+		if st.ByHour[h].Water.N != want.hourN[h] {
+			t.Errorf("hour %d: n = %d, recomputed %d", h, st.ByHour[h].Water.N, want.hourN[h])
+		}
+		f(fmt.Sprintf("hour %d water mean", h), st.ByHour[h].Water.Mean, want.hourWaterMean[h])
+	}
+}
+
+// TestBackdatedPartition writes into months that have no partition yet,
+// years back and just ahead, in one batch.
+func TestBackdatedPartition(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	times := []time.Time{
+		time.Date(2003, 7, 4, 12, 0, 0, 0, time.UTC),
+		time.Date(2019, 12, 31, 23, 59, 59, 999999000, time.UTC),
+		time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Now().UTC().Add(23 * time.Hour).Truncate(time.Microsecond),
+	}
+	var batch []kettle.Measurement
+	for _, tm := range times {
+		batch = append(batch, rowAt(rng, devID(1), tm))
+	}
+	dup, err := s.Write(context.Background(), batch, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range dup {
+		if d {
+			t.Errorf("row %d reported duplicate", i)
+		}
+	}
+	// A second store (another node) sees the partitions and the rows.
+	s2 := open(t, dsn)
+	defer s2.Close()
+	if dup, err := s2.Write(context.Background(), batch[:2], time.Now()); err != nil || !dup[0] || !dup[1] {
+		t.Fatalf("rewrite on a second store: dup %v, err %v", dup, err)
+	}
+	h, err := s2.History(context.Background(), kettle.HistoryQuery{Device: devID(1)})
+	if err != nil || len(h) != len(times) {
+		t.Fatalf("History: %d rows, err %v; want %d", len(h), err, len(times))
+	}
+	for i := range h {
+		if !h[i].Time.Equal(times[i]) {
+			t.Errorf("row %d at %v, want %v", i, h[i].Time, times[i])
+		}
+	}
+	checkExact(t, s2, dsn)
+}
+
+// TestConcurrentMigrate opens several stores on one fresh database at once.
+func TestConcurrentMigrate(t *testing.T) {
+	dsn := pgtest.Start(t)
+	const n = 6
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	stores := make([]*postgres.Store, n)
+	for i := range n {
+		wg.Go(func() {
+			stores[i], errs[i] = postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 2})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("store %d: %v", i, err)
+		}
+		defer stores[i].Close()
+	}
+	if err := stores[0].Register(context.Background(), []kettle.DeviceID{devID(1)}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := stores[n-1].Statistics(context.Background(), kettle.StatsQuery{})
+	if err != nil || st.DevicesRegistered != 1 {
+		t.Fatalf("statistics after concurrent migration: %+v, %v", st, err)
+	}
+}
+
+// TestTwoNodesOverlap runs two stores (two server nodes, separate pools) that
+// write overlapping batches, out of order, into the same devices and hours,
+// and checks the derived figures against a full recompute.
+func TestTwoNodesOverlap(t *testing.T) {
+	dsn := pgtest.Start(t)
+	a, b := open(t, dsn), open(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	base := time.Date(2024, 2, 28, 22, 0, 0, 0, time.UTC) // batches straddle a month boundary
+	const devices, slots = 20, 300
+	row := func(d, slot int) kettle.Measurement {
+		return rowAt(rand.New(rand.NewPCG(uint64(d), uint64(slot))), devID(d), base.Add(time.Duration(slot)*time.Minute))
+	}
+	var wg sync.WaitGroup
+	stored := make([]map[[2]int]int, 4)
+	errs := make([]error, 4)
+	for w := range 4 {
+		s := a
+		if w%2 == 1 {
+			s = b
+		}
+		stored[w] = map[[2]int]int{}
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 30 {
+				var batch []kettle.Measurement
+				var keys [][2]int
+				for range 100 {
+					d, sl := rng.IntN(devices), rng.IntN(slots)
+					batch = append(batch, row(d, sl))
+					keys = append(keys, [2]int{d, sl})
+				}
+				dup, err := s.Write(context.Background(), batch, time.Now())
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				for i, k := range keys {
+					if !dup[i] {
+						stored[w][k]++
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for w, err := range errs {
+		if err != nil {
+			t.Fatalf("writer %d: %v", w, err)
+		}
+	}
+	total := map[[2]int]int{}
+	for _, m := range stored {
+		for k, n := range m {
+			total[k] += n
+		}
+	}
+	for k, n := range total {
+		if n != 1 {
+			t.Errorf("key %v stored %d times", k, n)
+		}
+	}
+	checkExact(t, a, dsn)
+	st, _ := b.Statistics(context.Background(), kettle.StatsQuery{})
+	if st.MeasurementCount != int64(len(total)) {
+		t.Errorf("MeasurementCount %d, acknowledged as new %d", st.MeasurementCount, len(total))
+	}
+	for d := range devices {
+		ds, err := a.Device(context.Background(), devID(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		var newest int = -1
+		var capML float64
+		for k := range total {
+			if k[0] == d {
+				n++
+				newest = max(newest, k[1])
+				capML = max(capML, row(d, k[1]).LevelML)
+			}
+		}
+		if ds.Measurements != n || ds.CapacityML != capML || (n > 0 && !ds.Latest.Time.Equal(row(d, newest).Time)) {
+			t.Errorf("device %d: %d measurements, capacity %v, latest %v; want %d, %v, slot %d", d, ds.Measurements, ds.CapacityML, ds.Latest, n, capML, newest)
+		}
+	}
+}
+
+// TestSeedCopy seeds, re-seeds (no duplicates), seeds an overlapping chunk,
+// and checks the derived figures.
+func TestSeedCopy(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	base := time.Date(2023, 5, 1, 0, 0, 0, 0, time.UTC)
+	chunk := func(first, devices, from, n int) []kettle.Measurement {
+		var rows []kettle.Measurement
+		for d := first; d < first+devices; d++ {
+			for i := from; i < from+n; i++ {
+				rows = append(rows, rowAt(rand.New(rand.NewPCG(uint64(d), uint64(i))), devID(d), base.Add(time.Duration(i)*30*time.Second)))
+			}
+		}
+		return rows
+	}
+	f := func(rows []kettle.Measurement, want int64) {
+		t.Helper()
+		n, err := s.SeedCopy(ctx, rows, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Errorf("SeedCopy stored %d new rows, want %d", n, want)
+		}
+	}
+	f(chunk(0, 10, 0, 500), 5000)
+	f(chunk(0, 10, 0, 500), 0)      // re-run
+	f(chunk(5, 10, 250, 500), 3750) // devices 5..9 half new, 10..14 all new
+	// A live write after seeding: duplicates detected, latest kept.
+	dup, err := s.Write(ctx, chunk(0, 1, 499, 2), time.Now())
+	if err != nil || !dup[0] || dup[1] {
+		t.Fatalf("Write after seed: dup %v, err %v", dup, err)
+	}
+	checkExact(t, s, dsn)
+	d, err := s.Device(ctx, devID(12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := base.Add(749 * 30 * time.Second); !d.LastSeen.Equal(want) || !d.Latest.Time.Equal(want) || d.Measurements != 500 {
+		t.Errorf("seeded device: last seen %v, latest %v, %d rows; want %v, 500", d.LastSeen, d.Latest.Time, d.Measurements, want)
+	}
+	if _, err := s.SeedCopy(ctx, append(chunk(0, 1, 0, 2), chunk(0, 1, 0, 1)...), base); kettle.ErrorCode(err) != kettle.EInvalid {
+		t.Errorf("SeedCopy of ungrouped rows: %v, want EInvalid", err)
+	}
+}
+
+func BenchmarkWrite(b *testing.B) {
+	for _, size := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			s := open(b, pgtest.Start(b))
+			defer s.Close()
+			storetest.WriteBenchmark(b, s, size)
+		})
+	}
+}

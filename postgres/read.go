@@ -1,0 +1,252 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// Statistics reads the totals row, counts the reporting devices and merges
+// the rollups of the range by hour of day, in one round trip and one
+// REPEATABLE READ snapshot. An open range reads the 24 hour-of-day rows; a
+// bounded one reads one row per hour in the range. Neither reads history.
+func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Statistics, error) {
+	var st kettle.Statistics
+	for h := range st.ByHour {
+		st.ByHour[h].Hour = h
+	}
+	open := q.From.IsZero() && q.To.IsZero()
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT measurements, devices, charge + charge_c, level + level_c, potential + potential_c FROM totals WHERE id = 1`).
+			QueryRow(func(r pgx.Row) error {
+				return r.Scan(&st.MeasurementCount, &st.DevicesRegistered, &st.TotalChargeMWh, &st.TotalWaterML, &st.TotalPotentialCmL)
+			})
+		if q.ReportingSince.IsZero() {
+			b.Queue(`SELECT count(*) FROM devices WHERE last_seen IS NOT NULL`).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
+		} else {
+			b.Queue(`SELECT count(*) FROM devices WHERE last_seen >= $1`, q.ReportingSince.UTC()).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
+		}
+		merge := func(rows pgx.Rows, hod func(k time.Time, h int16) int) error {
+			defer rows.Close()
+			for rows.Next() {
+				var (
+					t    time.Time
+					h    int16
+					w, a kettle.Moments
+				)
+				var err error
+				if open {
+					err = rows.Scan(&h, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2)
+				} else {
+					err = rows.Scan(&t, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2)
+				}
+				if err != nil {
+					return err
+				}
+				a.N = w.N
+				i := hod(t, h)
+				if i < 0 || i > 23 {
+					return fmt.Errorf("hour of day %d out of range", i)
+				}
+				bh := &st.ByHour[i]
+				bh.Water, bh.Ambient = bh.Water.Merge(w), bh.Ambient.Merge(a)
+				st.RangeCount += w.N
+			}
+			return rows.Err()
+		}
+		if open {
+			b.Queue(`SELECT hod, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM hours_of_day ORDER BY hod`).
+				Query(func(rows pgx.Rows) error { return merge(rows, func(_ time.Time, h int16) int { return int(h) }) })
+		} else {
+			var conds []string
+			var args []any
+			if !q.From.IsZero() {
+				args = append(args, q.From.UTC().Truncate(time.Hour))
+				conds = append(conds, fmt.Sprintf("hour >= $%d", len(args)))
+			}
+			if !q.To.IsZero() {
+				args = append(args, q.To.UTC().Truncate(time.Hour))
+				conds = append(conds, fmt.Sprintf("hour < $%d", len(args)))
+			}
+			b.Queue(`SELECT hour, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups WHERE `+strings.Join(conds, " AND ")+` ORDER BY hour`, args...).
+				Query(func(rows pgx.Rows) error {
+					return merge(rows, func(t time.Time, _ int16) int { return t.UTC().Hour() })
+				})
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return kettle.Statistics{}, unavailable("postgres statistics", err)
+	}
+	return st, nil
+}
+
+const deviceCols = `id, registered_at, last_seen, measurements, capacity_ml,
+	latest_t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml,
+	ov_charge, ov_fill, ov_flush, ov_expires_at, ov_set_at`
+
+func scanDevice(r pgx.Row) (kettle.DeviceState, error) {
+	var (
+		d                        kettle.DeviceState
+		reg                      time.Time
+		seen, lt, ovExp, ovSet   *time.Time
+		c, f, rate, a, w, l, ovF *float64
+		ovC, ovFill              *bool
+	)
+	err := r.Scan(&d.ID, &reg, &seen, &d.Measurements, &d.CapacityML,
+		&lt, &c, &f, &rate, &a, &w, &l, &ovC, &ovFill, &ovF, &ovExp, &ovSet)
+	if err != nil {
+		return d, err
+	}
+	d.RegisteredAt = reg.UTC()
+	if seen != nil {
+		d.LastSeen = seen.UTC()
+	}
+	if lt != nil {
+		d.Latest = &kettle.Measurement{Device: d.ID, Time: lt.UTC(), ChargeMWh: deref(c), FullMWh: deref(f), RateMW: deref(rate), AmbientC: deref(a), WaterC: deref(w), LevelML: deref(l)}
+	}
+	if ovExp != nil {
+		o := &kettle.Override{ExpiresAt: ovExp.UTC(), Charge: ovC, Fill: ovFill, FlushMLPerS: ovF}
+		if ovSet != nil {
+			o.SetAt = ovSet.UTC()
+		}
+		d.Override = o
+	}
+	return d, nil
+}
+
+// Devices lists up to limit devices (all when limit ≤ 0) with ids after the
+// cursor, in id byte order; uuid.Nil starts from the beginning.
+func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
+	var rows pgx.Rows
+	if limit > 0 {
+		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM devices WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	} else {
+		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM devices WHERE id > $1 ORDER BY id`, after)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kettle.DeviceState, error) { return scanDevice(r) })
+	if err != nil {
+		return nil, unavailable("postgres list devices", err)
+	}
+	return out, nil
+}
+
+// Device returns one device, or an *kettle.Error with code ENotFound.
+func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceState, error) {
+	d, err := scanDevice(s.pool.QueryRow(ctx, `SELECT `+deviceCols+` FROM devices WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return kettle.DeviceState{}, notFound(id)
+	}
+	if err != nil {
+		return kettle.DeviceState{}, unavailable(fmt.Sprintf("postgres read device %s", id), err)
+	}
+	return d, nil
+}
+
+// scanPage is how many devices Scan reads per query: it pages rather than
+// holding one cursor (and one snapshot) open while fn runs.
+const scanPage = 1000
+
+// Scan calls fn for every device in id order, a page at a time, so a device
+// registered during the scan may or may not be seen.
+func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) error {
+	after := uuid.Nil
+	for {
+		page, err := s.Devices(ctx, after, scanPage)
+		if err != nil {
+			return fmt.Errorf("postgres scan devices: %w", err)
+		}
+		for _, d := range page {
+			if err := fn(d); err != nil {
+				return err
+			}
+		}
+		if len(page) < scanPage {
+			return nil
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
+// History returns up to q.Limit (all when ≤ 0) of one device's measurements
+// in device-time order, From inclusive, To exclusive, after the cursor.
+// An unknown device has no history (no error).
+func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Measurement, error) {
+	conds := []string{"device = $1"}
+	args := []any{q.Device}
+	arg := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, fmt.Sprintf(cond, len(args)))
+	}
+	// Stored times are whole microseconds, and so are the bounds once
+	// rounded the right way: t ≥ From is t ≥ ⌈From⌉, t < To is t < ⌈To⌉,
+	// t > After is t > ⌊After⌋. (The driver truncates to microseconds.)
+	if !q.From.IsZero() {
+		arg("t >= $%d", ceilMicro(q.From))
+	}
+	if !q.To.IsZero() {
+		arg("t < $%d", ceilMicro(q.To))
+	}
+	if !q.After.IsZero() {
+		arg("t > $%d", q.After.UTC().Truncate(time.Microsecond))
+	}
+	sql := `SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM measurements WHERE ` + strings.Join(conds, " AND ") + ` ORDER BY t`
+	if q.Limit > 0 {
+		args = append(args, q.Limit)
+		sql += fmt.Sprintf(" LIMIT $%d", len(args))
+	}
+	rows, _ := s.pool.Query(ctx, sql, args...)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kettle.Measurement, error) {
+		m := kettle.Measurement{Device: q.Device}
+		err := r.Scan(&m.Time, &m.ChargeMWh, &m.FullMWh, &m.RateMW, &m.AmbientC, &m.WaterC, &m.LevelML)
+		m.Time = m.Time.UTC()
+		return m, err
+	})
+	if err != nil {
+		return nil, unavailable(fmt.Sprintf("postgres history of %s", q.Device), err)
+	}
+	return out, nil
+}
+
+func ceilMicro(t time.Time) time.Time {
+	t = t.UTC()
+	if c := t.Truncate(time.Microsecond); !c.Equal(t) {
+		return c.Add(time.Microsecond)
+	}
+	return t
+}
+
+// SetOverride stores o for device id, or returns ENotFound.
+func (s *Store) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Override) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE devices SET ov_charge = $2, ov_fill = $3, ov_flush = $4, ov_expires_at = $5, ov_set_at = $6 WHERE id = $1`,
+		id, o.Charge, o.Fill, o.FlushMLPerS, o.ExpiresAt.UTC(), o.SetAt.UTC())
+	if err != nil {
+		return unavailable(fmt.Sprintf("postgres set override of %s", id), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return notFound(id)
+	}
+	return nil
+}
+
+// ClearOverride removes device id's override; no error when there is none
+// or the device is unknown.
+func (s *Store) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
+	_, err := s.pool.Exec(ctx, `UPDATE devices SET ov_charge = NULL, ov_fill = NULL, ov_flush = NULL, ov_expires_at = NULL, ov_set_at = NULL
+		WHERE id = $1 AND ov_expires_at IS NOT NULL`, id)
+	if err != nil {
+		return unavailable(fmt.Sprintf("postgres clear override of %s", id), err)
+	}
+	return nil
+}
+
+func notFound(id kettle.DeviceID) error {
+	return kettle.Errorf(kettle.ENotFound, "device %s is not registered", id)
+}

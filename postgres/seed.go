@@ -1,0 +1,91 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// SeedCopy stores rows, a bulk of generated history, in one transaction, and
+// returns how many were new. It is Write without the batch limit and with a
+// faster path: under the devices' row locks it checks whether any of them
+// already has a measurement in the rows' time range; if none has (the usual
+// case: a first seeding) the rows are COPYed straight into their partition,
+// no staging, no conflict check. Otherwise (a re-run) they go through the
+// staging table and INSERT … ON CONFLICT like Write, so re-seeding adds no
+// duplicates. Either way the devices, rollups and totals are updated from the
+// rows that were new, in the same transaction, so every derived figure stays
+// exact.
+//
+// rows must be grouped by device (each device in one run) in strictly
+// increasing time; their times are normalized in place. Unknown devices are
+// registered at registeredAt. A device's last_seen becomes the greatest
+// device time stored for it (history is taken to have arrived when it was
+// measured), not the time of seeding.
+//
+// Chunks of 50,000–500,000 rows within one calendar month (one partition)
+// are the sweet spot; run several SeedCopy calls in parallel for throughput.
+func (s *Store) SeedCopy(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error) {
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	seen := map[kettle.DeviceID]bool{}
+	for i := range rows {
+		rows[i].Normalize()
+		if i > 0 && rows[i].Device == rows[i-1].Device {
+			if !rows[i].Time.After(rows[i-1].Time) {
+				return 0, kettle.Errorf(kettle.EInvalid, "postgres seed: row %d of device %s is not after the one before it (%s ≤ %s); rows must be grouped by device in increasing time", i, rows[i].Device, rows[i].Time.Format(time.RFC3339Nano), rows[i-1].Time.Format(time.RFC3339Nano))
+			}
+			continue
+		}
+		if seen[rows[i].Device] {
+			return 0, kettle.Errorf(kettle.EInvalid, "postgres seed: device %s appears in two runs (again at row %d); rows must be grouped by device", rows[i].Device, i)
+		}
+		seen[rows[i].Device] = true
+	}
+	res, err := s.write(ctx, rows, nil, registeredAt.UTC(), true)
+	if err != nil {
+		return 0, fmt.Errorf("postgres seed %d rows: %w", len(rows), err)
+	}
+	return res.n, nil
+}
+
+// bulkInsert is the insert step of SeedCopy, run with the devices locked.
+func (s *Store) bulkInsert(ctx context.Context, tx pgx.Tx, rows []kettle.Measurement, ids []kettle.DeviceID, idx map[key]int, lo, hi time.Time, inserted []bool) error {
+	r, _ := tx.Query(ctx, `SELECT d FROM unnest($1::uuid[]) d
+		WHERE EXISTS (SELECT 1 FROM measurements m WHERE m.device = d AND m.t >= $2 AND m.t <= $3)`, ids, lo, hi)
+	existing, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("check for existing measurements: %w", err)
+	}
+	conn := tx.Conn().PgConn()
+	if len(existing) == 0 {
+		table := "measurements"
+		if monthOf(lo) == monthOf(hi) {
+			table = partitionName(monthOf(lo)) // skip tuple routing
+		}
+		if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY "+table+" "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
+			return fmt.Errorf("copy into %s: %w", table, err)
+		}
+		for i := range inserted {
+			inserted[i] = true
+		}
+		return nil
+	}
+	if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
+		return fmt.Errorf("copy into staging table: %w", err)
+	}
+	if idx == nil {
+		idx = indexRows(rows)
+	}
+	br := tx.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
+	if err := markInserted(br, idx, inserted); err != nil {
+		br.Close()
+		return fmt.Errorf("insert measurements: %w", err)
+	}
+	return br.Close()
+}

@@ -1,0 +1,170 @@
+package seed_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/seed"
+)
+
+var end = time.Date(2024, 6, 10, 0, 0, 0, 0, time.UTC)
+
+func fleet(devices, days int) seed.Fleet {
+	return seed.Fleet{Seed: 42, Devices: devices, Start: end.Add(-time.Duration(days) * 24 * time.Hour), End: end, Interval: 30 * time.Second}
+}
+
+func all(f seed.Fleet, i int) []kettle.Measurement {
+	k := f.Kettle(i)
+	var out []kettle.Measurement
+	var m kettle.Measurement
+	for k.Next(f.End, &m) {
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestDeterministic(t *testing.T) {
+	f := fleet(5, 2)
+	for i := range f.Devices {
+		a, b := all(f, i), all(f, i)
+		if len(a) != len(b) || len(a) == 0 {
+			t.Fatalf("device %d: %d then %d readings", i, len(a), len(b))
+		}
+		for j := range a {
+			if a[j] != b[j] {
+				t.Fatalf("device %d reading %d differs: %+v vs %+v", i, j, a[j], b[j])
+			}
+		}
+	}
+	if seed.DeviceID(42, 1) != seed.DeviceID(42, 1) || seed.DeviceID(42, 1) == seed.DeviceID(43, 1) || seed.DeviceID(42, 1) == seed.DeviceID(42, 2) {
+		t.Error("device ids must depend on seed and index, and only on them")
+	}
+}
+
+// TestValidAndOnGrid checks every reading passes the API's validation, lies
+// in [Start, End), on the device's grid, in increasing time; and that a
+// chunked generation (Next with a bound) gives the same readings.
+func TestValidAndOnGrid(t *testing.T) {
+	f := fleet(50, 3)
+	for i := range f.Devices {
+		rows := all(f, i)
+		for j, m := range rows {
+			if errs := m.Validate(end, &kettle.V1Names, "", nil); len(errs) > 0 {
+				t.Fatalf("device %d reading %d invalid: %v (%+v)", i, j, errs, m)
+			}
+			if m.Time.Before(f.Start) || !m.Time.Before(f.End) || m.Time.Nanosecond()%1000 != 0 {
+				t.Fatalf("device %d reading %d at %v outside [%v, %v) or below µs", i, j, m.Time, f.Start, f.End)
+			}
+			if j > 0 && m.Time.Sub(rows[j-1].Time)%f.Interval != 0 || j > 0 && !m.Time.After(rows[j-1].Time) {
+				t.Fatalf("device %d reading %d at %v off the grid after %v", i, j, m.Time, rows[j-1].Time)
+			}
+			if m.ChargeMWh < 0 || m.ChargeMWh > m.FullMWh {
+				t.Fatalf("device %d: charge %v outside [0, %v]", i, m.ChargeMWh, m.FullMWh)
+			}
+		}
+		// chunked by day
+		k := f.Kettle(i)
+		var m kettle.Measurement
+		n := 0
+		for day := f.Start; day.Before(f.End); day = day.Add(24 * time.Hour) {
+			for k.Next(day.Add(24*time.Hour), &m) {
+				if m != rows[n] {
+					t.Fatalf("device %d: chunked reading %d differs", i, n)
+				}
+				n++
+			}
+		}
+		if n != len(rows) {
+			t.Fatalf("device %d: chunked %d readings, whole %d", i, n, len(rows))
+		}
+	}
+}
+
+// TestRerunOverlaps: a later end keeps the reading times of the overlap, so
+// a store skips them as duplicates.
+func TestRerunOverlaps(t *testing.T) {
+	a := fleet(1, 2)
+	b := a
+	b.Start, b.End = a.Start.Add(7*time.Hour), a.End.Add(7*time.Hour)
+	ta := map[time.Time]bool{}
+	for _, m := range all(a, 0) {
+		ta[m.Time] = true
+	}
+	shared := 0
+	for _, m := range all(b, 0) {
+		if ta[m.Time] {
+			shared++
+		}
+	}
+	if want := int((a.End.Sub(b.Start)) / a.Interval); shared < want-1 {
+		t.Errorf("runs share %d reading times, want about %d", shared, want)
+	}
+}
+
+// TestPhysics checks the fleet looks like kettles: ambient cycles over the
+// day, water is hot around tea hours, the reservoir is refilled, batteries
+// charge and discharge, and a few devices go offline.
+func TestPhysics(t *testing.T) {
+	f := fleet(200, 4)
+	var hot, hotTea, n, nTea int
+	var charging, discharging, offline, refills int
+	for i := range f.Devices {
+		rows := all(f, i)
+		if int64(len(rows)) < f.RowsPerDevice()-1 {
+			offline++
+		}
+		minA, maxA := 1e9, -1e9
+		for j, m := range rows {
+			minA, maxA = min(minA, m.AmbientC), max(maxA, m.AmbientC)
+			tea := false
+			for _, h := range kettle.TeaHours {
+				if m.Time.Hour() == h && m.Time.Minute() < 20 {
+					tea = true
+				}
+			}
+			if m.WaterC >= 80 {
+				hot++
+				if tea {
+					hotTea++
+				}
+			}
+			n++
+			if tea {
+				nTea++
+			}
+			if m.RateMW > 0 {
+				charging++
+			} else {
+				discharging++
+			}
+			if j > 0 && m.LevelML > rows[j-1].LevelML+1 && rows[j-1].LevelML < 0.3*1700 {
+				refills++
+			}
+		}
+		if maxA-minA < 1 {
+			t.Errorf("device %d: ambient range %.1f…%.1f, want a daily cycle", i, minA, maxA)
+		}
+	}
+	if r := float64(hotTea) / float64(nTea) / (float64(hot) / float64(n)); r < 3 {
+		t.Errorf("hot water is %.1f× as likely at tea time as overall, want ≥ 3×", r)
+	}
+	if charging == 0 || discharging == 0 || refills == 0 {
+		t.Errorf("charging %d, discharging %d, refills %d: want all > 0", charging, discharging, refills)
+	}
+	if offline == 0 || offline > f.Devices/10 {
+		t.Errorf("%d of %d devices were offline for a while, want a few", offline, f.Devices)
+	}
+}
+
+func BenchmarkNext(b *testing.B) {
+	f := fleet(1, 3650)
+	k := f.Kettle(0)
+	var m kettle.Measurement
+	b.ReportAllocs()
+	for b.Loop() {
+		if !k.Next(f.End, &m) {
+			k = f.Kettle(0)
+		}
+	}
+}
