@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/sim"
+)
+
+func init() {
+	register("swarm", "simulate a fleet of kettles against a server on this machine (open model) and audit it", runSwarm)
+}
+
+const swarmDoc = `
+Simulates --devices kettles. Each is a small physical model (battery, reservoir,
+water and ambient temperature) that obeys the commands it polls. Every
+--interval (per-kettle phase, ± --jitter) a kettle posts its reading and polls
+its command, over the case-study protocol (--api v0: POST /login first, then
+POST /measurement, GET /command) or v1 (bearer tokens derived offline from
+--secret, or provisioned with --operator-token through POST /v1/devices).
+
+Open model: a send starts when it is due whether or not the kettle's previous
+request came back, and latency is measured from the intended send time, so a
+slow server cannot lower the load it is measured under (coordinated omission).
+A kettle has at most one exchange outstanding; a reading due meanwhile is
+buffered and sent as soon as it returns, counted as a late start. The
+simulator's own lag behind the schedule is reported too. On 503, a timeout or
+a connection error the kettle retries the same reading later with backoff
+(at least Retry-After); a reading counts as acknowledged only on a 2xx.
+
+Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
+localhost. Connections: --conns per-device (one keep-alive connection per
+kettle) or a shared pool of N; both capped by the open-file limit less a
+reserve (kettles then share connections; the cap is printed). The server caps
+its connections too (kettle serve --max-conns: its fd limit less 1024) and
+answers the excess 503: past that many kettles, use --conns N.
+
+At the end, with the operator token (--operator-token, or the file in
+--data-dir), every acknowledged reading is looked up in the server:
+acked=… stored=… lost=… duplicated=…
+
+Exit status:
+  0  run done, audit clean, SLO met
+  1  the run could not be done (bad flag, refused target, provisioning or
+     audit request failed)
+  3  audit: acknowledged readings lost
+  4  audit: acknowledged readings stored more than once
+  5  SLO breached: a p99 above --slo-p99 or an error rate above --max-error-rate
+A failure prints one line saying why.`
+
+// Exit codes of kettle swarm (and kettle demo).
+const (
+	exitLost      = 3
+	exitDuplicate = 4
+	exitSLO       = 5
+)
+
+// swarmFlags are the flags shared by swarm and demo.
+type swarmFlags struct {
+	cfg          sim.Config
+	conns        string
+	out          string
+	sloP99       time.Duration
+	maxErrorRate float64
+	dataDir      string
+	secret       string
+	audit        bool
+	seed         *uint64
+	command      string // the command line, recorded in results.json
+}
+
+// register adds the flags of a run (shared by swarm and demo).
+func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Duration, hatch float64, conns string) {
+	c := &f.cfg
+	fs.IntVar(&c.Devices, "devices", devices, "simulated kettles")
+	fs.DurationVar(&c.Interval, "interval", 30*time.Second, "time between a kettle's readings")
+	fs.DurationVar(&c.Jitter, "jitter", time.Second, "each send is due at phase + k×interval ± jitter (≤ interval/4)")
+	fs.Float64Var(&c.HatchRate, "hatch-rate", hatch, "kettles started per second (0: all at once, phases spread over one interval)")
+	fs.DurationVar(&c.Duration, "duration", duration, "length of the run, ramp-up included; it stops by itself")
+	fs.StringVar(&c.API, "api", "v1", "protocol: v0 (case study: login, cookie) or v1 (bearer tokens)")
+	fs.IntVar(&c.Batch, "batch", 1, "v1: readings a kettle buffers and uploads in one request (1..1000)")
+	fs.StringVar(&f.conns, "conns", conns, "per-device (one keep-alive connection per kettle) or N shared connections; capped by the fd limit")
+	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~28,000 connections to one port)")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per request; a timed-out reading is retried")
+	f.seed = fs.Uint64("seed", 1, "seed of the kettles' physics, phases and jitter")
+	fs.StringVar(&f.out, "out", "", "directory to write results.json to (empty: none)")
+	fs.DurationVar(&f.sloP99, "slo-p99", 100*time.Millisecond, "fail (exit 5) if any endpoint's p99 is above this (0: no check)")
+	fs.Float64Var(&f.maxErrorRate, "max-error-rate", 0.001, "fail (exit 5) if errors/requests is above this (negative: no check)")
+}
+
+// registerTarget adds the flags that point a swarm at a running server.
+func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
+	c := &f.cfg
+	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
+	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
+	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
+}
+
+func runSwarm(ctx context.Context, args []string) error {
+	fs := newFlagSet("swarm", "--target URL --devices N [flags]", swarmDoc)
+	var f swarmFlags
+	f.register(fs, 1000, time.Minute, 0, "per-device")
+	f.registerTarget(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := f.resolve(); err != nil {
+		return err
+	}
+	f.command = "kettle swarm " + strings.Join(args, " ")
+	return f.run(ctx, os.Stderr)
+}
+
+// resolve fills the config from the flags that need parsing or files.
+func (f *swarmFlags) resolve() error {
+	c := &f.cfg
+	c.Seed = *f.seed
+	if _, err := sim.CheckLoopback(c.Target); err != nil {
+		return err
+	}
+	switch f.conns {
+	case "per-device", "":
+		c.Conns = 0
+	default:
+		n, err := strconv.Atoi(f.conns)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--conns %q: want per-device or a positive number", f.conns)
+		}
+		c.Conns = n
+	}
+	if c.Batch < 1 || c.Batch > 1000 {
+		return fmt.Errorf("--batch %d: want 1..1000", c.Batch)
+	}
+	if f.dataDir != "" {
+		if c.Operator == "" {
+			t, err := server.ReadSecret(f.dataDir, "operator-token")
+			if err != nil {
+				return err
+			}
+			c.Operator = t
+		}
+		if f.secret == "" {
+			if s, err := server.ReadSecret(f.dataDir, "secret"); err == nil {
+				f.secret = s
+			}
+		}
+	}
+	if f.secret != "" {
+		c.Secret = []byte(f.secret)
+	}
+	c.NoAudit = !f.audit
+	return nil
+}
+
+// run runs the swarm and judges it: audit, then SLO.
+func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
+	c := &f.cfg
+	c.Progress, c.Log = w, w
+	if !c.NoAudit && c.Operator == "" {
+		fmt.Fprintln(w, "swarm: no operator token (--operator-token or --data-dir): the audit will be skipped")
+	}
+	fmt.Fprintf(w, "swarm: %d kettles → %s (%s), interval %s, hatch %g/s, duration %s\n",
+		c.Devices, c.Target, c.API, c.Interval, c.HatchRate, c.Duration)
+	res, err := sim.Run(ctx, *c)
+	if res != nil {
+		res.Command = f.command
+		res.Summary(w)
+		if f.out != "" {
+			p, werr := res.WriteFile(f.out)
+			if werr != nil {
+				return werr
+			}
+			fmt.Fprintf(w, "  results: %s\n", p)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return f.judge(res)
+}
+
+// judge turns the results into an exit status.
+func (f *swarmFlags) judge(res *sim.Results) error {
+	if a := res.Audit; a != nil {
+		if a.Lost > 0 {
+			return exitCode{exitLost, fmt.Sprintf("audit failed: %d acknowledged readings lost (%s); e.g. %s", a.Lost, a.Line(), strings.Join(a.Examples, ", "))}
+		}
+		if a.Duplicated > 0 {
+			return exitCode{exitDuplicate, fmt.Sprintf("audit failed: %d acknowledged readings stored more than once (%s)", a.Duplicated, a.Line())}
+		}
+	}
+	t := res.Totals
+	if f.maxErrorRate >= 0 && t.ErrorRate > f.maxErrorRate {
+		return exitCode{exitSLO, fmt.Sprintf("SLO breached: error rate %.5f > --max-error-rate %g (%d of %d requests)", t.ErrorRate, f.maxErrorRate, t.Errors, t.Requests)}
+	}
+	if f.sloP99 > 0 {
+		for name, e := range t.Endpoints {
+			if e.Requests > 0 && e.P99Ms > float64(f.sloP99)/1e6 {
+				return exitCode{exitSLO, fmt.Sprintf("SLO breached: %s p99 %.1f ms > --slo-p99 %s", name, e.P99Ms, f.sloP99)}
+			}
+		}
+	}
+	if t.Requests == 0 {
+		return errors.New("no request completed: is the server up at --target?")
+	}
+	return nil
+}

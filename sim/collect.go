@@ -1,0 +1,118 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// collect closes a Second every second and prints the progress line, until
+// stop is closed (then it closes the last, partial second).
+func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var prev struct{ late, readings, acked, dropped int64 }
+	lastProgress := time.Now()
+	lastCPU := cpuSeconds()
+	t := 0
+	close := func() {
+		t++
+		sec := Second{T: t, Kettles: int(s.hatched.Load()), InFlight: int(s.busy.Load()), OpenConns: s.pool.open.Load()}
+		s.st.second(&sec)
+		late, readings, acked, dropped := s.st.late.Load(), s.st.readings.Load(), s.st.acked.Load(), s.st.dropped.Load()
+		sec.LateStarts, sec.Readings, sec.Acked, sec.Dropped = late-prev.late, readings-prev.readings, acked-prev.acked, dropped-prev.dropped
+		prev.late, prev.readings, prev.acked, prev.dropped = late, readings, acked, dropped
+		sec.MaxLagMs = float64(s.st.maxLag.Swap(0)) / 1e6
+		sec.CPUSeconds = cpuSeconds()
+		sec.RSSBytes = rss()
+		res.Seconds = append(res.Seconds, sec)
+		if s.cfg.Progress != nil && time.Since(lastProgress) >= s.cfg.ProgressEvery-100*time.Millisecond {
+			win := time.Since(lastProgress)
+			pct := (sec.CPUSeconds - lastCPU) / win.Seconds() * 100
+			fmt.Fprintln(s.cfg.Progress, s.st.progress(time.Since(s.start), win, s.hatched.Load(), int64(s.cfg.Devices), s.busy.Load(), pct, sec.RSSBytes))
+			lastProgress, lastCPU = time.Now(), sec.CPUSeconds
+		}
+	}
+	for {
+		select {
+		case <-tick.C:
+			close()
+		case <-stop:
+			close()
+			return
+		}
+	}
+}
+
+// totals fills res.Totals from the run's counters and seconds.
+func (s *Swarm) totals(res *Results) {
+	t := Totals{Endpoints: map[string]*EndpointTotal{}, ErrorsByKind: map[string]int64{}}
+	t.WallSeconds = res.End.Sub(res.Start).Seconds()
+	// Steady state starts when the last kettle hatched.
+	steadyFrom := 0
+	if s.cfg.HatchRate > 0 {
+		steadyFrom = int(float64(s.cfg.Devices)/s.cfg.HatchRate) + 1
+	}
+	if steadyFrom >= len(res.Seconds)-1 {
+		steadyFrom = 0
+	}
+	s.st.mu.Lock()
+	for i, e := range s.st.ep {
+		if !s.st.use[i] {
+			continue
+		}
+		enc, _ := e.total.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+		et := &EndpointTotal{
+			Requests: e.tReq, Errors: e.tErrs,
+			P50Ms:     float64(e.total.ValueAtQuantile(50)) / 1000,
+			P99Ms:     float64(e.total.ValueAtQuantile(99)) / 1000,
+			P999Ms:    float64(e.total.ValueAtQuantile(99.9)) / 1000,
+			MaxMs:     float64(e.total.Max()) / 1000,
+			Histogram: string(enc),
+		}
+		var n int64
+		for _, sec := range res.Seconds[steadyFrom:] {
+			if es := sec.Endpoints[epNames[i]]; es != nil {
+				n += es.Requests
+			}
+		}
+		if secs := len(res.Seconds) - steadyFrom; secs > 0 {
+			et.PerSecond = float64(n) / float64(secs)
+		}
+		t.Endpoints[epNames[i]] = et
+		t.Requests += e.tReq
+		t.Errors += e.tErrs
+		for k, v := range e.tKinds {
+			t.ErrorsByKind[k] += v
+		}
+	}
+	s.st.mu.Unlock()
+	if t.Requests > 0 {
+		t.ErrorRate = float64(t.Errors) / float64(t.Requests)
+	}
+	t.Readings, t.Acked, t.Dropped = s.st.readings.Load(), s.st.acked.Load(), s.st.dropped.Load()
+	for i := range s.kettles {
+		k := &s.kettles[i]
+		k.mu.Lock()
+		t.Unacked += int64(len(k.pending))
+		k.mu.Unlock()
+	}
+	t.DuplicatesReported = s.st.dupReported.Load()
+	t.LateStarts = s.st.late.Load()
+	t.MaxLagMs = float64(s.st.totMaxLag.Load()) / 1e6
+	t.Dials = s.pool.dials.Load()
+	t.CPUSeconds = cpuSeconds() - s.cpuStart
+	t.MaxRSSBytes = maxRSS()
+	var kettleSeconds float64
+	for _, sec := range res.Seconds {
+		kettleSeconds += float64(sec.Kettles)
+	}
+	if kettleSeconds > 0 {
+		t.CPUPer10kKettlesPerMin = t.CPUSeconds / (kettleSeconds / 60 / 10000)
+	}
+	if t.Requests > 0 {
+		t.CPUMicrosPerRequest = t.CPUSeconds / float64(t.Requests) * 1e6
+	}
+	res.Totals = t
+}

@@ -1,0 +1,261 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The swarm speaks HTTP/1.1 over plain keep-alive connections it owns, with no
+// transport goroutines: an idle kettle connection costs one file descriptor
+// and a small read buffer, which is what lets one process hold ~19,000
+// connections (the fd limit) for 100,000 kettles in well under 1 GB.
+// Responses are parsed by net/http's own ReadResponse.
+
+// conn is one keep-alive connection.
+type conn struct {
+	nc     net.Conn
+	br     *bufio.Reader
+	reused bool
+}
+
+// slot holds at most one connection; a nil conn is dialed on first use.
+type slot struct{ c *conn }
+
+// pool hands out slots. Per-device mode: kettle i owns slot i mod n (each
+// slot is its own channel of one, so two kettles that share a slot take
+// turns). Shared mode: any free slot of n.
+type pool struct {
+	perDevice []chan *slot
+	shared    chan *slot
+	dial      func() (net.Conn, error)
+	open      atomic.Int64 // connections open now
+	dials     atomic.Int64 // connections ever dialed
+}
+
+func newPool(n int, perDevice bool, dial func() (net.Conn, error)) *pool {
+	p := &pool{dial: dial}
+	if perDevice {
+		p.perDevice = make([]chan *slot, n)
+		for i := range p.perDevice {
+			ch := make(chan *slot, 1)
+			ch <- &slot{}
+			p.perDevice[i] = ch
+		}
+	} else {
+		p.shared = make(chan *slot, n)
+		for range n {
+			p.shared <- &slot{}
+		}
+	}
+	return p
+}
+
+func (p *pool) ch(k int) chan *slot {
+	if p.perDevice != nil {
+		return p.perDevice[k%len(p.perDevice)]
+	}
+	return p.shared
+}
+
+// get waits for kettle k's slot until the deadline.
+func (p *pool) get(k int, deadline time.Time) (*slot, error) {
+	ch := p.ch(k)
+	select {
+	case s := <-ch:
+		return s, nil
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case s := <-ch:
+		return s, nil
+	case <-t.C:
+		return nil, errPoolTimeout
+	}
+}
+
+func (p *pool) put(k int, s *slot) { p.ch(k) <- s }
+
+// closeAll closes every idle connection (at the end of a run).
+func (p *pool) closeAll() {
+	drain := func(ch chan *slot) {
+		for {
+			select {
+			case s := <-ch:
+				if s.c != nil {
+					s.c.nc.Close()
+					s.c = nil
+					p.open.Add(-1)
+				}
+				defer func() { ch <- s }()
+			default:
+				return
+			}
+		}
+	}
+	if p.shared != nil {
+		drain(p.shared)
+	}
+	for _, ch := range p.perDevice {
+		drain(ch)
+	}
+}
+
+var errPoolTimeout = errors.New("no free connection before the request deadline")
+
+// request is one HTTP request, built by the caller into buf.
+type response struct {
+	status     int
+	body       []byte
+	retryAfter time.Duration
+	etag       string
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// do sends raw (a complete HTTP/1.1 request) on the slot's connection and
+// reads the response, dialing when the slot is empty. A reused connection
+// that the server closed while idle is redialed once and the request resent
+// (every request the swarm sends is idempotent on the server).
+func (p *pool) do(s *slot, raw []byte, deadline time.Time) (response, error) {
+	for attempt := 0; ; attempt++ {
+		if s.c == nil {
+			nc, err := p.dial()
+			if err != nil {
+				return response{}, err
+			}
+			p.open.Add(1)
+			p.dials.Add(1)
+			s.c = &conn{nc: nc, br: bufio.NewReaderSize(nc, 2048)}
+		}
+		c := s.c
+		resp, err := c.roundTrip(raw, deadline)
+		if err == nil {
+			c.reused = true
+			if resp.close {
+				p.discard(s)
+			}
+			return resp.response, nil
+		}
+		reused := c.reused
+		p.discard(s)
+		if attempt == 0 && reused && staleConn(err) {
+			continue
+		}
+		return response{}, err
+	}
+}
+
+func (p *pool) discard(s *slot) {
+	if s.c != nil {
+		s.c.nc.Close()
+		s.c = nil
+		p.open.Add(-1)
+	}
+}
+
+func staleConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+type rawResponse struct {
+	response
+	close bool
+}
+
+func (c *conn) roundTrip(raw []byte, deadline time.Time) (rawResponse, error) {
+	var r rawResponse
+	if err := c.nc.SetDeadline(deadline); err != nil {
+		return r, err
+	}
+	if _, err := c.nc.Write(raw); err != nil {
+		return r, err
+	}
+	resp, err := http.ReadResponse(c.br, nil)
+	if err != nil {
+		return r, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	resp.Body.Close()
+	if err != nil {
+		return r, err
+	}
+	r.status, r.body, r.close = resp.StatusCode, body, resp.Close
+	r.etag = resp.Header.Get("ETag")
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		if sec, err := strconv.Atoi(ra); err == nil && sec >= 0 {
+			r.retryAfter = time.Duration(sec) * time.Second
+		}
+	}
+	return r, nil
+}
+
+// buildRequest appends an HTTP/1.1 request to dst.
+func buildRequest(dst []byte, method, host, path, headers string, body []byte) []byte {
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
+	dst = append(dst, path...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	dst = append(dst, "\r\n"...)
+	dst = append(dst, headers...)
+	if body != nil {
+		dst = append(dst, "Content-Type: application/json\r\nContent-Length: "...)
+		dst = strconv.AppendInt(dst, int64(len(body)), 10)
+		dst = append(dst, "\r\n"...)
+	}
+	dst = append(dst, "\r\n"...)
+	return append(dst, body...)
+}
+
+// errKind classifies a failed request for the error counters.
+func errKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, errPoolTimeout):
+		return "pool_timeout"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE):
+		return "fd_limit"
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return "no_ports"
+	default:
+		return "conn"
+	}
+}
+
+// dialer returns a dial function for a loopback target, spreading
+// connections over n source addresses 127.0.0.1..n (each has its own ~28,000
+// ephemeral ports toward one server port).
+func dialer(addr string, n int, timeout time.Duration) func() (net.Conn, error) {
+	host, _, _ := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	var next atomic.Uint32
+	return func() (net.Conn, error) {
+		d := net.Dialer{Timeout: timeout, KeepAlive: -1}
+		if n > 1 && ip != nil && ip.To4() != nil {
+			j := next.Add(1)%uint32(n) + 1
+			d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, byte(j>>16), byte(j>>8), byte(j))}
+		}
+		c, err := d.DialContext(context.Background(), "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		return c, nil
+	}
+}

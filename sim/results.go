@@ -1,0 +1,266 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// SchemaVersion names the layout of results.json; bump it when a field
+// changes meaning. A report generator reads the file with these types.
+const SchemaVersion = "kettlefleet/swarm-results/v1"
+
+// Histogram geometry of every latency histogram: microseconds, 1 µs to 120 s,
+// 3 significant digits. Histograms with one geometry merge exactly.
+const (
+	HistMinMicros = 1
+	HistMaxMicros = 120_000_000
+	HistSigFigs   = 3
+)
+
+// NewHistogram returns an empty latency histogram with the results geometry.
+func NewHistogram() *hdrhistogram.Histogram {
+	return hdrhistogram.New(HistMinMicros, HistMaxMicros, HistSigFigs)
+}
+
+// Results is the content of results.json.
+type Results struct {
+	Schema  string    `json:"schema"`  // SchemaVersion
+	Command string    `json:"command"` // the command line that reproduces the run
+	Params  Params    `json:"params"`
+	Start   time.Time `json:"start"`
+	End     time.Time `json:"end"`
+	// Seconds has one entry per second of the run (T = seconds since Start).
+	Seconds []Second `json:"seconds"`
+	Totals  Totals   `json:"totals"`
+	Audit   *Audit   `json:"audit,omitempty"` // nil when the audit did not run
+}
+
+// Params are the run's parameters, as used (after defaults and caps).
+type Params struct {
+	Target        string  `json:"target"`
+	API           string  `json:"api"`
+	Devices       int     `json:"devices"`
+	IntervalS     float64 `json:"interval_s"`
+	JitterS       float64 `json:"jitter_s"`
+	HatchRate     float64 `json:"hatch_rate"` // kettles started per second; 0 = all at once
+	DurationS     float64 `json:"duration_s"`
+	Batch         int     `json:"batch"`
+	ConnMode      string  `json:"conn_mode"` // "per-device" or "shared"
+	Conns         int     `json:"conns"`     // connection slots after the fd cap
+	SourceIPs     int     `json:"source_ips"`
+	TimeoutS      float64 `json:"timeout_s"`
+	Seed          uint64  `json:"seed"`
+	Provisioning  string  `json:"provisioning"` // "login" (v0), "secret" or "operator" (v1)
+	GOMAXPROCS    int     `json:"gomaxprocs"`
+	InProcessNote string  `json:"in_process_note,omitempty"` // e.g. "server runs in this process (demo)"
+}
+
+// Endpoint names used as keys below.
+const (
+	EPLogin       = "login"
+	EPMeasurement = "measurement"
+	EPCommand     = "command"
+)
+
+// Second is what happened in one second of the run.
+type Second struct {
+	T int `json:"t"`
+	// Kettles is how many kettles had started (hatched) by the end of the second.
+	Kettles  int `json:"kettles"`
+	InFlight int `json:"in_flight"` // kettle exchanges outstanding
+	// Endpoints, keyed by EPLogin, EPMeasurement, EPCommand; only those used.
+	Endpoints map[string]*EndpointSecond `json:"endpoints"`
+	// LateStarts counts sends that were due while the kettle's previous
+	// exchange was still outstanding: they were buffered and sent as soon as
+	// it returned (latency still counts from the due time).
+	LateStarts int64 `json:"late_starts"`
+	// MaxLagMs is how far the dispatcher ran behind the schedule at worst in
+	// this second (the simulator's own lag, not the server's).
+	MaxLagMs float64 `json:"max_lag_ms"`
+	// Readings generated, acknowledged (2xx), and dropped from a full
+	// per-kettle buffer (never acknowledged, so not audited).
+	Readings  int64 `json:"readings"`
+	Acked     int64 `json:"acked"`
+	Dropped   int64 `json:"dropped"`
+	OpenConns int64 `json:"open_conns"`
+	// CPUSeconds is the process's cumulative user+system CPU; RSSBytes its
+	// resident set now. They include the server when it runs in-process.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	RSSBytes   int64   `json:"rss_bytes"`
+}
+
+// EndpointSecond counts one endpoint's requests that completed in the second.
+type EndpointSecond struct {
+	Requests int64            `json:"requests"`
+	Status   map[string]int64 `json:"status,omitempty"` // HTTP status → count
+	Errors   map[string]int64 `json:"errors,omitempty"` // kind (timeout, conn, refused, 503, 4xx, 5xx …) → count
+	// Histogram is the latency (µs from the intended send time) of every
+	// request that completed, as hdrhistogram-go's Encode(V2Compressed)
+	// string; decode with hdrhistogram.Decode and Merge across seconds.
+	Histogram string `json:"histogram"`
+}
+
+// Totals summarise the run.
+type Totals struct {
+	Endpoints map[string]*EndpointTotal `json:"endpoints"`
+	Requests  int64                     `json:"requests"`
+	Errors    int64                     `json:"errors"`
+	ErrorRate float64                   `json:"error_rate"`
+	// ErrorsByKind sums Errors over endpoints.
+	ErrorsByKind map[string]int64 `json:"errors_by_kind,omitempty"`
+	Readings     int64            `json:"readings"`
+	Acked        int64            `json:"acked"`
+	Unacked      int64            `json:"unacked"` // still buffered at the end
+	Dropped      int64            `json:"dropped"`
+	// DuplicatesReported counts readings the server answered as duplicates
+	// (a retry of a reading whose first ack was lost: expected, not an error).
+	DuplicatesReported int64   `json:"duplicates_reported"`
+	LateStarts         int64   `json:"late_starts"`
+	MaxLagMs           float64 `json:"max_lag_ms"`
+	Dials              int64   `json:"dials"`
+	CPUSeconds         float64 `json:"cpu_seconds"`
+	// CPUPer10kKettles is CPU seconds per 10,000 kettles per minute of run.
+	CPUPer10kKettlesPerMin float64 `json:"cpu_per_10k_kettles_per_min"`
+	CPUMicrosPerRequest    float64 `json:"cpu_us_per_request"`
+	MaxRSSBytes            int64   `json:"max_rss_bytes"`
+	WallSeconds            float64 `json:"wall_seconds"`
+}
+
+// EndpointTotal is one endpoint over the whole run.
+type EndpointTotal struct {
+	Requests  int64   `json:"requests"`
+	Errors    int64   `json:"errors"`
+	PerSecond float64 `json:"per_second"` // mean over the steady part (after hatching)
+	P50Ms     float64 `json:"p50_ms"`
+	P99Ms     float64 `json:"p99_ms"`
+	P999Ms    float64 `json:"p999_ms"`
+	MaxMs     float64 `json:"max_ms"`
+	Histogram string  `json:"histogram"` // whole run, same encoding as EndpointSecond
+}
+
+// Audit compares what the server acknowledged with what it stored.
+type Audit struct {
+	Devices int   `json:"devices"` // kettles with at least one acked reading
+	Acked   int64 `json:"acked"`
+	Stored  int64 `json:"stored"` // acked readings found exactly once or more
+	Lost    int64 `json:"lost"`   // acked, not found
+	// Duplicated counts acked readings returned more than once.
+	Duplicated int64 `json:"duplicated"`
+	// Unacked counts stored readings the swarm never saw acknowledged
+	// (a timeout after commit): allowed, reported for curiosity.
+	Unacked  int64    `json:"unacked_stored"`
+	Seconds  float64  `json:"seconds"`
+	Examples []string `json:"examples,omitempty"` // a few lost or duplicated readings, "device time"
+}
+
+// Line is the audit's one-line verdict.
+func (a *Audit) Line() string {
+	return fmt.Sprintf("acked=%d stored=%d lost=%d duplicated=%d (unacked but stored=%d, %d devices, %.1fs)",
+		a.Acked, a.Stored, a.Lost, a.Duplicated, a.Unacked, a.Devices, a.Seconds)
+}
+
+// WriteFile writes r as DIR/results.json and returns the path.
+func (r *Results) WriteFile(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create results dir: %w", err)
+	}
+	p := filepath.Join(dir, "results.json")
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		return "", fmt.Errorf("write results: %w", err)
+	}
+	return p, nil
+}
+
+// ReadResults reads a results.json.
+func ReadResults(path string) (*Results, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if r.Schema != SchemaVersion {
+		return nil, fmt.Errorf("read %s: schema %q, want %q", path, r.Schema, SchemaVersion)
+	}
+	return &r, nil
+}
+
+// Summary prints the human summary of the run.
+func (r *Results) Summary(w io.Writer) {
+	t := r.Totals
+	p := r.Params
+	fmt.Fprintf(w, "\nswarm summary: %d kettles (%s, %s conns=%d), interval %gs, %.0fs wall\n",
+		p.Devices, p.API, p.ConnMode, p.Conns, p.IntervalS, t.WallSeconds)
+	names := make([]string, 0, len(t.Endpoints))
+	for n := range t.Endpoints {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		e := t.Endpoints[n]
+		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d\n",
+			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors)
+	}
+	fmt.Fprintf(w, "  requests %d, errors %d (rate %.5f)%s\n", t.Requests, t.Errors, t.ErrorRate, kinds(t.ErrorsByKind))
+	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
+		t.Readings, t.Acked, t.Unacked, t.Dropped, t.DuplicatesReported)
+	fmt.Fprintf(w, "  simulator: late starts %d, max lag %.1f ms, %d connections dialed\n", t.LateStarts, t.MaxLagMs, t.Dials)
+	note := ""
+	if p.InProcessNote != "" {
+		note = " (" + p.InProcessNote + ")"
+	}
+	fmt.Fprintf(w, "  process CPU %.2fs = %.3f CPU-s per 10,000 kettles per minute, %.1f µs per request; max RSS %d MiB%s\n",
+		t.CPUSeconds, t.CPUPer10kKettlesPerMin, t.CPUMicrosPerRequest, t.MaxRSSBytes>>20, note)
+	if r.Audit != nil {
+		fmt.Fprintf(w, "  audit: %s\n", r.Audit.Line())
+	}
+}
+
+func kinds(m map[string]int64) string {
+	if len(m) == 0 {
+		return ""
+	}
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var b strings.Builder
+	b.WriteString(":")
+	for _, k := range ks {
+		fmt.Fprintf(&b, " %s=%d", k, m[k])
+	}
+	return b.String()
+}
+
+// MergeHistograms decodes and merges one endpoint's per-second histograms,
+// which is how a report recomputes any window's percentiles.
+func MergeHistograms(r *Results, endpoint string) (*hdrhistogram.Histogram, error) {
+	h := NewHistogram()
+	for _, s := range r.Seconds {
+		e := s.Endpoints[endpoint]
+		if e == nil || e.Histogram == "" {
+			continue
+		}
+		sh, err := hdrhistogram.Decode([]byte(e.Histogram))
+		if err != nil {
+			return nil, fmt.Errorf("second %d %s: %w", s.T, endpoint, err)
+		}
+		h.Merge(sh)
+	}
+	return h, nil
+}
