@@ -1,0 +1,153 @@
+package fleet_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/sqlite"
+)
+
+func newService(t testing.TB, cfg fleet.Config) (*fleet.Service, kettle.Store) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := fleet.New(context.Background(), st, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close(); st.Close() })
+	return svc, st
+}
+
+func reading(dev kettle.DeviceID, t time.Time, level float64) kettle.Measurement {
+	m := kettle.Measurement{Device: dev, Time: t, ChargeMWh: 50, FullMWh: 100, AmbientC: 20, WaterC: 60, LevelML: level}
+	m.Normalize()
+	return m
+}
+
+// TestIngestCommitsAndCaches: many concurrent writers, each acknowledged
+// after commit with the right duplicate counts; the cache (what command
+// polls read) follows the store's rules; watchers hear of every change.
+func TestIngestCommitsAndCaches(t *testing.T) {
+	svc, st := newService(t, fleet.Config{})
+	var heard atomic.Int64
+	svc.OnChange(func(ids []kettle.DeviceID) { heard.Add(int64(len(ids))) })
+	devs := make([]kettle.DeviceID, 20)
+	for i := range devs {
+		devs[i] = uuid.New()
+	}
+	base := time.Now().Add(-time.Hour).UTC()
+	var wg sync.WaitGroup
+	var stored, dups atomic.Int64
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				d := devs[(w+i)%len(devs)]
+				// Every reading is sent by two writers: one of them is a duplicate.
+				m := reading(d, base.Add(time.Duration(i)*time.Second), float64(100+i))
+				s, dd, err := svc.Ingest(context.Background(), []kettle.Measurement{m})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				stored.Add(int64(s))
+				dups.Add(int64(dd))
+			}
+		}(w)
+	}
+	wg.Wait()
+	if stored.Load()+dups.Load() != 400 {
+		t.Fatalf("stored %d + duplicates %d != 400", stored.Load(), dups.Load())
+	}
+	s, err := st.Statistics(context.Background(), kettle.StatsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MeasurementCount != stored.Load() {
+		t.Errorf("store holds %d, acknowledged as stored %d", s.MeasurementCount, stored.Load())
+	}
+	for _, d := range devs {
+		ds, err := st.Device(context.Background(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The cache's command equals the policy applied to the store's state.
+		want := kettle.Decide(kettle.PolicyInput{Latest: ds.Latest, CapacityML: ds.CapacityML, Now: svc.Now()})
+		got, _ := svc.Command(d)
+		if got.Charge != want.Charge || got.Fill != want.Fill || got.FlushMLPerS != want.FlushMLPerS {
+			t.Errorf("cached command %+v, store-derived %+v", got, want)
+		}
+	}
+	if heard.Load() == 0 {
+		t.Error("watchers heard no change")
+	}
+}
+
+// TestCloseDrains: Close commits everything queued before returning, and
+// refuses what comes after.
+func TestCloseDrains(t *testing.T) {
+	svc, st := newService(t, fleet.Config{})
+	dev := uuid.New()
+	base := time.Now().Add(-time.Hour).UTC()
+	var wg sync.WaitGroup
+	var acked atomic.Int64
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			if s, _, err := svc.Ingest(context.Background(), []kettle.Measurement{reading(dev, base.Add(time.Duration(i)*time.Millisecond), 1)}); err == nil {
+				acked.Add(int64(s))
+			}
+		}(i)
+	}
+	time.Sleep(5 * time.Millisecond)
+	svc.Close()
+	wg.Wait()
+	if _, _, err := svc.Ingest(context.Background(), []kettle.Measurement{reading(dev, base, 1)}); kettle.ErrorCode(err) != kettle.EUnavailable {
+		t.Errorf("ingest after Close: %v, want unavailable", err)
+	}
+	s, _ := st.Statistics(context.Background(), kettle.StatsQuery{})
+	if s.MeasurementCount != acked.Load() {
+		t.Errorf("stored %d, acked %d", s.MeasurementCount, acked.Load())
+	}
+}
+
+// BenchmarkIngest: acknowledged readings/s through the queue and batcher
+// into SQLite, from 256 concurrent single-reading callers (as HTTP handlers
+// are), 2000 devices.
+func BenchmarkIngest(b *testing.B) {
+	svc, _ := newService(b, fleet.Config{})
+	devs := make([]kettle.DeviceID, 2000)
+	for i := range devs {
+		devs[i] = uuid.New()
+	}
+	base := time.Now().Add(-24 * time.Hour).UTC()
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(128)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			n := seq.Add(1)
+			m := reading(devs[n%int64(len(devs))], base.Add(time.Duration(n)*time.Microsecond), 500)
+			if _, _, err := svc.Ingest(context.Background(), []kettle.Measurement{m}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acked/s")
+}
