@@ -25,6 +25,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/metrics"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/web"
 )
 
@@ -54,6 +55,11 @@ type Config struct {
 
 	Store StoreOptions
 
+	// MQTT is the embedded MQTT listener (MQTT.Addr empty: off).
+	MQTT mqttapi.Config
+	// MQTTBroker consumes from an external broker (BrokerURL empty: off).
+	MQTTBroker mqttapi.ConsumerConfig
+
 	// Metrics is the registry /metrics serves; nil: a new one.
 	Metrics *prometheus.Registry
 
@@ -70,6 +76,8 @@ type Server struct {
 	api      *httpapi.API
 	web      *web.Web
 	metrics  *metrics.Server
+	mqtt     *mqttapi.Broker
+	mqttc    *mqttapi.Consumer
 	http     *http.Server
 	ln       *limitListener
 	opToken  string
@@ -176,6 +184,28 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.web = web.New(web.Config{OperatorToken: s.opToken, Now: cfg.Now}, s.log)
+	if cfg.MQTT.Addr != "" {
+		if cfg.MQTT.MaxConns <= 0 {
+			// The open-file limit is one budget: MQTT and HTTP share it.
+			cfg.MQTT.MaxConns = cfg.MaxConns / 2
+			cfg.MaxConns -= cfg.MQTT.MaxConns
+		}
+		if s.mqtt, err = mqttapi.Start(ctx, cfg.MQTT, s.svc, s.secret, s.log); err != nil {
+			s.svc.Close()
+			s.store.Close()
+			return nil, fmt.Errorf("mqtt listener on %s: %w", cfg.MQTT.Addr, err)
+		}
+	}
+	if cfg.MQTTBroker.BrokerURL != "" {
+		if s.mqttc, err = mqttapi.Consume(ctx, cfg.MQTTBroker, s.svc, s.secret, s.log); err != nil {
+			if s.mqtt != nil {
+				s.mqtt.Close()
+			}
+			s.svc.Close()
+			s.store.Close()
+			return nil, fmt.Errorf("mqtt broker %s: %w", cfg.MQTTBroker.BrokerURL, err)
+		}
+	}
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
@@ -183,6 +213,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
+		s.closeMQTT()
 		s.svc.Close()
 		s.store.Close()
 		return nil, fmt.Errorf("listen on %s: %w (is another kettle serve running? choose --addr)", cfg.Addr, err)
@@ -199,7 +230,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	go func() { s.serveErr <- s.http.Serve(s.ln) }()
-	s.log.Info("kettle serve started", "addr", s.Addr(), "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
+	s.log.Info("kettle serve started", "addr", s.Addr(), "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
 		"max_conns", cfg.MaxConns, "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
@@ -246,6 +277,7 @@ func (s *Server) Close() error {
 		defer cancel()
 		s.log.Info("shutting down: no new connections, draining in-flight requests and the ingest queue")
 		err := s.http.Shutdown(ctx)
+		s.closeMQTT() // before the queue drains: readings handed to ingest get their PUBACK
 		s.svc.Close()
 		stored, dups := s.svc.Counters()
 		if cerr := s.store.Close(); err == nil {
@@ -255,6 +287,31 @@ func (s *Server) Close() error {
 		s.log.Info("kettle serve stopped", "stored", stored, "duplicates", dups, "err", errString(err))
 	})
 	return s.closeErr
+}
+
+func (s *Server) closeMQTT() {
+	if s.mqtt != nil {
+		s.mqtt.Close()
+	}
+	if s.mqttc != nil {
+		s.mqttc.Close()
+	}
+}
+
+// MQTTAddr is the embedded MQTT listener's address ("" when off).
+func (s *Server) MQTTAddr() string {
+	if s.mqtt == nil {
+		return ""
+	}
+	return s.mqtt.Addr()
+}
+
+// MQTTCounters are the embedded listener's counters (nil when off).
+func (s *Server) MQTTCounters() *mqttapi.Counters {
+	if s.mqtt == nil {
+		return nil
+	}
+	return s.mqtt.Counters()
 }
 
 func errString(err error) string {

@@ -67,6 +67,13 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
 	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool")
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
+	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
+	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
+	fs.StringVar(&cfg.MQTTBroker.BrokerURL, "mqtt-broker", "", "consume from an external MQTT 5 broker instead, e.g. tcp://127.0.0.1:1883 (shared subscription $share/<mqtt-share>/kettles/+/measurements)")
+	fs.StringVar(&cfg.MQTTBroker.ClientID, "mqtt-client-id", "", "this node's client id at the external broker (unique and stable per node; empty: kettle-<hostname>)")
+	fs.StringVar(&cfg.MQTTBroker.Share, "mqtt-share", "kettle", "shared-subscription group name: nodes in one group split the stream")
+	fs.StringVar(&cfg.MQTTBroker.Username, "mqtt-username", "", "username at the external broker")
+	fs.StringVar(&cfg.MQTTBroker.Password, "mqtt-password", "", "password at the external broker")
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 1, "fraction of requests written to the access log (0 = none, 1 = all)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -84,6 +91,9 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	tok, sec := srv.TokenFiles()
 	fmt.Fprintf(os.Stderr, "kettle serve listening on %s\n", srv.URL())
+	if a := srv.MQTTAddr(); a != "" {
+		fmt.Fprintf(os.Stderr, "  MQTT on %s (username: device id, password: its token)\n", a)
+	}
 	if tok != "" {
 		fmt.Fprintf(os.Stderr, "  operator token: %s (curl -H \"Authorization: Bearer $(cat %s)\" %s/v1/statistics)\n", tok, tok, srv.URL())
 	}

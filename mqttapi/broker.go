@@ -1,0 +1,412 @@
+package mqttapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/httpapi"
+)
+
+// Config configures the embedded listener.
+type Config struct {
+	// Addr is the listen address, e.g. 127.0.0.1:1883 (":0" for any port).
+	Addr string
+	// MaxConns caps open MQTT connections; the excess is closed at accept.
+	// 0: 100,000. Each connection costs one file descriptor: keep it under
+	// the process's open-file limit minus what HTTP and the store need.
+	MaxConns int
+	// MaxPacketBytes is the largest packet accepted (0: kettle.MaxBody plus
+	// 4 KiB of MQTT header). A connection waiting for its commit holds one.
+	MaxPacketBytes int
+	// ConnectTimeout bounds the time from accept to CONNECT (0: 10 s).
+	ConnectTimeout time.Duration
+	// SessionExpiry caps how long a disconnected session (clean session 0,
+	// or an MQTT 5 session expiry) is kept (0: 1 h). Sessions are keyed by
+	// device id, so at most one per device.
+	SessionExpiry time.Duration
+	// ShutdownTimeout bounds Close's wait for in-flight messages (0: 10 s).
+	ShutdownTimeout time.Duration
+	// CommandTick is how often due time-driven command changes are checked
+	// (0: 1 s).
+	CommandTick time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.MaxConns <= 0 {
+		c.MaxConns = 100_000
+	}
+	if c.MaxPacketBytes <= 0 {
+		c.MaxPacketBytes = kettle.MaxBody + 4<<10
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+	if c.SessionExpiry <= 0 {
+		c.SessionExpiry = time.Hour
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.CommandTick <= 0 {
+		c.CommandTick = time.Second
+	}
+}
+
+// Broker is the running embedded MQTT listener.
+type Broker struct {
+	cfg      Config
+	srv      *mqtt.Server
+	ln       *listener
+	push     *pusher
+	counters *Counters
+	log      *slog.Logger
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+// Start listens on cfg.Addr and serves kettles until Close. It returns once
+// the listener is bound.
+func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, log *slog.Logger) (*Broker, error) {
+	cfg.defaults()
+	caps := mqtt.NewDefaultServerCapabilities()
+	caps.MaximumClients = int64(cfg.MaxConns)
+	caps.MaximumPacketSize = uint32(cfg.MaxPacketBytes)
+	caps.MaximumSessionExpiryInterval = uint32(cfg.SessionExpiry / time.Second)
+	caps.MaximumMessageExpiryInterval = int64(cfg.SessionExpiry / time.Second)
+	// Per-connection queues sized for a kettle, not a general broker: a
+	// kettle receives only its own commands.
+	caps.MaximumClientWritesPending = 8
+	caps.MaximumInflight = 16
+	caps.ReceiveMaximum = 32
+	caps.TopicAliasMaximum = 4
+	caps.WildcardSubAvailable = 0
+	caps.SharedSubAvailable = 0
+	caps.SubIDAvailable = 0
+
+	b := &Broker{cfg: cfg, counters: new(Counters), log: log}
+	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	b.srv = mqtt.New(&mqtt.Options{
+		Capabilities:             caps,
+		ClientNetReadBufferSize:  1024,
+		ClientNetWriteBufferSize: 1024,
+		SysTopicResendInterval:   3600,
+		InlineClient:             true,
+		Logger:                   slog.New(minLevel{log.Handler(), slog.LevelError}),
+	})
+	b.push = newPusher(svc, log, b.counters, cfg.CommandTick, false, func(id kettle.DeviceID, body []byte) error {
+		return b.srv.Publish(CommandTopic(id), body, false, 1)
+	})
+	h := &hook{b: b, svc: svc, secret: secret}
+	if err := b.srv.AddHook(h, nil); err != nil {
+		return nil, err
+	}
+	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, maxConns: int64(cfg.MaxConns)}
+	if err := b.srv.AddListener(b.ln); err != nil {
+		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
+	}
+	if err := b.srv.Serve(); err != nil {
+		b.srv.Close()
+		return nil, fmt.Errorf("mqtt: serve: %w", err)
+	}
+	go b.push.run(b.ctx)
+	log.Info("mqtt listener started", "addr", b.Addr(), "max_conns", cfg.MaxConns, "max_packet_bytes", cfg.MaxPacketBytes)
+	return b, nil
+}
+
+// Addr is the bound listen address.
+func (b *Broker) Addr() string { return b.ln.Address() }
+
+// Counters are the adapter's counts, for metrics.
+func (b *Broker) Counters() *Counters { return b.counters }
+
+// Close stops accepting, disconnects every kettle and waits (at most
+// ShutdownTimeout) for messages already handed to ingest to commit and be
+// acknowledged; messages still waiting for room in the queue are given up
+// unacknowledged, so their clients redeliver. Call it before
+// fleet.Service.Close.
+func (b *Broker) Close() error {
+	b.cancel()
+	err := b.srv.Close()
+	if !b.ln.wait(b.cfg.ShutdownTimeout) {
+		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
+	}
+	<-b.push.done
+	b.log.Info("mqtt listener stopped", "counters", b.counters.Snapshot())
+	return err
+}
+
+// hook is the kettle's view of the broker: authentication, ACL, ingest and
+// command delivery.
+type hook struct {
+	mqtt.HookBase
+	b      *Broker
+	svc    *fleet.Service
+	secret []byte
+}
+
+func (h *hook) ID() string { return "kettlefleet" }
+
+func (h *hook) Provides(b byte) bool {
+	return bytes.Contains([]byte{
+		mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck,
+		mqtt.OnSessionEstablished, mqtt.OnDisconnect,
+		mqtt.OnPublish, mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
+		mqtt.OnRetainPublished,
+	}, []byte{b})
+}
+
+// OnConnect authenticates: username = device id (canonical UUID text),
+// password = that device's token. Refusals get their own CONNACK code here
+// (mochi's authenticate hook can only say 0x86): 0x86/0x04 for a bad
+// username or password, 0x87/0x05 for another device's valid token, 0x85/0x02
+// for a client id that is neither empty nor the device id.
+func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	code := packets.CodeSuccess
+	user := string(pk.Connect.Username)
+	uid, uerr := uuid.Parse(user)
+	tokID, ok := kettle.VerifyDeviceToken(h.secret, string(pk.Connect.Password))
+	switch {
+	case !pk.Connect.UsernameFlag || !pk.Connect.PasswordFlag || uerr != nil || uid.String() != user || !ok:
+		code = packets.ErrBadUsernameOrPassword
+	case tokID != uid:
+		code = packets.ErrNotAuthorized
+	case pk.Connect.ClientIdentifier != "" && pk.Connect.ClientIdentifier != user:
+		code = packets.ErrClientIdentifierNotValid
+	}
+	if code != packets.CodeSuccess {
+		h.b.counters.ConnectsRefused.Add(1)
+		h.b.log.Info("mqtt: connection refused", "remote", cl.Net.Remote, "username", truncate(user, 64), "reason", code.Reason)
+		sendCode := code
+		if cl.Properties.ProtocolVersion < 5 {
+			// 3.1.1 return codes; mochi's own v5→v3 map sends 0x05 for a
+			// bad password and nothing sensible for 0x87.
+			sendCode = packets.Code{Code: v3Refusal[code.Code], Reason: code.Reason}
+		}
+		_ = h.b.srv.SendConnack(cl, sendCode, false, nil)
+		return code
+	}
+	// One session per device, keyed by its id.
+	if cl.ID != user {
+		cl.ID = user
+		if cl.Properties.ProtocolVersion == 5 {
+			cl.Properties.Props.AssignedClientID = user
+		}
+	}
+	return nil
+}
+
+// v3Refusal maps our refusals to MQTT 3.1.1 CONNACK return codes.
+var v3Refusal = map[byte]byte{
+	packets.ErrBadUsernameOrPassword.Code:    0x04,
+	packets.ErrNotAuthorized.Code:            0x05,
+	packets.ErrClientIdentifierNotValid.Code: 0x02,
+}
+
+// OnConnectAuthenticate: OnConnect already refused anything else.
+func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool { return true }
+
+// OnACLCheck lets a kettle write only its measurements topic and read only
+// its command topic (exact names: no wildcards).
+func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
+	if cl.Net.Inline {
+		return true
+	}
+	suffix := "/command"
+	if write {
+		suffix = "/measurements"
+	}
+	user := cl.Properties.Username
+	ok := len(topic) == len("kettles/")+len(user)+len(suffix) &&
+		topic[:8] == "kettles/" && topic[8:8+len(user)] == string(user) && topic[8+len(user):] == suffix
+	if !ok {
+		h.b.counters.ACLDenied.Add(1)
+	}
+	return ok
+}
+
+func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
+	h.b.counters.Connections.Add(1)
+	// A resumed session keeps its subscription without a new SUBSCRIBE:
+	// push the current command to it.
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil {
+		return
+	}
+	if _, ok := cl.State.Subscriptions.Get(CommandTopic(id)); ok {
+		h.b.push.track(id, cl, 0, 0)
+	}
+}
+
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	h.b.counters.Connections.Add(-1)
+	if id, perr := uuid.ParseBytes(cl.Properties.Username); perr == nil {
+		h.b.push.untrack(id, cl)
+		h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: CommandTopic(id)}) // a retained command not yet delivered
+	}
+}
+
+// OnSubscribe puts the device's current command in place as a retained
+// message just before mochi checks the ACL and answers SUBACK; mochi then
+// delivers it after the SUBACK and OnRetainPublished removes it again, so no
+// retained copy is kept per device (changes are pushed live).
+func (h *hook) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if cl.Net.Inline {
+		return pk
+	}
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil {
+		return pk
+	}
+	topic := CommandTopic(id)
+	for _, f := range pk.Filters {
+		if f.Filter != topic {
+			continue
+		}
+		body, hash, next := commandJSON(h.svc, id)
+		h.b.srv.Topics.RetainMessage(packets.Packet{
+			FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Retain: true},
+			TopicName:   topic,
+			Payload:     body,
+			Origin:      mqtt.InlineClientId,
+			Created:     time.Now().Unix(),
+		})
+		h.b.push.track(id, cl, hash, next)
+		h.b.counters.CommandsPushed.Add(1)
+		break
+	}
+	return pk
+}
+
+func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil {
+		return
+	}
+	topic := CommandTopic(id)
+	for i, f := range pk.Filters {
+		if f.Filter == topic && i < len(codes) && codes[i] >= 0x80 {
+			h.b.push.untrack(id, cl) // tracked in OnSubscribe, but refused after all
+			h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: topic})
+		}
+	}
+}
+
+func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil {
+		return
+	}
+	topic := CommandTopic(id)
+	for _, f := range pk.Filters {
+		if f.Filter == topic {
+			h.b.push.untrack(id, cl)
+		}
+	}
+}
+
+func (h *hook) OnRetainPublished(cl *mqtt.Client, pk packets.Packet) {
+	h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: pk.TopicName})
+}
+
+// OnPublish runs on the connection's read goroutine after the ACL check:
+// decode, validate, ingest, and only then let mochi write the PUBACK.
+// Blocking here is the backpressure: the connection is not read meanwhile.
+func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline {
+		return pk, nil // our own command publishes
+	}
+	qos := pk.FixedHeader.Qos
+	h.b.counters.Publishes[min(int(qos), 2)].Add(1)
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil { // cannot happen after OnConnect
+		return pk, packets.ErrRejectPacket
+	}
+	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Now())
+	if err != nil {
+		h.b.counters.Invalid.Add(1)
+		h.b.log.Warn("mqtt: invalid measurement payload", "device", id, "qos", qos, "protocol", cl.Properties.ProtocolVersion, "err", err.Error())
+		if cl.Properties.ProtocolVersion == 5 && qos > 0 {
+			return pk, packets.Code{Code: packets.ErrPayloadFormatInvalid.Code, Reason: truncate(err.Error(), 256)}
+		}
+		return pk, packets.CodeSuccessIgnore // 3.1.1: acknowledged (QoS ≥ 1) and dropped
+	}
+	withheld := false
+	backoff := 20 * time.Millisecond
+	for {
+		_, _, err := h.svc.Ingest(h.b.ctx, ms)
+		if err == nil {
+			break
+		}
+		if qos == 0 {
+			h.b.counters.Dropped.Add(1)
+			return pk, packets.ErrRejectPacket
+		}
+		if !withheld {
+			withheld = true
+			h.b.counters.Withheld.Add(1)
+		}
+		maxWait := time.Second
+		var ke *kettle.Error
+		if errors.As(err, &ke) && ke.RetryAfter > 0 {
+			maxWait = ke.RetryAfter
+		}
+		backoff = min(backoff*2, maxWait)
+		wait := backoff/2 + rand.N(backoff/2+1) // jitter: blocked kettles do not retry in step
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-h.b.ctx.Done():
+			t.Stop()
+			h.b.counters.Unacked.Add(1)
+			return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the client redelivers elsewhere
+		}
+		if cl.Closed() {
+			h.b.counters.Unacked.Add(1)
+			return pk, packets.ErrRejectPacket // client gone: it redelivers on reconnect
+		}
+	}
+	h.b.counters.Readings.Add(int64(len(ms)))
+	if withheld && cl.Net.Conn != nil {
+		// The wait may have outlived the read/write deadline set before it.
+		if ka := cl.State.Keepalive; ka > 0 {
+			_ = cl.Net.Conn.SetDeadline(time.Now().Add(time.Duration(ka+ka/2) * time.Second))
+		}
+	}
+	// Committed: mochi writes the PUBACK; Ignore skips retain and fan-out
+	// (nobody may subscribe to measurements).
+	return pk, packets.CodeSuccessIgnore
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// minLevel drops mochi's records below a level (it logs every refused
+// connection at Warn; we count and log those ourselves).
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.min && m.Handler.Enabled(ctx, l)
+}
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(a), m.min}
+}
+func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{m.Handler.WithGroup(n), m.min} }

@@ -1,0 +1,215 @@
+package mqttapi
+
+import (
+	"context"
+	"encoding/json"
+	"hash/fnv"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/httpapi"
+)
+
+// CommandTopic is where device id's command is published.
+func CommandTopic(id kettle.DeviceID) string { return "kettles/" + id.String() + "/command" }
+
+// MeasurementTopic is where device id publishes its readings.
+func MeasurementTopic(id kettle.DeviceID) string {
+	return "kettles/" + id.String() + "/measurements"
+}
+
+// commandJSON renders a device's command exactly as GET /v1/command does and
+// hashes the fields that make it a different command (the HTTP ETag's:
+// poll_after_s alone counting down is not a change). next is when the
+// time-driven part of the policy may change the answer by itself.
+func commandJSON(svc *fleet.Service, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
+	c, next := svc.Command(id)
+	h := fnv.New64a()
+	h.Write(strconv.AppendBool(nil, c.Charge))
+	h.Write([]byte{'|'})
+	h.Write(strconv.AppendBool(nil, c.Fill))
+	h.Write([]byte{'|'})
+	h.Write(strconv.AppendFloat(nil, c.FlushMLPerS, 'g', -1, 64))
+	h.Write([]byte{'|'})
+	h.Write([]byte(c.Reason))
+	poll := int((next + time.Second - 1) / time.Second)
+	if poll < 1 {
+		poll = 1
+	}
+	body, _ = json.Marshal(httpapi.CommandJSON{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS, Reason: c.Reason, PollAfterS: poll})
+	return body, h.Sum64() | 1, next // | 1: 0 means "nothing published yet"
+}
+
+// pushTarget is what the pusher knows of one device: the hash of the
+// command last published, when the policy may change by itself, and who
+// subscribed (embedded mode: the connection; nil in external mode).
+type pushTarget struct {
+	hash  uint64
+	due   time.Time
+	owner any
+}
+
+// pusher publishes a device's command when it changes. OnChange marks ids
+// dirty (never blocks the committing goroutine); one worker goroutine
+// evaluates dirty ids at once and every target whose due time passed.
+type pusher struct {
+	svc     *fleet.Service
+	log     *slog.Logger
+	publish func(id kettle.DeviceID, body []byte) error
+	pushed  *Counters
+	// trackAll: external mode, where subscriptions are invisible; every
+	// changed device becomes a target.
+	trackAll bool
+
+	mu      sync.Mutex
+	targets map[kettle.DeviceID]*pushTarget
+	dirty   map[kettle.DeviceID]struct{}
+	wake    chan struct{}
+	tick    time.Duration
+	done    chan struct{}
+}
+
+func newPusher(svc *fleet.Service, log *slog.Logger, c *Counters, tick time.Duration, trackAll bool, publish func(kettle.DeviceID, []byte) error) *pusher {
+	if tick <= 0 {
+		tick = time.Second
+	}
+	p := &pusher{
+		svc: svc, log: log, publish: publish, pushed: c, trackAll: trackAll,
+		targets: make(map[kettle.DeviceID]*pushTarget),
+		dirty:   make(map[kettle.DeviceID]struct{}),
+		wake:    make(chan struct{}, 1),
+		tick:    tick,
+		done:    make(chan struct{}),
+	}
+	svc.OnChange(p.changed)
+	return p
+}
+
+// changed is the fleet.ChangeFunc: it runs on the committing goroutine, so
+// it only marks ids dirty. The dirty set is bounded by the tracked devices.
+func (p *pusher) changed(ids []kettle.DeviceID) {
+	n := 0
+	p.mu.Lock()
+	for _, id := range ids {
+		if _, ok := p.targets[id]; ok || p.trackAll {
+			p.dirty[id] = struct{}{}
+			n++
+		}
+	}
+	p.mu.Unlock()
+	if n > 0 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// track registers a subscriber whose current command was just delivered
+// (hash) or must be delivered (hash 0: mark it dirty).
+func (p *pusher) track(id kettle.DeviceID, owner any, hash uint64, next time.Duration) {
+	p.mu.Lock()
+	p.targets[id] = &pushTarget{hash: hash, due: p.svc.Now().Add(next), owner: owner}
+	if hash == 0 {
+		p.dirty[id] = struct{}{}
+	}
+	p.mu.Unlock()
+	if hash == 0 {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// untrack forgets a subscriber, unless another connection of the same
+// device took its place.
+func (p *pusher) untrack(id kettle.DeviceID, owner any) {
+	p.mu.Lock()
+	if t, ok := p.targets[id]; ok && t.owner == owner {
+		delete(p.targets, id)
+		delete(p.dirty, id)
+	}
+	p.mu.Unlock()
+}
+
+// tracked is the number of devices whose command is being watched.
+func (p *pusher) tracked() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.targets)
+}
+
+// run is the worker; it returns when ctx is cancelled.
+func (p *pusher) run(ctx context.Context) {
+	defer close(p.done)
+	t := time.NewTicker(p.tick)
+	defer t.Stop()
+	var ids []kettle.DeviceID
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-t.C:
+		}
+		now := p.svc.Now()
+		ids = ids[:0]
+		p.mu.Lock()
+		for id := range p.dirty {
+			ids = append(ids, id)
+		}
+		clear(p.dirty)
+		for id, tg := range p.targets {
+			if !tg.due.After(now) {
+				ids = append(ids, id) // may repeat a dirty id: harmless, the hash decides
+			}
+		}
+		p.mu.Unlock()
+		for _, id := range ids {
+			if ctx.Err() != nil {
+				return
+			}
+			p.evaluate(id)
+		}
+	}
+}
+
+// evaluate publishes id's command if it differs from the one last published.
+func (p *pusher) evaluate(id kettle.DeviceID) {
+	body, h, next := commandJSON(p.svc, id)
+	due := p.svc.Now().Add(next)
+	p.mu.Lock()
+	tg, ok := p.targets[id]
+	if !ok {
+		if !p.trackAll {
+			p.mu.Unlock()
+			return
+		}
+		tg = &pushTarget{}
+		p.targets[id] = tg
+	}
+	tg.due = due
+	if tg.hash == h {
+		p.mu.Unlock()
+		return
+	}
+	old := tg.hash
+	tg.hash = h
+	p.mu.Unlock()
+	if err := p.publish(id, body); err != nil {
+		p.log.Warn("mqtt: command publish failed; retried when due", "device", id, "err", err)
+		p.mu.Lock()
+		if tg2, ok := p.targets[id]; ok && tg2 == tg && tg.hash == h {
+			tg.hash = old
+			tg.due = p.svc.Now().Add(p.tick)
+		}
+		p.mu.Unlock()
+		return
+	}
+	p.pushed.CommandsPushed.Add(1)
+}

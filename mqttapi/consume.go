@@ -1,0 +1,287 @@
+package mqttapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/httpapi"
+)
+
+// ConsumerConfig configures external-broker mode.
+type ConsumerConfig struct {
+	// BrokerURL is the broker, e.g. tcp://host:1883, mqtt://…, tls://….
+	BrokerURL string
+	// ClientID must be unique per kettle node and stable across its restarts
+	// (the broker keeps its session, and redelivers what was not
+	// acknowledged). Empty: "kettle-" + hostname.
+	ClientID string
+	// Share is the shared-subscription group (empty: "kettle"): every node
+	// of one fleet uses the same group, so each message goes to one node.
+	Share string
+	// Username and Password are this node's credentials at the broker
+	// (needs read on kettles/+/measurements, write on kettles/+/command).
+	Username string
+	Password string
+	// InFlight is how many unacknowledged messages the broker may send this
+	// node (MQTT 5 Receive Maximum; 0: 1000). Each waits for its commit.
+	InFlight int
+	// SessionExpiry is how long the broker keeps this node's session while
+	// it is disconnected (0: 1 h).
+	SessionExpiry time.Duration
+	// KeepAlive (0: 30 s).
+	KeepAlive time.Duration
+	// CommandTick is how often due time-driven command changes are checked
+	// (0: 1 s).
+	CommandTick time.Duration
+}
+
+func (c *ConsumerConfig) defaults() {
+	if c.ClientID == "" {
+		h, _ := os.Hostname()
+		c.ClientID = "kettle-" + h
+	}
+	if c.Share == "" {
+		c.Share = "kettle"
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = 1000
+	}
+	if c.InFlight > 65535 {
+		c.InFlight = 65535
+	}
+	if c.SessionExpiry <= 0 {
+		c.SessionExpiry = time.Hour
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 30 * time.Second
+	}
+	if c.CommandTick <= 0 {
+		c.CommandTick = time.Second
+	}
+}
+
+// Consumer is kettle serve consuming measurements from an external broker.
+type Consumer struct {
+	cfg      ConsumerConfig
+	cm       *autopaho.ConnectionManager
+	svc      *fleet.Service
+	push     *pusher
+	counters *Counters
+	log      *slog.Logger
+	ctx      context.Context
+	cancel   context.CancelFunc
+	sem      chan struct{} // bounds messages waiting for commit
+	wg       sync.WaitGroup
+}
+
+// Consume connects to cfg.BrokerURL (retrying in the background until Close)
+// and consumes $share/{Share}/kettles/+/measurements. It returns at once;
+// AwaitConnection waits for the first connection. secret is unused: in this
+// mode the broker authenticates devices (see the package doc).
+func Consume(ctx context.Context, cfg ConsumerConfig, svc *fleet.Service, secret []byte, log *slog.Logger) (*Consumer, error) {
+	cfg.defaults()
+	u, err := url.Parse(cfg.BrokerURL)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--mqtt-broker %q: want a URL such as tcp://host:1883", cfg.BrokerURL)
+	}
+	c := &Consumer{cfg: cfg, svc: svc, counters: new(Counters), log: log, sem: make(chan struct{}, cfg.InFlight)}
+	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	filter := "$share/" + cfg.Share + "/kettles/+/measurements"
+	rm := uint16(cfg.InFlight)
+	pc := autopaho.ClientConfig{
+		ServerUrls:                    []*url.URL{u},
+		KeepAlive:                     uint16(cfg.KeepAlive / time.Second),
+		CleanStartOnInitialConnection: false,
+		SessionExpiryInterval:         uint32(cfg.SessionExpiry / time.Second),
+		ReconnectBackoff: func(n int) time.Duration {
+			return min(time.Duration(1<<min(n, 5))*100*time.Millisecond, 5*time.Second)
+		},
+		ConnectUsername: cfg.Username,
+		ConnectPassword: []byte(cfg.Password),
+		ConnectPacketBuilder: func(p *paho.Connect, _ *url.URL) (*paho.Connect, error) {
+			if p.Properties == nil {
+				p.Properties = &paho.ConnectProperties{}
+			}
+			p.Properties.ReceiveMaximum = &rm
+			return p, nil
+		},
+		OnConnectionUp: func(cm *autopaho.ConnectionManager, _ *paho.Connack) {
+			c.counters.Connections.Store(1)
+			log.Info("mqtt: connected to broker", "broker", cfg.BrokerURL, "client_id", cfg.ClientID, "subscription", filter)
+			go func() { // must not block OnConnectionUp
+				sctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+				defer cancel()
+				if _, err := cm.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}}); err != nil {
+					log.Error("mqtt: subscribe failed; reconnecting", "filter", filter, "err", err)
+				}
+			}()
+		},
+		OnConnectionDown: func() bool {
+			c.counters.Connections.Store(0)
+			log.Warn("mqtt: connection to broker lost; reconnecting", "broker", cfg.BrokerURL)
+			return true
+		},
+		OnConnectError: func(err error) {
+			log.Warn("mqtt: cannot connect to broker; retrying", "broker", cfg.BrokerURL, "err", err)
+		},
+		ClientConfig: paho.ClientConfig{
+			ClientID:                   cfg.ClientID,
+			EnableManualAcknowledgment: true,
+			SendAcksInterval:           5 * time.Millisecond,
+			OnPublishReceived:          []func(paho.PublishReceived) (bool, error){c.received},
+		},
+	}
+	c.push = newPusher(svc, log, c.counters, cfg.CommandTick, true, c.publishCommand)
+	c.cm, err = autopaho.NewConnection(c.ctx, pc)
+	if err != nil {
+		c.cancel()
+		return nil, fmt.Errorf("mqtt: connect to %s: %w", cfg.BrokerURL, err)
+	}
+	go c.push.run(c.ctx)
+	return c, nil
+}
+
+// AwaitConnection waits until the consumer is connected to the broker.
+func (c *Consumer) AwaitConnection(ctx context.Context) error { return c.cm.AwaitConnection(ctx) }
+
+// Counters are the adapter's counts, for metrics.
+func (c *Consumer) Counters() *Counters { return c.counters }
+
+// Close stops consuming: messages already handed to ingest commit and are
+// acknowledged first; anything else stays unacknowledged at the broker,
+// which redelivers it to this session or another member of the share.
+func (c *Consumer) Close() error {
+	c.cancel() // ends the retry loops of messages waiting for queue room
+	c.wg.Wait()
+	<-c.push.done
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := c.cm.Disconnect(ctx)
+	c.log.Info("mqtt consumer stopped", "counters", c.counters.Snapshot())
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// received runs on paho's single routing goroutine: it validates, then hands
+// the message to a goroutine that waits for its commit and acknowledges it.
+// c.sem bounds those goroutines; when it is full, routing (and so reading
+// from the broker) waits.
+func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
+	p := pr.Packet
+	qos := p.QoS
+	c.counters.Publishes[min(int(qos), 2)].Add(1)
+	id, ok := deviceFromTopic(p.Topic)
+	if !ok {
+		c.counters.Invalid.Add(1)
+		c.log.Warn("mqtt: message on an unexpected topic dropped", "topic", truncate(p.Topic, 128))
+		c.ack(pr)
+		return true, nil
+	}
+	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Now())
+	if err != nil {
+		c.counters.Invalid.Add(1)
+		c.log.Warn("mqtt: invalid measurement payload dropped", "device", id, "qos", qos, "err", err.Error())
+		c.ack(pr) // it will never become valid: acknowledge so the broker does not redeliver
+		return true, nil
+	}
+	select {
+	case c.sem <- struct{}{}:
+	case <-c.ctx.Done():
+		return true, nil
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer func() { <-c.sem }()
+		if c.ingest(ms, qos) {
+			c.ack(pr)
+		}
+	}()
+	return true, nil
+}
+
+// ingest stores ms, retrying while ingest is unavailable (QoS ≥ 1) until
+// Close. It reports whether the readings are committed.
+func (c *Consumer) ingest(ms []kettle.Measurement, qos byte) bool {
+	withheld := false
+	backoff := 20 * time.Millisecond
+	for {
+		_, _, err := c.svc.Ingest(c.ctx, ms)
+		if err == nil {
+			c.counters.Readings.Add(int64(len(ms)))
+			return true
+		}
+		if qos == 0 {
+			c.counters.Dropped.Add(1)
+			return false
+		}
+		if !withheld {
+			withheld = true
+			c.counters.Withheld.Add(1)
+		}
+		maxWait := time.Second
+		var ke *kettle.Error
+		if errors.As(err, &ke) && ke.RetryAfter > 0 {
+			maxWait = ke.RetryAfter
+		}
+		backoff = min(backoff*2, maxWait)
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			t.Stop()
+			c.counters.Unacked.Add(1)
+			return false
+		}
+	}
+}
+
+func (c *Consumer) ack(pr paho.PublishReceived) {
+	if pr.Packet.QoS == 0 {
+		return
+	}
+	if err := pr.Client.Ack(pr.Packet); err != nil {
+		// The connection it came on is gone; the broker redelivers it and
+		// the store keeps one copy.
+		c.log.Debug("mqtt: ack after reconnect ignored", "err", err)
+	}
+}
+
+// publishCommand publishes a device's command retained, QoS 1, through the
+// broker.
+func (c *Consumer) publishCommand(id kettle.DeviceID, body []byte) error {
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	_, err := c.cm.Publish(ctx, &paho.Publish{Topic: CommandTopic(id), QoS: 1, Retain: true, Payload: body})
+	return err
+}
+
+// deviceFromTopic parses kettles/{id}/measurements.
+func deviceFromTopic(topic string) (kettle.DeviceID, bool) {
+	rest, ok := strings.CutPrefix(topic, "kettles/")
+	if !ok {
+		return uuid.Nil, false
+	}
+	idPart, ok := strings.CutSuffix(rest, "/measurements")
+	if !ok || len(idPart) != 36 {
+		return uuid.Nil, false
+	}
+	id, err := uuid.Parse(idPart)
+	return id, err == nil
+}

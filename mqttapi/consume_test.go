@@ -1,0 +1,225 @@
+package mqttapi_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
+	"github.com/kettlefleet/kettlefleet/postgres"
+)
+
+// mosquitto starts a throwaway Mosquitto on a free port and returns its URL.
+func mosquitto(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("mosquitto")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr != nil {
+			t.Fatal("mosquitto not found: apt-get install -y mosquitto")
+		}
+		bin = "/usr/sbin/mosquitto"
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "mosquitto.conf")
+	err = os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nmax_inflight_messages 1000\nmax_queued_messages 100000\n", port)), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-c", conf)
+	out, _ := os.Create(filepath.Join(dir, "mosquitto.log"))
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "mosquitto.log"))
+			t.Logf("mosquitto log:\n%s", b)
+		}
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mosquitto did not listen on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "tcp://" + addr
+}
+
+// TestConsumeSharedSubscription: two kettle nodes (two fleet services, two
+// PostgreSQL pools, one database) share $share/kettle/…; a plain client
+// publishes N readings at QoS 1 through a real Mosquitto; every reading is
+// stored exactly once and both nodes took part. Commands come back retained
+// through the broker.
+func TestConsumeSharedSubscription(t *testing.T) {
+	broker := mosquitto(t)
+	dsn := pgtest.Start(t)
+	ctx := context.Background()
+	log := testLog(t)
+
+	type node struct {
+		store *postgres.Store
+		svc   *fleet.Service
+		c     *mqttapi.Consumer
+	}
+	var nodes [2]node
+	for i := range nodes {
+		n := &nodes[i]
+		var err error
+		n.store, err = postgres.Open(ctx, dsn, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.svc, err = fleet.New(ctx, n.store, fleet.Config{Writers: 2}, log, nil, fleet.Hooks{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.c, err = mqttapi.Consume(ctx, mqttapi.ConsumerConfig{BrokerURL: broker, ClientID: fmt.Sprintf("kettle-node-%d", i), CommandTick: 100 * time.Millisecond}, n.svc, secret, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := n.c.AwaitConnection(actx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		t.Cleanup(func() {
+			n.c.Close()
+			n.svc.Close()
+			n.store.Close()
+		})
+	}
+	// Let both subscriptions land before publishing.
+	time.Sleep(300 * time.Millisecond)
+
+	// A plain paho client as "the kettles": N readings over several devices.
+	const devices, perDevice = 20, 25
+	ids := make([]kettle.DeviceID, devices)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	u, _ := url.Parse(broker)
+	cmds := make(chan *paho.Publish, 100)
+	pub, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
+		ServerUrls:                    []*url.URL{u},
+		KeepAlive:                     30,
+		CleanStartOnInitialConnection: true,
+		ClientConfig: paho.ClientConfig{
+			ClientID: "publisher",
+			OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+				select {
+				case cmds <- pr.Packet:
+				default:
+				}
+				return true, nil
+			}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Disconnect(context.Background())
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pub.AwaitConnection(actx); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
+	var wg sync.WaitGroup
+	for d, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < perDevice; i++ {
+				pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				_, err := pub.Publish(pctx, &paho.Publish{Topic: mqttapi.MeasurementTopic(id), QoS: 1, Payload: reading(base.Add(time.Duration(i)*time.Second), float64(100+d))})
+				cancel()
+				if err != nil {
+					t.Errorf("publish: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	// The broker's PUBACK to the publisher says nothing about our commit:
+	// wait for the store.
+	var total int
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		total = 0
+		for _, id := range ids {
+			h, err := nodes[0].store.History(ctx, kettle.HistoryQuery{Device: id, Limit: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += len(h)
+		}
+		if total >= devices*perDevice || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if total != devices*perDevice {
+		t.Fatalf("stored %d readings, want %d", total, devices*perDevice)
+	}
+	var consumed [2]int64
+	for i, n := range nodes {
+		consumed[i] = n.c.Counters().Readings.Load()
+		stored, dups := n.svc.Counters()
+		t.Logf("node %d: consumed %d, stored %d, duplicates %d", i, consumed[i], stored, dups)
+	}
+	if consumed[0]+consumed[1] != devices*perDevice {
+		t.Errorf("nodes consumed %d + %d, want %d in all (each reading once)", consumed[0], consumed[1], devices*perDevice)
+	}
+	if consumed[0] == 0 || consumed[1] == 0 {
+		t.Errorf("one node consumed nothing: %v", consumed)
+	}
+
+	// Commands: published retained through the broker by the nodes that saw
+	// the readings; a late subscriber gets the current one.
+	id := ids[0]
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if _, err := pub.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: mqttapi.CommandTopic(id), QoS: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-cmds:
+		if p.Topic != mqttapi.CommandTopic(id) || !p.Retain {
+			t.Errorf("command: topic %s retain %v", p.Topic, p.Retain)
+		}
+		t.Logf("retained command: %s", p.Payload)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no retained command from the broker")
+	}
+}

@@ -1,0 +1,68 @@
+package mqttapi
+
+import (
+	"log/slog"
+	"sync/atomic"
+)
+
+// Counters are the MQTT adapter's counts since start, for the metrics
+// package to read (Snapshot) and export. All fields are safe for concurrent
+// use; labels stay bounded (QoS 0..2, never a device id).
+type Counters struct {
+	Connections     atomic.Int64    // open device connections now (gauge); external mode: 1 while connected to the broker
+	ConnectsRefused atomic.Int64    // CONNECTs refused (bad credentials, wrong client id)
+	Publishes       [3]atomic.Int64 // measurement PUBLISHes received, by QoS
+	Readings        atomic.Int64    // readings committed (stored or duplicate) from MQTT
+	Invalid         atomic.Int64    // payloads refused by validation (0x99 on v5, dropped on 3.1.1)
+	ACLDenied       atomic.Int64    // publishes or subscriptions outside the device's own topics
+	Withheld        atomic.Int64    // QoS ≥ 1 messages whose PUBACK was held back because ingest was unavailable (queue full, store down); once per message
+	Dropped         atomic.Int64    // QoS 0 messages dropped because ingest was unavailable
+	Unacked         atomic.Int64    // QoS ≥ 1 messages given up without PUBACK (client gone or shutdown); the client redelivers
+	CommandsPushed  atomic.Int64    // command messages published (on subscribe and on change)
+}
+
+// Stats is a plain copy of Counters.
+type Stats struct {
+	Connections, ConnectsRefused int64
+	Publishes                    [3]int64
+	Readings, Invalid, ACLDenied int64
+	Withheld, Dropped, Unacked   int64
+	CommandsPushed               int64
+}
+
+// Snapshot copies the counters.
+func (c *Counters) Snapshot() Stats {
+	s := Stats{
+		Connections:     c.Connections.Load(),
+		ConnectsRefused: c.ConnectsRefused.Load(),
+		Readings:        c.Readings.Load(),
+		Invalid:         c.Invalid.Load(),
+		ACLDenied:       c.ACLDenied.Load(),
+		Withheld:        c.Withheld.Load(),
+		Dropped:         c.Dropped.Load(),
+		Unacked:         c.Unacked.Load(),
+		CommandsPushed:  c.CommandsPushed.Load(),
+	}
+	for i := range s.Publishes {
+		s.Publishes[i] = c.Publishes[i].Load()
+	}
+	return s
+}
+
+// LogValue makes a Stats loggable as one group.
+func (s Stats) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int64("connections", s.Connections),
+		slog.Int64("connects_refused", s.ConnectsRefused),
+		slog.Int64("publishes_qos0", s.Publishes[0]),
+		slog.Int64("publishes_qos1", s.Publishes[1]),
+		slog.Int64("publishes_qos2", s.Publishes[2]),
+		slog.Int64("readings", s.Readings),
+		slog.Int64("invalid", s.Invalid),
+		slog.Int64("acl_denied", s.ACLDenied),
+		slog.Int64("withheld", s.Withheld),
+		slog.Int64("dropped", s.Dropped),
+		slog.Int64("unacked", s.Unacked),
+		slog.Int64("commands_pushed", s.CommandsPushed),
+	)
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package mqttapi_test
+
+const raceEnabled = false
