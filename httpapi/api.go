@@ -91,8 +91,14 @@ func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 // Routes lists the API's route patterns ("METHOD /path/{param}").
 func (a *API) Routes() []string { return append([]string(nil), a.routes...) }
 
-// Handle mounts another handler on the API's mux (metrics, dashboard).
+// Handle mounts another handler on the API's mux (the dashboard).
 func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+
+// HandleRoute mounts a handler that is part of the documented API (e.g.
+// /metrics): it is listed by Routes and must be in the OpenAPI document.
+func (a *API) HandleRoute(pattern string, h http.Handler) {
+	routeRecorder{a}.HandleFunc(pattern, h.ServeHTTP)
+}
 
 // ServeHTTP serves the routes.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }

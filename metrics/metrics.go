@@ -414,3 +414,60 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	n(poolWait, s.AcquireDuration.Seconds())
 	n(poolCanceled, float64(s.CanceledAcquireCount))
 }
+
+// MQTTStats is a snapshot of the MQTT adapter's counters; its fields are
+// those of mqttapi.Stats, in the same order, so the server converts one into
+// the other (this package does not import the broker).
+type MQTTStats struct {
+	Connections, ConnectsRefused int64
+	Publishes                    [3]int64
+	Readings, Invalid, ACLDenied int64
+	Withheld, Dropped, Unacked   int64
+	CommandsPushed               int64
+}
+
+// RegisterMQTT registers the MQTT metrics, read from stats once per scrape.
+// Call it once, when MQTT is on.
+func (m *Server) RegisterMQTT(stats func() MQTTStats) {
+	m.reg.MustRegister(&mqttCollector{stats: stats})
+}
+
+var (
+	mqttConns     = prometheus.NewDesc("kettle_mqtt_connections", "Open MQTT device connections (external-broker mode: 1 while connected to the broker).", nil, nil)
+	mqttRefused   = prometheus.NewDesc("kettle_mqtt_connects_refused_total", "MQTT CONNECTs refused: bad credentials or a client id that is not the device's.", nil, nil)
+	mqttPublishes = prometheus.NewDesc("kettle_mqtt_publishes_total", "Measurement PUBLISHes received, by QoS.", []string{"qos"}, nil)
+	mqttReadings  = prometheus.NewDesc("kettle_mqtt_readings_total", "Readings from MQTT committed (stored or duplicate).", nil, nil)
+	mqttInvalid   = prometheus.NewDesc("kettle_mqtt_invalid_total", "MQTT payloads refused by validation (0x99 on MQTT 5, dropped and counted on 3.1.1).", nil, nil)
+	mqttACL       = prometheus.NewDesc("kettle_mqtt_acl_denied_total", "Publishes or subscriptions outside the device's own topics.", nil, nil)
+	mqttWithheld  = prometheus.NewDesc("kettle_mqtt_puback_withheld_total", "QoS 1 messages whose PUBACK was held back because ingest was unavailable (queue full, store down).", nil, nil)
+	mqttDropped   = prometheus.NewDesc("kettle_mqtt_qos0_dropped_total", "QoS 0 messages dropped because ingest was unavailable.", nil, nil)
+	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
+	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
+)
+
+type mqttCollector struct{ stats func() MQTTStats }
+
+func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands} {
+		ch <- d
+	}
+}
+
+func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	n := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	ch <- prometheus.MustNewConstMetric(mqttConns, prometheus.GaugeValue, float64(s.Connections))
+	n(mqttRefused, s.ConnectsRefused)
+	for q, v := range s.Publishes {
+		n(mqttPublishes, v, string(rune('0'+q)))
+	}
+	n(mqttReadings, s.Readings)
+	n(mqttInvalid, s.Invalid)
+	n(mqttACL, s.ACLDenied)
+	n(mqttWithheld, s.Withheld)
+	n(mqttDropped, s.Dropped)
+	n(mqttUnacked, s.Unacked)
+	n(mqttCommands, s.CommandsPushed)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +49,11 @@ func TestMQTTWiring(t *testing.T) {
 	c.do("GET", "/v1/devices/"+id.String(), bearer(srv.OperatorToken()), "").json(t, &d)
 	if d.Measurements != 1 || d.Latest == nil || !d.Latest.Time.Equal(ts) {
 		t.Errorf("after PUBACK the store holds %+v", d)
+	}
+	m := c.do("GET", "/metrics", nil, "")
+	for _, want := range []string{`kettle_mqtt_publishes_total{qos="1"} 1`, `kettle_mqtt_readings_total 1`, `kettle_mqtt_connections 1`} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }

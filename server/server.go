@@ -196,6 +196,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("mqtt listener on %s: %w", cfg.MQTT.Addr, err)
 		}
 	}
+	if s.mqtt != nil {
+		c := s.mqtt.Counters()
+		s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
+	}
 	if cfg.MQTTBroker.BrokerURL != "" {
 		if s.mqttc, err = mqttapi.Consume(ctx, cfg.MQTTBroker, s.svc, s.secret, s.log); err != nil {
 			if s.mqtt != nil {
@@ -205,11 +209,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.store.Close()
 			return nil, fmt.Errorf("mqtt broker %s: %w", cfg.MQTTBroker.BrokerURL, err)
 		}
+		if s.mqtt == nil {
+			c := s.mqttc.Counters()
+			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
+		}
 	}
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
-	s.api.Handle("GET /metrics", s.metrics.Handler())
+	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
 
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
