@@ -5,11 +5,20 @@
 // Every write is one transaction that stores the measurements and everything
 // derived from them (latest state, capacity, hourly rollups, fleet totals),
 // and is durable when it returns (synchronous=FULL).
+//
+// The store is an embedded file owned by one process, so the writer keeps
+// what it needs of each device (latest reading, capacity, count, last seen)
+// in memory: a batch never reads the devices table. The cache is rebuilt from
+// the file at Open and whenever PRAGMA data_version shows that another
+// process committed to it, so it stays an accelerator, never a source of
+// truth. WAL checkpoints run on a background goroutine of their own
+// connection rather than inside a commit.
 package sqlite
 
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -46,10 +55,22 @@ type Store struct {
 	closeErr  error
 
 	// Statements prepared on the writer connection (the hot path).
-	insMeas, selDev, insDev, updDevLatest, updDev *sql.Stmt
-	selRollup, putRollup, selHod, putHod          *sql.Stmt
-	selTotals, putTotals, regDev, setOv, clearOv  *sql.Stmt
-	devCount, addSeen, subSeen, delSeen           *sql.Stmt
+	selRollup, putRollup, selHod, putHod         *sql.Stmt
+	selTotals, putTotals, regDev, setOv, clearOv *sql.Stmt
+	devCount, addSeen, subSeen, delSeen, dataVer *sql.Stmt
+	// Multi-row statements, one per chunk size (see chunkSizes).
+	insMeas, upsDev [len(chunkSizes)]*sql.Stmt
+
+	// wmu serializes Write and Register and guards the cache and scratch.
+	wmu   sync.Mutex
+	cache devCache
+	wsc   writeScratch
+
+	// connGen counts writer connections opened; a new one means the cache
+	// must be rebuilt (data_version is per connection).
+	connGen atomic.Uint64
+
+	ck *checkpointer
 }
 
 type config struct {
@@ -57,6 +78,9 @@ type config struct {
 	readers     int
 	cacheKiB    int
 	maxRetries  int
+	pageSize    int
+	ckEvery     time.Duration
+	ckPages     int64
 }
 
 // Option tunes Open.
@@ -74,6 +98,18 @@ func WithReaders(n int) Option { return func(c *config) { c.readers = n } }
 // history. Default 65536 (64 MiB).
 func WithCacheKiB(n int) Option { return func(c *config) { c.cacheKiB = n } }
 
+// WithPageSize sets the page size of a new database file (an existing file
+// keeps its own). Default 4096. See DefaultPageSize.
+func WithPageSize(n int) Option { return func(c *config) { c.pageSize = n } }
+
+// WithCheckpoint sets how often the background goroutine checkpoints the WAL
+// into the database file, and after how many WAL pages written it does so
+// sooner. every ≤ 0 turns the background checkpointer off and leaves
+// checkpoints to SQLite's automatic one inside commit. Default 1s, 4096 pages.
+func WithCheckpoint(every time.Duration, pages int) Option {
+	return func(c *config) { c.ckEvery, c.ckPages = every, int64(pages) }
+}
+
 // WithMaxBusyRetries sets how many times a transaction that found the
 // database locked (after the busy timeout) is retried before Store gives up
 // with an EUnavailable error. Default 10.
@@ -82,7 +118,8 @@ func WithMaxBusyRetries(n int) Option { return func(c *config) { c.maxRetries = 
 // Open opens (creating it, its parent directories and its schema when
 // needed) the SQLite database at path and migrates it to the current schema.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
-	cfg := config{busyTimeout: 5 * time.Second, readers: 4, cacheKiB: 65536, maxRetries: 10}
+	cfg := config{busyTimeout: 5 * time.Second, readers: 4, cacheKiB: 65536, maxRetries: 10,
+		pageSize: DefaultPageSize, ckEvery: 0, ckPages: 4096}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -98,12 +135,25 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	busyMS := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
 	uri := "file:" + escapePath(path)
 
-	var err error
-	s.w, err = sql.Open("sqlite3", uri+"?_journal_mode=WAL&_synchronous=FULL&_txlock=immediate"+
-		"&_busy_timeout="+busyMS+"&_cache_size=-"+strconv.Itoa(cfg.cacheKiB))
-	if err != nil {
-		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
+	// The journal mode is set by the connect hook, after the page size
+	// (which a WAL database can no longer change).
+	hook := []string{fmt.Sprintf("PRAGMA page_size = %d", cfg.pageSize), "PRAGMA journal_mode = WAL"}
+	if cfg.ckEvery > 0 {
+		hook = append(hook, "PRAGMA wal_autocheckpoint = 0")
 	}
+	s.w = sql.OpenDB(&connector{
+		dsn: uri + "?_synchronous=FULL&_txlock=immediate" +
+			"&_busy_timeout=" + busyMS + "&_cache_size=-" + strconv.Itoa(cfg.cacheKiB),
+		drv: &sqlite3.SQLiteDriver{ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			for _, q := range hook {
+				if _, err := c.Exec(q, nil); err != nil {
+					return fmt.Errorf("%s: %w", q, err)
+				}
+			}
+			s.connGen.Add(1)
+			return nil
+		}},
+	})
 	s.w.SetMaxOpenConns(1)
 	s.w.SetMaxIdleConns(1)
 	s.w.SetConnMaxLifetime(0)
@@ -119,6 +169,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 
 	// Readers open after the writer has created the file and switched it to
 	// WAL; mode=ro makes a stray write through them an error.
+	var err error
 	s.r, err = sql.Open("sqlite3", uri+"?mode=ro&_txlock=deferred&_busy_timeout="+busyMS)
 	if err != nil {
 		s.w.Close()
@@ -134,8 +185,35 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite store %s: %w", path, err)
 	}
+	if err := s.loadCache(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open sqlite store %s: load device cache: %w", path, err)
+	}
+	if cfg.ckEvery > 0 {
+		s.ck, err = startCheckpointer(ctx, uri+"?_busy_timeout="+busyMS, cfg.ckEvery, cfg.ckPages)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open sqlite store %s: checkpointer: %w", path, err)
+		}
+	}
 	return s, nil
 }
+
+// DefaultPageSize is the page size of new database files. A batch dirties
+// about one measurements page per device it touches (the table is keyed by
+// device, then time), and each dirty page is written whole to the WAL, so
+// the page size is most of the bytes a commit writes.
+const DefaultPageSize = 4096
+
+// connector opens writer connections through a driver with a connect hook
+// (per-connection pragmas and connGen), which sql.Open cannot give.
+type connector struct {
+	dsn string
+	drv *sqlite3.SQLiteDriver
+}
+
+func (c *connector) Connect(context.Context) (driver.Conn, error) { return c.drv.Open(c.dsn) }
+func (c *connector) Driver() driver.Driver                        { return c.drv }
 
 // escapePath makes a file path safe inside a file: URI, where ? and # end
 // the path and % starts an escape.
@@ -215,15 +293,6 @@ func (s *Store) prepare(ctx context.Context) error {
 		dst **sql.Stmt
 		q   string
 	}{
-		{&s.insMeas, `INSERT OR IGNORE INTO measurements(device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml) VALUES (?,?,?,?,?,?,?,?)`},
-		{&s.selDev, `SELECT last_seen, latest_t, latest_charge, latest_level, latest_water, latest_ambient FROM devices WHERE id = ?`},
-		{&s.insDev, `INSERT INTO devices(id, registered_at, last_seen, measurements, capacity_ml,
-			latest_t, latest_charge, latest_full, latest_rate, latest_ambient, latest_water, latest_level)
-			VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`},
-		{&s.updDevLatest, `UPDATE devices SET last_seen = ?, measurements = measurements + ?, capacity_ml = max(capacity_ml, ?),
-			latest_t = ?, latest_charge = ?, latest_full = ?, latest_rate = ?, latest_ambient = ?, latest_water = ?, latest_level = ?
-			WHERE id = ?`},
-		{&s.updDev, `UPDATE devices SET last_seen = ?, measurements = measurements + ?, capacity_ml = max(capacity_ml, ?) WHERE id = ?`},
 		{&s.selRollup, `SELECT n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups WHERE hour = ?`},
 		{&s.putRollup, `INSERT OR REPLACE INTO rollups(hour, n, water_mean, water_m2, ambient_mean, ambient_m2) VALUES (?,?,?,?,?,?)`},
 		{&s.selHod, `SELECT n, water_mean, water_m2, ambient_mean, ambient_m2 FROM hours_of_day WHERE hod = ?`},
@@ -237,12 +306,70 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.devCount, `UPDATE totals SET device_count = device_count + ? WHERE id = 0`},
 		{&s.setOv, `UPDATE devices SET ov_charge = ?, ov_fill = ?, ov_flush = ?, ov_expires = ?, ov_set = ? WHERE id = ?`},
 		{&s.clearOv, `UPDATE devices SET ov_charge = NULL, ov_fill = NULL, ov_flush = NULL, ov_expires = NULL, ov_set = NULL WHERE id = ?`},
+		{&s.dataVer, `PRAGMA data_version`},
 	} {
 		if err := p(x.dst, x.q); err != nil {
 			return err
 		}
 	}
+	for i, n := range chunkSizes {
+		if err := p(&s.insMeas[i], insMeasSQL(n)); err != nil {
+			return err
+		}
+		if err := p(&s.upsDev[i], upsDevSQL(n)); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// chunkSizes are the row counts of the prepared multi-row statements,
+// largest first: a batch is cut into at most one chunk of each size below
+// the largest (a binary decomposition), so a few statements serve any batch
+// size. 512 rows × 12 parameters stays far below the bundled SQLite's
+// limit of 32766 parameters.
+var chunkSizes = [...]int{512, 256, 128, 64, 32, 16, 8, 4, 2, 1}
+
+// chunk returns the index in chunkSizes of the largest size ≤ n (n ≥ 1).
+func chunk(n int) int {
+	for i, c := range chunkSizes {
+		if c <= n {
+			return i
+		}
+	}
+	panic("sqlite: chunk of 0 rows")
+}
+
+func values(n int, row string) string {
+	var b strings.Builder
+	b.Grow(n * (len(row) + 1))
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(row)
+	}
+	return b.String()
+}
+
+// insMeasSQL inserts n rows and returns the keys of those that were new: a
+// key already stored, or earlier in the statement, is ignored.
+func insMeasSQL(n int) string {
+	return `INSERT OR IGNORE INTO measurements(device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml) VALUES ` +
+		values(n, "(?,?,?,?,?,?,?,?)") + ` RETURNING device, t`
+}
+
+// upsDevSQL writes the new state of n devices computed by the writer;
+// registered_at is used only for a device that is not there yet, and the
+// override columns are left alone.
+func upsDevSQL(n int) string {
+	return `INSERT INTO devices(id, registered_at, last_seen, measurements, capacity_ml,
+		latest_t, latest_charge, latest_full, latest_rate, latest_ambient, latest_water, latest_level) VALUES ` +
+		values(n, "(?,?,?,?,?,?,?,?,?,?,?,?)") + `
+		ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen, measurements = excluded.measurements,
+		capacity_ml = excluded.capacity_ml, latest_t = excluded.latest_t, latest_charge = excluded.latest_charge,
+		latest_full = excluded.latest_full, latest_rate = excluded.latest_rate, latest_ambient = excluded.latest_ambient,
+		latest_water = excluded.latest_water, latest_level = excluded.latest_level`
 }
 
 // BusyRetries is how many times a transaction found the database locked by
@@ -265,21 +392,34 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the readers, then the writer (the last connection to close
-// checkpoints the WAL into the database file). Calling it again is a no-op.
+// Close stops the checkpointer, closes the readers, checkpoints the whole
+// WAL into the database file and truncates it, then closes the writer.
+// Calling it again is a no-op.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		if s.ck != nil {
+			errs = append(errs, s.ck.close())
+		}
 		if s.r != nil {
 			errs = append(errs, s.r.Close())
 		}
-		for _, st := range []*sql.Stmt{s.insMeas, s.selDev, s.insDev, s.updDevLatest, s.updDev,
-			s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev, s.setOv, s.clearOv, s.devCount, s.addSeen, s.subSeen, s.delSeen} {
+		sts := []*sql.Stmt{s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev,
+			s.setOv, s.clearOv, s.devCount, s.addSeen, s.subSeen, s.delSeen, s.dataVer}
+		sts = append(append(sts, s.insMeas[:]...), s.upsDev[:]...)
+		for _, st := range sts {
 			if st != nil {
 				st.Close()
 			}
 		}
 		if s.w != nil {
+			if s.ck != nil {
+				// Busy (another process reading) is not an error: the last
+				// connection to close checkpoints what is left.
+				if _, err := s.w.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); err != nil && !isBusy(err) {
+					errs = append(errs, fmt.Errorf("final checkpoint: %w", err))
+				}
+			}
 			errs = append(errs, s.w.Close())
 		}
 		if err := errors.Join(errs...); err != nil {

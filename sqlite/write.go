@@ -1,11 +1,13 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
@@ -17,9 +19,12 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 		return nil
 	}
 	atUS := at.UnixMicro()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var added []kettle.DeviceID
 	err := s.tx(ctx, "register devices", func(tx *sql.Tx) error {
+		added = added[:0]
 		reg := tx.StmtContext(ctx, s.regDev)
-		var added int64
 		for i := range ids {
 			res, err := reg.ExecContext(ctx, ids[i][:], atUS)
 			if err != nil {
@@ -29,16 +34,24 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 			if err != nil {
 				return err
 			}
-			added += n
+			if n > 0 {
+				added = append(added, ids[i])
+			}
 		}
-		if added == 0 {
+		if len(added) == 0 {
 			return nil
 		}
-		_, err := tx.StmtContext(ctx, s.devCount).ExecContext(ctx, added)
+		_, err := tx.StmtContext(ctx, s.devCount).ExecContext(ctx, len(added))
 		return err
 	})
 	if err != nil {
+		s.cache.valid = false
 		return fmt.Errorf("sqlite register %d devices: %w", len(ids), err)
+	}
+	if s.cache.valid {
+		for _, id := range added {
+			s.cache.devs[id] = devState{}
+		}
 	}
 	return nil
 }
@@ -46,31 +59,59 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 // Write stores batch in one transaction and returns per row whether it was a
 // duplicate. See kettle.Store.
 //
-// The transaction: one INSERT OR IGNORE per row (rows affected 0 = duplicate,
-// which also catches a repeat inside the batch); then, aggregated in Go over
-// the rows that were new, one read and one write per touched device, hour
-// and hour of day, and one of the totals row. Statements run without a
-// cancellable context (the driver would start a goroutine per statement for
-// one); ctx is checked between rows and governs BEGIN and COMMIT.
+// The transaction: multi-row INSERT OR IGNORE … RETURNING of the batch's
+// distinct keys (a key not returned was already stored; a repeat inside the
+// batch is a duplicate of its first occurrence), then, aggregated in Go from
+// the rows that were new and the cached device states, one multi-row upsert
+// of the touched devices, a read and a write per touched hour and hour of
+// day, and the totals row. The cache takes the new device states only after
+// the commit. Statements run without a cancellable context (the driver
+// would start a goroutine per statement for one); ctx governs BEGIN and
+// COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
 	dup := make([]bool, len(batch))
 	if len(batch) == 0 {
 		return dup, nil
 	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	sc := &s.wsc
 	err := s.tx(ctx, "write batch", func(tx *sql.Tx) error {
+		if err := s.syncCache(context.WithoutCancel(ctx), tx); err != nil {
+			return err
+		}
 		return s.writeBatch(ctx, tx, batch, receivedAt.UnixMicro(), dup)
 	})
 	if err != nil {
+		// The commit may or may not have happened: rebuild from the file.
+		s.cache.valid = false
+		sc.reset()
 		return nil, fmt.Errorf("sqlite write batch of %d: %w", len(batch), err)
 	}
+	for i := range sc.devs {
+		s.cache.devs[sc.devs[i].id] = sc.devs[i].st
+	}
+	if s.ck != nil {
+		// Dirty pages ≈ one measurements leaf per device, the devices'
+		// leaves, a few interior, rollup and totals pages.
+		s.ck.wrote(int64(len(sc.devs)) + int64(len(sc.devs))/8 + 8)
+	}
+	sc.reset()
 	return dup, nil
+}
+
+type rowKey struct {
+	dev kettle.DeviceID
+	t   int64
 }
 
 // devAgg is what one batch changes about one device.
 type devAgg struct {
+	id       kettle.DeviceID
 	newest   int // index in the batch of the new row with the greatest time
 	n        int64
 	maxLevel float64
+	st       devState // the state after the batch
 }
 
 // momentsAgg is what one batch adds to one hour or hour of day.
@@ -79,29 +120,111 @@ type momentsAgg struct {
 	water, ambient kettle.Moments
 }
 
+// writeScratch is Write's reusable memory. Its maps and slices keep their
+// capacity between batches up to maxScratch entries.
+type writeScratch struct {
+	keys   map[rowKey]int32 // first index in the batch of each key
+	cand   []int32          // indices of first occurrences
+	devIdx map[kettle.DeviceID]int32
+	devs   []devAgg
+	args   []any
+}
+
+// maxScratch caps what writeScratch keeps between batches.
+const maxScratch = 8192
+
+func (w *writeScratch) reset() {
+	if len(w.keys) > maxScratch {
+		w.keys = nil
+	}
+	if len(w.devIdx) > maxScratch {
+		w.devIdx = nil
+	}
+	clear(w.keys)
+	clear(w.devIdx)
+	if cap(w.devs) > maxScratch {
+		w.devs = nil
+	}
+	if cap(w.cand) > maxScratch {
+		w.cand = nil
+	}
+	w.cand, w.devs = w.cand[:0], w.devs[:0]
+	clear(w.args[:cap(w.args)]) // drop references to the batch
+	w.args = w.args[:0]
+}
+
 func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, dup []bool) error {
 	nc := context.WithoutCancel(ctx)
-	ins := tx.StmtContext(nc, s.insMeas)
-	var added int64
+	sc := &s.wsc
+	sc.reset()
+	if sc.keys == nil {
+		sc.keys = make(map[rowKey]int32, len(batch))
+		sc.devIdx = make(map[kettle.DeviceID]int32, len(batch))
+	}
+	// A key's first occurrence is the one that may be stored; later ones
+	// are duplicates whatever happens.
 	for i := range batch {
-		if i&255 == 255 {
-			if err := ctx.Err(); err != nil {
-				return err
+		k := rowKey{batch[i].Device, batch[i].Time.UnixMicro()}
+		if _, ok := sc.keys[k]; ok {
+			dup[i] = true
+			continue
+		}
+		sc.keys[k] = int32(i)
+		sc.cand = append(sc.cand, int32(i))
+		dup[i] = true // until the insert returns it
+	}
+
+	// Insert in key order: consecutive rows land on neighbouring B-tree
+	// pages, which are then still hot in the CPU caches.
+	slices.SortFunc(sc.cand, func(a, b int32) int {
+		x, y := &batch[a], &batch[b]
+		if c := bytes.Compare(x.Device[:], y.Device[:]); c != 0 {
+			return c
+		}
+		return x.Time.Compare(y.Time)
+	})
+	var added int64
+	for off := 0; off < len(sc.cand); {
+		c := chunk(len(sc.cand) - off)
+		part := sc.cand[off : off+chunkSizes[c]]
+		off += len(part)
+		args := sc.args[:0]
+		for _, i := range part {
+			m := &batch[i]
+			args = append(args, m.Device[:], m.Time.UnixMicro(),
+				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
+		}
+		sc.args = args
+		rows, err := tx.StmtContext(nc, s.insMeas[c]).QueryContext(nc, args...)
+		if err != nil {
+			return fmt.Errorf("insert measurements: %w", err)
+		}
+		for rows.Next() {
+			var (
+				dev sql.RawBytes
+				k   rowKey
+			)
+			if err := rows.Scan(&dev, &k.t); err != nil {
+				rows.Close()
+				return fmt.Errorf("insert measurements: %w", err)
 			}
-		}
-		m := &batch[i]
-		res, err := ins.ExecContext(nc, m.Device[:], m.Time.UnixMicro(),
-			m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
-		if err != nil {
-			return fmt.Errorf("insert measurement %d: %w", i, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return err
-		}
-		dup[i] = n == 0
-		if n > 0 {
+			copy(k.dev[:], dev)
+			i, ok := sc.keys[k]
+			if !ok || !dup[i] {
+				rows.Close()
+				return fmt.Errorf("insert measurements: returned key (%s, %d) not in the chunk", k.dev, k.t)
+			}
+			dup[i] = false
 			added++
+		}
+		if err := rows.Close(); err != nil {
+			return fmt.Errorf("insert measurements: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("insert measurements: %w", err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 	if added == 0 {
@@ -110,9 +233,6 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 
 	// Aggregate the new rows in Go, in batch order so that float results do
 	// not depend on map iteration order.
-	devIdx := make(map[kettle.DeviceID]int, min(len(batch), 1024))
-	devs := make([]devAgg, 0, min(len(batch), 1024))
-	order := make([]kettle.DeviceID, 0, cap(devs))
 	hourIdx := make(map[int64]int, 4)
 	var hours []momentsAgg
 	var hods [24]momentsAgg
@@ -123,16 +243,15 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 		m := &batch[i]
 		t := m.Time.UnixMicro()
-		k, ok := devIdx[m.Device]
+		k, ok := sc.devIdx[m.Device]
 		if !ok {
-			k = len(devs)
-			devIdx[m.Device] = k
-			devs = append(devs, devAgg{newest: i, maxLevel: m.LevelML})
-			order = append(order, m.Device)
-		} else if d := &devs[k]; t > batch[d.newest].Time.UnixMicro() {
+			k = int32(len(sc.devs))
+			sc.devIdx[m.Device] = k
+			sc.devs = append(sc.devs, devAgg{id: m.Device, newest: i, maxLevel: m.LevelML})
+		} else if d := &sc.devs[k]; t > batch[d.newest].Time.UnixMicro() {
 			d.newest = i
 		}
-		d := &devs[k]
+		d := &sc.devs[k]
 		d.n++
 		d.maxLevel = max(d.maxLevel, m.LevelML)
 
@@ -160,59 +279,42 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 	}
 	tot.measurements += added
 
+	// New device states, from the cache: no read of devices.
 	seenDelta := make(map[int64]int64, 8)
-	sel := tx.StmtContext(nc, s.selDev)
-	insDev := tx.StmtContext(nc, s.insDev)
-	updLatest := tx.StmtContext(nc, s.updDevLatest)
-	upd := tx.StmtContext(nc, s.updDev)
-	for k := range devs {
-		d := &devs[k]
-		id := order[k][:]
+	for k := range sc.devs {
+		d := &sc.devs[k]
 		m := &batch[d.newest]
-		t := m.Time.UnixMicro()
-		var (
-			oldSeen, oldT                   sql.NullInt64
-			oldCharge, oldLevel, oldW, oldA sql.NullFloat64
-		)
-		err := sel.QueryRowContext(nc, id).Scan(&oldSeen, &oldT, &oldCharge, &oldLevel, &oldW, &oldA)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("read device: %w", err)
-		}
+		old, known := s.cache.devs[d.id]
+		st := old
 		// last_seen never goes back, even if the server clock does.
-		seen := recv
-		if oldSeen.Valid && oldSeen.Int64 >= recv {
-			seen = oldSeen.Int64
-		} else {
-			if oldSeen.Valid {
-				seenDelta[oldSeen.Int64]--
+		if !old.hasSeen || old.seen < recv {
+			if old.hasSeen {
+				seenDelta[old.seen]--
 			}
 			seenDelta[recv]++
+			st.seen, st.hasSeen = recv, true
 		}
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
+		st.n += d.n
+		if known {
+			st.capML = max(old.capML, d.maxLevel)
+		} else {
 			tot.devices++
-			_, err = insDev.ExecContext(nc, id, recv, recv, d.n, d.maxLevel,
-				t, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
-			if err != nil {
-				return fmt.Errorf("insert device: %w", err)
-			}
-			tot.addLatest(m, 1)
-		case !oldT.Valid || t > oldT.Int64:
-			_, err = updLatest.ExecContext(nc, seen, d.n, d.maxLevel,
-				t, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML, id)
-			if err != nil {
-				return fmt.Errorf("update device: %w", err)
-			}
-			if oldT.Valid {
-				old := kettle.Measurement{ChargeMWh: oldCharge.Float64, LevelML: oldLevel.Float64, WaterC: oldW.Float64, AmbientC: oldA.Float64}
-				tot.addLatest(&old, -1)
-			}
-			tot.addLatest(m, 1)
-		default: // back-dated: latest stays
-			if _, err = upd.ExecContext(nc, seen, d.n, d.maxLevel, id); err != nil {
-				return fmt.Errorf("update device: %w", err)
-			}
+			st.capML = d.maxLevel
 		}
+		if r := readingOf(m); !old.hasLatest || r.t > old.latest.t {
+			if old.hasLatest {
+				prev := kettle.Measurement{ChargeMWh: old.latest.charge, LevelML: old.latest.level, WaterC: old.latest.water, AmbientC: old.latest.amb}
+				tot.addLatest(&prev, -1)
+			}
+			tot.addLatest(m, 1)
+			st.latest, st.hasLatest = r, true
+		}
+		d.st = st
+	}
+	// Same order for the upsert (sc.devIdx is not used after this).
+	slices.SortFunc(sc.devs, func(a, b devAgg) int { return bytes.Compare(a.id[:], b.id[:]) })
+	if err := s.upsertDevices(nc, tx, recv); err != nil {
+		return fmt.Errorf("update devices: %w", err)
 	}
 
 	if err := s.moveSeen(nc, tx, seenDelta); err != nil {
@@ -234,6 +336,29 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		tot.charge.sum, tot.charge.c, tot.level.sum, tot.level.c, tot.potential.sum, tot.potential.c)
 	if err != nil {
 		return fmt.Errorf("update totals: %w", err)
+	}
+	return nil
+}
+
+// upsertDevices writes the new state of every device in s.wsc.devs, in
+// chunks; a device not yet registered is registered at recv.
+func (s *Store) upsertDevices(ctx context.Context, tx *sql.Tx, recv int64) error {
+	sc := &s.wsc
+	for off := 0; off < len(sc.devs); {
+		c := chunk(len(sc.devs) - off)
+		part := sc.devs[off : off+chunkSizes[c]]
+		off += len(part)
+		args := sc.args[:0]
+		for k := range part {
+			d := &part[k]
+			l := &d.st.latest
+			args = append(args, d.id[:], recv, d.st.seen, d.st.n, d.st.capML,
+				l.t, l.charge, l.full, l.rate, l.amb, l.water, l.level)
+		}
+		sc.args = args
+		if _, err := tx.StmtContext(ctx, s.upsDev[c]).ExecContext(ctx, args...); err != nil {
+			return err
+		}
 	}
 	return nil
 }
