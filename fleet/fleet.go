@@ -36,6 +36,10 @@ type Config struct {
 	PollInterval time.Duration
 	// RetryAfter is what a refused client is told to wait.
 	RetryAfter time.Duration
+	// Refresh, when > 0, reloads the device cache from the store this
+	// often, so that a node sharing its store with other nodes (PostgreSQL)
+	// answers polls with what the others committed. 0: never (one node).
+	Refresh time.Duration
 }
 
 func (c *Config) defaults() {
@@ -99,6 +103,9 @@ type Service struct {
 
 	watchMu  sync.RWMutex
 	watchers []ChangeFunc
+
+	stopRefresh chan struct{}
+	refreshDone chan struct{}
 }
 
 // OnChange registers fn to be told of device state changes (MQTT pushes
@@ -157,7 +164,82 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		s.wg.Add(1)
 		go s.batcher()
 	}
+	if cfg.Refresh > 0 {
+		s.stopRefresh = make(chan struct{})
+		s.refreshDone = make(chan struct{})
+		go s.refresher()
+	}
 	return s, nil
+}
+
+// refresher merges the store's device states into the cache every
+// cfg.Refresh until Close.
+func (s *Service) refresher() {
+	defer close(s.refreshDone)
+	t := time.NewTicker(s.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopRefresh:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Refresh)
+			if err := s.Refresh(ctx); err != nil {
+				s.log.Warn("device cache refresh failed; polls answer from the last known state", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// Refresh merges every device's stored state into the cache: a newer latest
+// reading, a larger capacity, a later last-seen time, and the stored
+// override (unless this node set one after the scan began). The store is the
+// truth; the cache only ever moves forward.
+func (s *Service) Refresh(ctx context.Context) error {
+	began := s.now()
+	var changed []kettle.DeviceID
+	err := s.store.Scan(ctx, func(d kettle.DeviceState) error {
+		s.mu.Lock()
+		c := s.devices[d.ID]
+		if c == nil {
+			c = &device{registeredAt: d.RegisteredAt}
+			s.devices[d.ID] = c
+		}
+		moved := false
+		if d.Latest != nil && (c.latest == nil || d.Latest.Time.After(c.latest.Time)) {
+			c.latest = d.Latest
+			moved = true
+		}
+		if d.CapacityML > c.capacityML {
+			c.capacityML = d.CapacityML
+		}
+		if d.LastSeen.After(c.lastSeen) {
+			c.lastSeen = d.LastSeen
+		}
+		if !overrideEqual(c.override, d.Override) && (c.override == nil || c.override.SetAt.Before(began.Add(-time.Second))) {
+			c.override = d.Override
+			moved = true
+		}
+		s.mu.Unlock()
+		if moved {
+			changed = append(changed, d.ID)
+		}
+		return nil
+	})
+	if len(changed) > 0 {
+		s.changed(changed)
+	}
+	return err
+}
+
+func overrideEqual(a, b *kettle.Override) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	eqb := func(x, y *bool) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	eqf := func(x, y *float64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	return eqb(a.Charge, b.Charge) && eqb(a.Fill, b.Fill) && eqf(a.FlushMLPerS, b.FlushMLPerS) && a.ExpiresAt.Equal(b.ExpiresAt)
 }
 
 // Config returns the effective configuration.
@@ -344,6 +426,14 @@ func (s *Service) apply(m *kettle.Measurement, received time.Time) {
 // Close stops accepting readings, commits everything queued and stops the
 // batchers. Call it after the wire adapters stopped.
 func (s *Service) Close() {
+	if s.stopRefresh != nil {
+		select {
+		case <-s.stopRefresh:
+		default:
+			close(s.stopRefresh)
+		}
+		<-s.refreshDone
+	}
 	s.sendMu.Lock()
 	if !s.closed.Swap(true) {
 		close(s.queue)

@@ -175,8 +175,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.metrics.RegisterStore(s.store)
 	registerPool(s.metrics, s.store)
-	if cfg.Ingest.Writers <= 0 && !strings.HasPrefix(cfg.DB, "sqlite:") {
-		cfg.Ingest.Writers = 2
+	if !strings.HasPrefix(cfg.DB, "sqlite:") {
+		if cfg.Ingest.Writers <= 0 {
+			cfg.Ingest.Writers = 2
+		}
+		if cfg.Ingest.Refresh == 0 {
+			cfg.Ingest.Refresh = 5 * time.Second // other nodes may share the database
+		}
 	}
 	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, s.metrics.FleetHooks())
 	if err != nil {
