@@ -23,7 +23,12 @@ func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 		late, readings, acked, dropped := s.st.late.Load(), s.st.readings.Load(), s.st.acked.Load(), s.st.dropped.Load()
 		sec.LateStarts, sec.Readings, sec.Acked, sec.Dropped = late-prev.late, readings-prev.readings, acked-prev.acked, dropped-prev.dropped
 		prev.late, prev.readings, prev.acked, prev.dropped = late, readings, acked, dropped
-		sec.MaxLagMs = float64(s.st.maxLag.Swap(0)) / 1e6
+		lagNs := s.st.maxLag.Swap(0)
+		sec.MaxLagMs = float64(lagNs) / 1e6
+		if o := s.st.obs; o != nil {
+			o.SetActive(sec.Kettles)
+			o.SetLag(time.Duration(lagNs))
+		}
 		sec.CPUSeconds = cpuSeconds()
 		sec.RSSBytes = rss()
 		res.Seconds = append(res.Seconds, sec)

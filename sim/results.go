@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/kettlefleet/kettlefleet/sysstat"
 )
 
 // SchemaVersion names the layout of results.json; bump it when a field
@@ -41,6 +43,9 @@ type Results struct {
 	Seconds []Second `json:"seconds"`
 	Totals  Totals   `json:"totals"`
 	Audit   *Audit   `json:"audit,omitempty"` // nil when the audit did not run
+	// System is what the machine and the processes under test did, sampled
+	// each second (nil when not sampled; files without it stay readable).
+	System *sysstat.Series `json:"system,omitempty"`
 }
 
 // Params are the run's parameters, as used (after defaults and caps).
@@ -61,6 +66,9 @@ type Params struct {
 	Provisioning  string  `json:"provisioning"` // "login" (v0), "secret" or "operator" (v1)
 	GOMAXPROCS    int     `json:"gomaxprocs"`
 	InProcessNote string  `json:"in_process_note,omitempty"` // e.g. "server runs in this process (demo)"
+	// The run's service-level objective, as judged (0: none given).
+	SLOP99Ms     float64 `json:"slo_p99_ms,omitempty"`
+	MaxErrorRate float64 `json:"max_error_rate,omitempty"`
 }
 
 // Endpoint names used as keys below.
@@ -99,6 +107,9 @@ type Second struct {
 
 // EndpointSecond counts one endpoint's requests that completed in the second.
 type EndpointSecond struct {
+	// Offered counts requests that came due in the second on the kettles'
+	// own schedule (open model), whether or not they could be sent.
+	Offered  int64            `json:"offered,omitempty"`
 	Requests int64            `json:"requests"`
 	Status   map[string]int64 `json:"status,omitempty"` // HTTP status → count
 	Errors   map[string]int64 `json:"errors,omitempty"` // kind (timeout, conn, refused, 503, 4xx, 5xx …) → count

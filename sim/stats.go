@@ -50,6 +50,9 @@ type stats struct {
 	ep  [nEP]*epStats
 	use [nEP]bool
 
+	offered [nEP]atomic.Int64 // this second
+	obs     Observer
+
 	readings, acked, dropped, late, dupReported atomic.Int64
 	maxLag, totMaxLag                           atomic.Int64 // ns
 }
@@ -64,6 +67,14 @@ func newStats(api string) *stats {
 }
 
 func (st *stats) add(c *atomic.Int64, n int64) { c.Add(n) }
+
+// offer counts a request of endpoint ep coming due.
+func (st *stats) offer(ep int) {
+	st.offered[ep].Add(1)
+	if st.obs != nil {
+		st.obs.Offered(epNames[ep])
+	}
+}
 
 // lag records how late the dispatcher fired an event.
 func (st *stats) lag(ns int64) {
@@ -86,6 +97,14 @@ func (st *stats) record(ep int, latNs int64, status int, err error) {
 		kind = errKind(err)
 	case status/100 != 2 && status != 304:
 		kind = "http_" + strconv.Itoa(status)
+	}
+	if o := st.obs; o != nil {
+		if latNs >= 0 && status != 0 {
+			o.Completed(epNames[ep], status, time.Duration(latNs))
+		}
+		if kind != "" {
+			o.Error(epNames[ep], kind)
+		}
 	}
 	st.mu.Lock()
 	e := st.ep[ep]
@@ -120,7 +139,7 @@ func (st *stats) second(sec *Second) {
 			continue
 		}
 		enc, _ := e.hist.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		es := &EndpointSecond{Requests: e.req, Histogram: string(enc)}
+		es := &EndpointSecond{Offered: st.offered[i].Swap(0), Requests: e.req, Histogram: string(enc)}
 		if len(e.status) > 0 {
 			es.Status = e.status
 			e.status = map[string]int64{}

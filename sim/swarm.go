@@ -46,8 +46,29 @@ type Config struct {
 	ProgressEvery time.Duration
 	NoAudit       bool
 	InProcessNote string // recorded in Params, e.g. when the server shares this process
+	// SLOP99 and MaxErrorRate are recorded in Params for the report (the
+	// caller judges the run).
+	SLOP99       time.Duration
+	MaxErrorRate float64
 	// Log receives notes about caps and setup (nil: discard).
 	Log io.Writer
+	// Observer, if set, sees every request as it happens (kettle swarm
+	// --metrics-addr: *metrics.Swarm).
+	Observer Observer
+}
+
+// Observer is told about requests as they happen; *metrics.Swarm is one.
+// Calls come from many goroutines and must not block.
+type Observer interface {
+	// Offered: a request came due at its intended send time.
+	Offered(endpoint string)
+	// Completed: a response arrived, latency from the intended send time.
+	Completed(endpoint string, status int, latency time.Duration)
+	// Error: a request failed (kind as in results: timeout, conn, http_503 …).
+	Error(endpoint, kind string)
+	// SetActive and SetLag are called once a second.
+	SetActive(n int)
+	SetLag(d time.Duration)
 }
 
 func (c *Config) defaults() {
@@ -264,6 +285,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		addr = net.JoinHostPort(strings.Trim(addr, "[]"), "80")
 	}
 	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API)}
+	s.st.obs = cfg.Observer
 	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator)
 
 	budget := FDBudget(cfg.ReserveFDs)
@@ -292,6 +314,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(),
 		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, TimeoutS: cfg.Timeout.Seconds(),
 		Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0), InProcessNote: cfg.InProcessNote,
+		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0),
 	}
 	if err := s.setup(ctx); err != nil {
 		return nil, err
@@ -474,6 +497,12 @@ func (s *Swarm) fire(ev event) (event, bool) {
 		w.upload = len(k.pending) > 0 && ev.at >= k.retryAt
 	}
 	w.at = ev.at
+	if w.poll {
+		s.st.offer(epCommand)
+	}
+	if w.upload {
+		s.st.offer(epMeasurement)
+	}
 	switch {
 	case !w.upload && !w.poll:
 	case k.inflight:
@@ -563,6 +592,7 @@ func (s *Swarm) runWork(i int, k *kettleState, w work) {
 	defer s.pool.put(i, sl)
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {
+		s.st.offer(epLogin)
 		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, i)
 		resp, ok := s.send(sl, epLogin, at, "POST", "/login", "", body)
 		at = s.now()

@@ -448,3 +448,55 @@ func BenchmarkAppendReading(b *testing.B) {
 		buf = appendReading(buf[:0], &m, "v1")
 	}
 }
+
+// countingObserver records what the swarm reports to --metrics-addr.
+type countingObserver struct {
+	mu                       sync.Mutex
+	offered, completed, errs map[string]int
+	active, lagCalls         int
+}
+
+func (o *countingObserver) Offered(ep string) { o.mu.Lock(); o.offered[ep]++; o.mu.Unlock() }
+func (o *countingObserver) Completed(ep string, status int, lat time.Duration) {
+	o.mu.Lock()
+	o.completed[ep]++
+	o.mu.Unlock()
+}
+func (o *countingObserver) Error(ep, kind string) { o.mu.Lock(); o.errs[ep+" "+kind]++; o.mu.Unlock() }
+func (o *countingObserver) SetActive(n int)       { o.mu.Lock(); o.active = n; o.mu.Unlock() }
+func (o *countingObserver) SetLag(time.Duration)  { o.mu.Lock(); o.lagCalls++; o.mu.Unlock() }
+
+// TestSwarmObserverAndOffered: the observer sees every request, and the
+// per-second results count the offered load next to the completed one.
+func TestSwarmObserverAndOffered(t *testing.T) {
+	f, srv := newFake(t)
+	f.fault = func(n int64) int {
+		if n%5 == 0 {
+			return 503
+		}
+		return 0
+	}
+	o := &countingObserver{offered: map[string]int{}, completed: map[string]int{}, errs: map[string]int{}}
+	cfg := quick(srv.URL)
+	cfg.Secret, cfg.NoAudit, cfg.Observer = f.secret, true, o
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var offered, done int64
+	for _, s := range res.Seconds {
+		offered += s.Endpoints[EPCommand].Offered
+		done += s.Endpoints[EPCommand].Requests
+	}
+	if offered == 0 || int64(o.offered[EPCommand]) != offered || done != res.Totals.Endpoints[EPCommand].Requests {
+		t.Errorf("command offered %d (observer %d), completed %d of %d", offered, o.offered[EPCommand], done, res.Totals.Endpoints[EPCommand].Requests)
+	}
+	if int64(o.completed[EPMeasurement]) != res.Totals.Endpoints[EPMeasurement].Requests || o.errs[EPMeasurement+" http_503"] == 0 {
+		t.Errorf("observer completed %v errors %v; totals %+v", o.completed, o.errs, res.Totals.Endpoints[EPMeasurement])
+	}
+	if o.active != cfg.Devices || o.lagCalls < len(res.Seconds) {
+		t.Errorf("active %d (want %d), lag set %d times for %d seconds", o.active, cfg.Devices, o.lagCalls, len(res.Seconds))
+	}
+}

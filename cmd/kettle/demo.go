@@ -79,6 +79,8 @@ func runDemo(ctx context.Context, args []string) error {
 	f.secret, f.audit = string(srv.Secret()), true
 	c.ReserveFDs = half
 	c.InProcessNote = "server runs in this process: CPU and RSS include it"
+	f.serverPID = os.Getpid() // the sampler records this one process once, as the server
+	f.postgresPID = -1        // embedded store: other clusters on the machine are not ours
 	if f.out == "" {
 		f.out = dir
 	}

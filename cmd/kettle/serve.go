@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -76,6 +79,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MQTTBroker.Username, "mqtt-username", "", "username at the external broker")
 	fs.StringVar(&cfg.MQTTBroker.Password, "mqtt-password", "", "password at the external broker")
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 1, "fraction of requests written to the access log (0 = none, 1 = all)")
+	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
@@ -86,6 +90,13 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Logger = log
+	if *debugAddr != "" {
+		stop, err := serveDebug(*debugAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		return err
@@ -111,4 +122,22 @@ func runServe(ctx context.Context, args []string) error {
 	err = srv.Close()
 	stderrSink().Flush()
 	return err
+}
+
+// serveDebug serves pprof on its own listener, never on the API address.
+func serveDebug(addr string, log *slog.Logger) (func(), error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-addr %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(l)
+	log.Info("pprof listening", "addr", l.Addr().String())
+	return func() { srv.Close() }, nil
 }

@@ -75,6 +75,13 @@ type swarmFlags struct {
 	audit        bool
 	seed         *uint64
 	command      string // the command line, recorded in results.json
+	// System sampling and the report (see runs.go).
+	sample      bool
+	serverPID   int
+	postgresPID int
+	metricsAddr string
+	report      bool
+	log         io.Writer // where progress and notes go (run sets it)
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -94,6 +101,9 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 	fs.StringVar(&f.out, "out", "", "directory to write results.json to (empty: none)")
 	fs.DurationVar(&f.sloP99, "slo-p99", 100*time.Millisecond, "fail (exit 5) if any endpoint's p99 is above this (0: no check)")
 	fs.Float64Var(&f.maxErrorRate, "max-error-rate", 0.001, "fail (exit 5) if errors/requests is above this (negative: no check)")
+	fs.BoolVar(&f.sample, "sample", true, "sample the machine, the server, PostgreSQL and the simulator each second (/proc) and the server's /metrics, into results.json")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve the swarm's own Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9101; empty: off)")
+	fs.BoolVar(&f.report, "report", true, "with --out: also write DIR/report.html (kettle report)")
 }
 
 // registerTarget adds the flags that point a swarm at a running server.
@@ -104,6 +114,8 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
 	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
+	fs.IntVar(&f.serverPID, "server-pid", 0, "pid of the server process to sample (0: the process listening on --target's port)")
+	fs.IntVar(&f.postgresPID, "postgres-pid", 0, "postmaster pid: sample that PostgreSQL cluster only (0: every process named postgres; -1: none)")
 }
 
 func runSwarm(ctx context.Context, args []string) error {
@@ -159,6 +171,7 @@ func (f *swarmFlags) resolve() error {
 		c.Secret = []byte(f.secret)
 	}
 	c.NoAudit = !f.audit
+	c.SLOP99, c.MaxErrorRate = f.sloP99, f.maxErrorRate
 	return nil
 }
 
@@ -171,9 +184,16 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "swarm: %d kettles → %s (%s), interval %s, hatch %g/s, duration %s\n",
 		c.Devices, c.Target, c.API, c.Interval, c.HatchRate, c.Duration)
+	f.log = w
+	stop, err := f.instrument(ctx)
+	if err != nil {
+		return err
+	}
 	res, err := sim.Run(ctx, *c)
+	sys := stop()
 	if res != nil {
 		res.Command = f.command
+		res.System = sys
 		res.Summary(w)
 		if f.out != "" {
 			p, werr := res.WriteFile(f.out)
@@ -181,6 +201,9 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 				return werr
 			}
 			fmt.Fprintf(w, "  results: %s\n", p)
+			if f.report {
+				f.writeReport(res, w)
+			}
 		}
 	}
 	if err != nil {

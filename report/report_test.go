@@ -1,0 +1,229 @@
+package report
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/kettlefleet/kettlefleet/sim"
+)
+
+// recorded is a real kettle demo run on this project's 2-core machine,
+// with its system section (see testdata/README).
+const recorded = "testdata/demo.results.json"
+
+func loadRecorded(t *testing.T) *sim.Results {
+	t.Helper()
+	r, err := sim.ReadResults(recorded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// capacityFixture adds capacity steps to a run, as kettle capacity does.
+func capacityFixture(r *sim.Results) *Capacity {
+	return &Capacity{Command: "kettle capacity --target http://127.0.0.1:8080 --start 2000 --step 4000", SLOP99Ms: 100, MaxErrorRate: 0.001,
+		Holds: 6000, BreaksAt: 10000, Line: "holds 6000 kettles at p99 ≤ 100ms (breaks at 10000: …)",
+		Steps: []Step{
+			{Kettles: 2000, OfferedPerS: 133, DonePerS: 133, P50Ms: 1.2, P99Ms: 14, Held: true},
+			{Kettles: 6000, OfferedPerS: 400, DonePerS: 399, P50Ms: 2.5, P99Ms: 61, Held: true},
+			{Kettles: 10000, OfferedPerS: 666, DonePerS: 590, P50Ms: 40, P99Ms: 850, ErrorRate: 0.004, Why: "p99 850 ms > 100 ms"},
+		}}
+}
+
+// TestSummaryGolden pins the report's JSON summary of the recorded run;
+// -update rewrites it.
+func TestSummaryGolden(t *testing.T) {
+	s, err := Build(loadRecorded(t), Options{Title: "golden"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "demo.summary.golden.json")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./report -run Golden -update)", err)
+	}
+	if !bytes.Equal(got, want) {
+		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+		for i := range min(len(gl), len(wl)) {
+			if gl[i] != wl[i] {
+				t.Fatalf("summary differs from %s at line %d:\n got: %s\nwant: %s\n(go test ./report -run Golden -update if intended)", golden, i+1, gl[i], wl[i])
+			}
+		}
+		t.Fatalf("summary differs from %s in length: %d vs %d lines", golden, len(gl), len(wl))
+	}
+	// What the summary must say whatever the golden holds.
+	if len(s.USE) != 8 || s.Verdict.Text == "" || len(s.Series.T) != len(loadRecorded(t).Seconds) {
+		t.Errorf("USE rows %d, verdict %q, %d seconds", len(s.USE), s.Verdict.Text, len(s.Series.T))
+	}
+}
+
+// TestOldResultsReadable: results written before the system section existed
+// still make a report (simulator signals only).
+func TestOldResultsReadable(t *testing.T) {
+	r := loadRecorded(t)
+	r.System = nil
+	s, err := Build(r, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := s.WriteHTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if s.Verdict.Class == "" || !strings.Contains(buf.String(), "report-data") {
+		t.Fatalf("verdict %+v", s.Verdict)
+	}
+}
+
+// TestReportInBrowser opens generated reports in Chromium: every chart
+// draws, the console stays clean, the percentile selector redraws, and a
+// screenshot is kept ($KETTLE_TEST_OUT or a temp dir).
+func TestReportInBrowser(t *testing.T) {
+	const chromium = "/usr/bin/chromium"
+	if _, err := os.Stat(chromium); err != nil {
+		t.Fatalf("Chromium not found at %s: apt-get install -y chromium", chromium)
+	}
+	out := os.Getenv("KETTLE_TEST_OUT")
+	if out == "" {
+		out = t.TempDir()
+	} else if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := loadRecorded(t)
+	plain, err := Build(r, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capa, _ := Build(r, Options{Title: "kettle capacity (fixture)"})
+	capa.Capacity = capacityFixture(r)
+	pages := map[string]*Summary{"report": plain, "capacity-report": capa}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	actx, acancel := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(chromium),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 1000),
+	)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	defer bcancel()
+	var mu sync.Mutex
+	var problems []string
+	if err := chromedp.Listen(bctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning || ev.Type == runtime.ConsoleAPICalledTypeAssert {
+				var args []string
+				for _, a := range ev.Args {
+					args = append(args, string(a.Value)+a.Description)
+				}
+				problems = append(problems, "console."+string(ev.Type)+": "+strings.Join(args, " "))
+			}
+		case *runtime.EventExceptionThrown:
+			d := ev.ExceptionDetails
+			desc := d.Text
+			if d.Exception != nil {
+				desc += " " + d.Exception.Description
+			}
+			problems = append(problems, fmt.Sprintf("exception at line %d: %s", d.LineNumber+1, desc))
+		case *log.EventEntryAdded:
+			if ev.Entry.Level == log.EntryLevelError {
+				problems = append(problems, "browser log: "+ev.Entry.Text+" "+ev.Entry.URL)
+			}
+		}
+	}); err != nil {
+		t.Fatalf("start Chromium: %v", err)
+	}
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eval := func(expr string, v any) {
+		t.Helper()
+		raw, err := chromedp.Run(bctx, chromedp.Evaluate[[]byte](expr))
+		must(expr, err)
+		must("decode "+expr, json.Unmarshal(raw, v))
+	}
+	for _, name := range []string{"report", "capacity-report"} {
+		path := filepath.Join(out, name+".html")
+		must("write", pages[name].WriteFile(path))
+		must("open "+name, chromedp.Do(bctx, chromedp.EmulateViewport(1400, 1000), chromedp.Navigate("file://"+path)))
+		_, err := chromedp.Run(bctx, chromedp.Poll[chromedp.Void](`window.reportCharts > 0`, chromedp.WithPollingTimeout(10*time.Second)))
+		must("charts drawn", err)
+		// Every chart: an svg with drawn lines (or, where the run has no such
+		// data, an explicit "no data" note).
+		var charts []struct {
+			ID, Drawn string
+			Paths     int
+		}
+		eval(`Array.from(document.querySelectorAll('figure.chart')).map(f => ({ID: f.id, Drawn: f.dataset.drawn || '',
+			Paths: Array.from(f.querySelectorAll('svg path.line')).filter(p => (p.getAttribute('d') || '').length > 10).length}))`, &charts)
+		want := 2 + 10 // two latency charts (command, measurement) + the others
+		if name == "capacity-report" {
+			want += 2
+		}
+		if len(charts) != want {
+			t.Errorf("%s: %d charts, want %d: %+v", name, len(charts), want, charts)
+		}
+		for _, c := range charts {
+			if c.Drawn != "lines" || c.Paths == 0 {
+				t.Errorf("%s: chart %s not drawn (%q, %d lines)", name, c.ID, c.Drawn, c.Paths)
+			}
+		}
+		var verdict string
+		eval(`document.getElementById('verdict-text').textContent`, &verdict)
+		if verdict != pages[name].Verdict.Text {
+			t.Errorf("verdict on the page %q, want %q", verdict, pages[name].Verdict.Text)
+		}
+		// The percentile selector redraws the latency charts.
+		var lines [2]int
+		eval(`document.querySelectorAll('#chart-latency-command path.line').length`, &lines[0])
+		must("tick p99.9", chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#pct input[value="p99.9"]`))))
+		eval(`document.querySelectorAll('#chart-latency-command path.line').length`, &lines[1])
+		if lines[1] != lines[0]+1 {
+			t.Errorf("%s: ticking p99.9 drew %d → %d lines", name, lines[0], lines[1])
+		}
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		must("screenshot", err)
+		must("write screenshot", os.WriteFile(filepath.Join(out, name+".png"), png, 0o644))
+		t.Logf("screenshot: %s", filepath.Join(out, name+".png"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Errorf("the page complained:\n%s", strings.Join(problems, "\n"))
+	}
+}

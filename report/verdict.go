@@ -1,0 +1,423 @@
+package report
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Timeline is what the verdict reads: the run's per-second signals, aligned
+// on the swarm's seconds (T[i] seconds after Start). A value is NaN (null in
+// JSON) when it was not measured that second. Build derives it from a
+// results.json; the verdict tests replay recorded ones from testdata.
+type Timeline struct {
+	Start time.Time `json:"start"`
+	T     []int     `json:"t"`
+	// CPUs is the machine's CPU count: CPU % runs to 100×CPUs.
+	CPUs int `json:"cpus"`
+	// SameProcess: the server runs in the simulator's process (kettle demo);
+	// its CPU is under ServerCPU and SimCPU is empty.
+	SameProcess bool `json:"same_process,omitempty"`
+	// Sampled is false for results without a system section: only the
+	// simulator's own signals are known.
+	Sampled bool `json:"sampled"`
+
+	SLOP99Ms     float64 `json:"slo_p99_ms,omitempty"`
+	MaxErrorRate float64 `json:"max_error_rate,omitempty"`
+
+	Kettles  []Num `json:"kettles"`
+	Requests []Num `json:"requests"` // completed per second, all endpoints
+	Errors   []Num `json:"errors"`
+	P99Ms    []Num `json:"p99_ms"` // worst endpoint's p99 that second
+	LagMs    []Num `json:"lag_ms"` // simulator dispatch lag
+	Late     []Num `json:"late_starts"`
+
+	ServerCPU   []Num `json:"server_cpu"` // % (100 = one core)
+	PostgresCPU []Num `json:"postgres_cpu"`
+	SimCPU      []Num `json:"sim_cpu"`
+	MachineCPU  []Num `json:"machine_cpu"` // busy: user+system+steal
+	RunQueue    []Num `json:"run_queue,omitempty"`
+
+	ServerRSS     []Num   `json:"server_rss"` // bytes
+	PostgresRSS   []Num   `json:"postgres_rss"`
+	MemAvailable  []Num   `json:"mem_available"`
+	MemTotalBytes float64 `json:"mem_total_bytes"`
+
+	Disk        string `json:"disk,omitempty"` // the busiest device
+	DiskAwaitMs []Num  `json:"disk_await_ms"`
+	DiskUtil    []Num  `json:"disk_util"`
+
+	QueueRows    []Num `json:"queue_rows"`
+	QueueCap     []Num `json:"queue_cap"`
+	RejectedPerS []Num `json:"rejected_per_s"`
+	CommitMs     []Num `json:"commit_ms,omitempty"`
+	PoolWait     []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
+	PoolAcquired []Num `json:"pool_acquired"`
+	PoolMax      []Num `json:"pool_max"`
+}
+
+// Verdict classes.
+const (
+	ClassAppCPU      = "app-cpu"
+	ClassDBCPU       = "db-cpu"
+	ClassMachineCPU  = "machine-cpu"
+	ClassPool        = "db-pool"
+	ClassDisk        = "disk"
+	ClassMemory      = "memory"
+	ClassQueue       = "ingest-queue"
+	ClassLoadGen     = "load-generator"
+	ClassNone        = "none"
+	ClassUnexplained = "unexplained"
+)
+
+// Verdict names the first resource to saturate, with its evidence.
+type Verdict struct {
+	Class    string `json:"class"`
+	Resource string `json:"resource,omitempty"`
+	// T is the second (since the run's start) the resource saturated; 0 for
+	// none. At is the same as a wall-clock time.
+	T    int       `json:"t,omitempty"`
+	At   time.Time `json:"at,omitzero"`
+	Text string    `json:"text"`
+	// Also lists other resources that saturated later (symptoms or second
+	// limits), one line each.
+	Also []string `json:"also,omitempty"`
+}
+
+// Thresholds of saturation. CPU is relative to the machine (100×CPUs).
+const (
+	cpuSatFrac    = 0.90 // of the machine's CPU
+	shareDominant = 0.60 // of the busy CPU, to blame one process
+	sustainS      = 3    // seconds a condition must hold
+	lagSatMs      = 500
+	poolWaitSat   = 0.5 // acquirers waiting on average
+	diskAwaitSat  = 50  // ms
+	diskUtilSat   = 90
+	queueSatFrac  = 0.80
+	memLowFrac    = 0.10 // of the machine's memory available
+	memGrowthFrac = 1.5  // RSS grew to this multiple of its early level
+	memGrowthMin  = 64 << 20
+	rootWindowS   = 5 // a root cause this close after a symptom wins
+)
+
+type finding struct {
+	class, resource string
+	t               int // index into T
+	text            string
+	root            bool // a resource (CPU, disk, pool, memory), not a symptom (queue, lag)
+	prio            int
+}
+
+// Judge is the verdict: the first resource that saturated, in the USE
+// method's sense, explained with numbers. It is a pure function of tl.
+func Judge(tl *Timeline) Verdict {
+	n := len(tl.T)
+	var fs []finding
+	total := 100 * float64(max(tl.CPUs, 1))
+	clock := func(i int) string {
+		if tl.Start.IsZero() {
+			return fmt.Sprintf("t=%ds", tl.T[i])
+		}
+		return tl.Start.Add(time.Duration(tl.T[i])*time.Second).UTC().Format("15:04:05") + fmt.Sprintf(" (t=%ds)", tl.T[i])
+	}
+
+	// CPU: the machine, or one process that dominates it.
+	if i := onset(n, func(i int) bool {
+		return at(tl.MachineCPU, i) >= cpuSatFrac*total || at(tl.ServerCPU, i) >= cpuSatFrac*total || at(tl.PostgresCPU, i) >= cpuSatFrac*total
+	}); i >= 0 {
+		j := min(n, i+10)
+		srv, pg, sim, mach := nz(mean(tl.ServerCPU, i, j)), nz(mean(tl.PostgresCPU, i, j)), nz(mean(tl.SimCPU, i, j)), nz(mean(tl.MachineCPU, i, j))
+		mach = math.Max(mach, srv+pg+sim)
+		other := math.Max(0, mach-srv-pg-sim)
+		f := finding{t: i, root: true, prio: 3}
+		switch {
+		case srv >= shareDominant*mach:
+			f.class, f.resource = ClassAppCPU, "server CPU"
+			f.text = fmt.Sprintf("server CPU %s of %s from %s while PostgreSQL used %s: the application server is the bottleneck",
+				pct(srv), pct(total), clock(i), pct(pg))
+			if tl.SameProcess {
+				f.text = fmt.Sprintf("server+simulator process CPU %s of %s from %s while PostgreSQL used %s: the one process running both (kettle demo) is the bottleneck; run serve and swarm apart to tell which",
+					pct(srv), pct(total), clock(i), pct(pg))
+			}
+		case pg >= shareDominant*mach:
+			f.class, f.resource = ClassDBCPU, "database CPU"
+			f.text = fmt.Sprintf("PostgreSQL CPU %s of %s from %s while the server used %s: the database is the bottleneck",
+				pct(pg), pct(total), clock(i), pct(srv))
+		default:
+			f.class, f.resource = ClassMachineCPU, "machine CPU"
+			parts := []string{"server " + pct(srv)}
+			if tl.Sampled && !allNaN(tl.PostgresCPU) {
+				parts = append(parts, "PostgreSQL "+pct(pg))
+			}
+			if !tl.SameProcess {
+				parts = append(parts, "simulator "+pct(sim))
+			}
+			parts = append(parts, "other processes "+pct(other))
+			f.text = fmt.Sprintf("the machine's CPU was the limit from %s: %s of %s", clock(i), strings.Join(parts, ", "), pct(total))
+			if other >= shareDominant*mach {
+				f.text += ": mostly work outside the test competed for the CPU; rerun on a quiet machine before trusting the numbers"
+			}
+		}
+		fs = append(fs, f)
+	}
+	// The PostgreSQL pool.
+	if i := onset(n, func(i int) bool {
+		return at(tl.PoolWait, i) >= poolWaitSat || (at(tl.PoolMax, i) > 0 && at(tl.PoolAcquired, i) >= at(tl.PoolMax, i) && at(tl.PoolWait, i) >= 0.1)
+	}); i >= 0 {
+		fs = append(fs, finding{class: ClassPool, resource: "DB pool", t: i, root: true, prio: 1,
+			text: fmt.Sprintf("the PostgreSQL pool was the limit from %s: %g of %g connections in use and on average %.1f requests waiting for one (peak %.1f); the database itself used %s CPU",
+				clock(i), at(tl.PoolAcquired, i), at(tl.PoolMax, i), at(tl.PoolWait, i), peak(tl.PoolWait), pct(mean(tl.PostgresCPU, i, min(n, i+10))))})
+	}
+	// Disk.
+	if i := onset(n, func(i int) bool { return at(tl.DiskAwaitMs, i) >= diskAwaitSat || at(tl.DiskUtil, i) >= diskUtilSat }); i >= 0 {
+		fs = append(fs, finding{class: ClassDisk, resource: "disk", t: i, root: true, prio: 0,
+			text: fmt.Sprintf("disk %s was the limit from %s: await %.0f ms (peak %.0f ms), %s busy",
+				orDash(tl.Disk), clock(i), at(tl.DiskAwaitMs, i), peak(tl.DiskAwaitMs), pct(at(tl.DiskUtil, i)))})
+	}
+	// Memory: the machine running out, or the server growing.
+	if tl.MemTotalBytes > 0 {
+		if i := onset(n, func(i int) bool { return at(tl.MemAvailable, i) < memLowFrac*tl.MemTotalBytes }); i >= 0 {
+			fs = append(fs, finding{class: ClassMemory, resource: "memory", t: i, root: true, prio: 2,
+				text: fmt.Sprintf("memory was the limit from %s: %s available of %s (server RSS %s, PostgreSQL %s)",
+					clock(i), mib(at(tl.MemAvailable, i)), mib(tl.MemTotalBytes), mib(at(tl.ServerRSS, i)), mib(at(tl.PostgresRSS, i)))})
+		}
+	}
+	// Growth counts only once the fleet is complete: hatching kettles
+	// legitimately grows the server's connections and caches.
+	full := 0
+	for full < n && at(tl.Kettles, full) < lastValid(tl.Kettles) {
+		full++
+	}
+	steadyEnd := min(n, full+max((n-full)/5, 1))
+	if base := -peak(neg(slice(tl.ServerRSS, full, steadyEnd))); base > 0 && lastValid(tl.ServerRSS) >= memGrowthFrac*base && lastValid(tl.ServerRSS)-base >= memGrowthMin {
+		if i := onset(n, func(i int) bool {
+			return i >= full && at(tl.ServerRSS, i) >= memGrowthFrac*base && increasing(tl.ServerRSS, i)
+		}); i >= 0 {
+			last := lastValid(tl.ServerRSS)
+			mins := float64(tl.T[n-1]-tl.T[i]) / 60
+			rate := ""
+			if mins > 0 {
+				rate = fmt.Sprintf(", +%s/min", mib((last-at(tl.ServerRSS, i))/mins))
+			}
+			fs = append(fs, finding{class: ClassMemory, resource: "server memory", t: i, root: true, prio: 2,
+				text: fmt.Sprintf("server memory kept growing: RSS %s early in the run, %s from %s, %s at the end%s; something is queueing without bound",
+					mib(base), mib(at(tl.ServerRSS, i)), clock(i), mib(last), rate)})
+		}
+	}
+	// The ingest queue: full, refusing, or growing.
+	if i := onset(n, func(i int) bool {
+		return (at(tl.QueueCap, i) > 0 && at(tl.QueueRows, i) >= queueSatFrac*at(tl.QueueCap, i)) || at(tl.RejectedPerS, i) > 0
+	}); i >= 0 {
+		commit := ""
+		if c := mean(tl.CommitMs, i, min(n, i+10)); !math.IsNaN(c) {
+			commit = fmt.Sprintf("; a commit took %.0f ms on average", c)
+		}
+		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
+			text: fmt.Sprintf("the ingest queue filled from %s: %.0f of %.0f rows, %.0f readings/s refused with 503: the store could not commit as fast as readings arrived%s",
+				clock(i), at(tl.QueueRows, i), at(tl.QueueCap, i), peak(tl.RejectedPerS), commit)})
+	} else if i := growth(tl.QueueRows, tl.QueueCap); i >= 0 {
+		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
+			text: fmt.Sprintf("the ingest queue kept growing from %s (%.0f rows, %.0f at the end, capacity %.0f): the store could not keep up and would have refused soon",
+				clock(i), at(tl.QueueRows, i), lastValid(tl.QueueRows), lastValid(tl.QueueCap))})
+	}
+	// The simulator itself.
+	if i := onset(n, func(i int) bool { return at(tl.LagMs, i) >= lagSatMs }); i >= 0 {
+		extra := ""
+		if !tl.SameProcess && !allNaN(tl.SimCPU) {
+			extra = fmt.Sprintf(" (its CPU %s)", pct(peak(tl.SimCPU)))
+		}
+		fs = append(fs, finding{class: ClassLoadGen, resource: "simulator", t: i, prio: 6,
+			text: fmt.Sprintf("the load generator was the limit: its lag reached %s from %s%s; the load it offered was late, so the server was measured under less than the intended load",
+				dur(peak(tl.LagMs)), clock(i), extra)})
+	}
+
+	if len(fs) == 0 {
+		return noSaturation(tl, clock)
+	}
+	sort.SliceStable(fs, func(a, b int) bool {
+		if fs[a].t != fs[b].t {
+			return fs[a].t < fs[b].t
+		}
+		return fs[a].prio < fs[b].prio
+	})
+	first := fs[0]
+	// A symptom (a full queue, a late simulator) is usually caused by a
+	// resource that saturates just after it shows: name the resource.
+	if !first.root {
+		for _, f := range fs[1:] {
+			if f.root && f.t-first.t <= rootWindowS {
+				first = f
+				break
+			}
+		}
+	}
+	v := Verdict{Class: first.class, Resource: first.resource, T: tl.T[first.t], Text: first.text}
+	if !tl.Start.IsZero() {
+		v.At = tl.Start.Add(time.Duration(v.T) * time.Second).UTC()
+	}
+	for _, f := range fs {
+		if f != first {
+			v.Also = append(v.Also, f.text)
+		}
+	}
+	return v
+}
+
+// noSaturation: either the target held, or the SLO broke with nothing we
+// sample at its limit (locks, a single-threaded stage, the network).
+func noSaturation(tl *Timeline, clock func(int) string) Verdict {
+	n := len(tl.T)
+	if tl.SLOP99Ms > 0 {
+		if i := onset(n, func(i int) bool { return at(tl.P99Ms, i) > tl.SLOP99Ms }); i >= 0 {
+			return Verdict{Class: ClassUnexplained, T: tl.T[i], At: atTime(tl, i),
+				Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s but no sampled resource saturated: suspect a serialised stage (one SQLite writer, a lock) — see the commit time and the server's log",
+					at(tl.P99Ms, i), tl.SLOP99Ms, clock(i))}
+		}
+	}
+	if !tl.Sampled {
+		return Verdict{Class: ClassNone, Text: "the simulator kept up and nothing it measures saturated; the system was not sampled (no system section in the results), so server resources are unknown"}
+	}
+	return Verdict{Class: ClassNone, Text: fmt.Sprintf("no resource saturated: the target held (peak CPU: machine %s of %s, server %s)",
+		pct(peak(tl.MachineCPU)), pct(100*float64(max(tl.CPUs, 1))), pct(peak(tl.ServerCPU)))}
+}
+
+func atTime(tl *Timeline, i int) time.Time {
+	if tl.Start.IsZero() {
+		return time.Time{}
+	}
+	return tl.Start.Add(time.Duration(tl.T[i]) * time.Second).UTC()
+}
+
+// onset is the first index from which cond holds for sustainS samples in a
+// row (or to the end of a shorter run); -1 if never.
+func onset(n int, cond func(int) bool) int {
+	run := 0
+	for i := range n {
+		if cond(i) {
+			run++
+			if run >= sustainS {
+				return i - run + 1
+			}
+		} else {
+			run = 0
+		}
+	}
+	if run > 0 && run == n { // a run shorter than the window, saturated throughout
+		return 0
+	}
+	return -1
+}
+
+// growth finds a queue that rose for most of the last part of the run: the
+// first index, where it starts rising, of a final stretch of ≥ 10 s that
+// grew by > 10 % of the capacity overall and fell in under a quarter of its
+// steps.
+func growth(rows, capacity []Num) int {
+	n := len(rows)
+	c := lastValid(capacity)
+	if n < 10 || c <= 0 {
+		return -1
+	}
+	for start := 0; start+10 <= n; start++ {
+		first, last := at(rows, start), lastValid(rows)
+		if math.IsNaN(first) || last-first < 0.1*c || !(at(rows, start+1) > first) {
+			continue
+		}
+		start++ // the first second above the level it grew from
+		falls := 0
+		for i := start; i < n; i++ {
+			if at(rows, i) < at(rows, i-1) {
+				falls++
+			}
+		}
+		if falls*4 < n-start {
+			return start
+		}
+	}
+	return -1
+}
+
+func at(xs []Num, i int) float64 {
+	if i < 0 || i >= len(xs) {
+		return math.NaN()
+	}
+	return float64(xs[i])
+}
+
+func mean(xs []Num, i, j int) float64 {
+	var s float64
+	k := 0
+	for ; i < j && i < len(xs); i++ {
+		if v := float64(xs[i]); !math.IsNaN(v) {
+			s += v
+			k++
+		}
+	}
+	if k == 0 {
+		return math.NaN()
+	}
+	return s / float64(k)
+}
+
+func peak(xs []Num) float64 {
+	m := math.NaN()
+	for _, x := range xs {
+		if v := float64(x); !math.IsNaN(v) && (math.IsNaN(m) || v > m) {
+			m = v
+		}
+	}
+	return m
+}
+
+func slice(xs []Num, i, j int) []Num {
+	if i >= len(xs) {
+		return nil
+	}
+	return xs[i:min(j, len(xs))]
+}
+
+func allNaN(xs []Num) bool { return math.IsNaN(peak(xs)) }
+
+func lastValid(xs []Num) float64 {
+	for i := len(xs) - 1; i >= 0; i-- {
+		if v := float64(xs[i]); !math.IsNaN(v) {
+			return v
+		}
+	}
+	return math.NaN()
+}
+
+// increasing: the series is higher at i than 5 s before (growth, not a spike).
+func increasing(xs []Num, i int) bool {
+	return i >= 5 && at(xs, i) > at(xs, i-5)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f %%", v)
+}
+
+func mib(b float64) string {
+	if math.IsNaN(b) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f MiB", b/(1<<20))
+}
+
+func dur(ms float64) string {
+	if ms >= 1000 {
+		return fmt.Sprintf("%.1f s", ms/1000)
+	}
+	return fmt.Sprintf("%.0f ms", ms)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
