@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/sysstat"
 )
 
 func init() {
@@ -79,6 +81,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MQTTBroker.Username, "mqtt-username", "", "username at the external broker")
 	fs.StringVar(&cfg.MQTTBroker.Password, "mqtt-password", "", "password at the external broker")
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 1, "fraction of requests written to the access log (0 = none, 1 = all)")
+	sample := fs.Bool("sample", false, "sample this process's CPU, memory, fds, the machine and /metrics every second while serving, written to <data-dir>/system.json at exit (kettle report RESULTS --system FILE)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -90,6 +93,7 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Logger = log
+	defer stderrSink().Flush() // last: after the deferred writers below logged
 	if *debugAddr != "" {
 		stop, err := serveDebug(*debugAddr, log)
 		if err != nil {
@@ -100,6 +104,21 @@ func runServe(ctx context.Context, args []string) error {
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if *sample {
+		smp, err := sysstat.Start(ctx, sysstat.Config{ServerPID: os.Getpid(), SimulatorPID: -1, MetricsURL: srv.URL() + "/metrics"})
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("--sample: %w", err)
+		}
+		out := filepath.Join(cfg.DataDir, "system.json")
+		defer func() {
+			if err := smp.Close().WriteFile(out); err != nil {
+				log.Error("write system samples", "file", out, "err", err)
+			} else {
+				log.Info("system samples written", "file", out)
+			}
+		}()
 	}
 	tok, sec := srv.TokenFiles()
 	fmt.Fprintf(os.Stderr, "kettle serve listening on %s\n", srv.URL())
@@ -119,9 +138,7 @@ func runServe(ctx context.Context, args []string) error {
 			log.Error("serve failed", "err", err)
 		}
 	}
-	err = srv.Close()
-	stderrSink().Flush()
-	return err
+	return srv.Close()
 }
 
 // serveDebug serves pprof on its own listener, never on the API address.
