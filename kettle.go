@@ -67,6 +67,9 @@ type DeviceState struct {
 	Measurements int64
 	// Override is the operator override, possibly expired; nil if none.
 	Override *Override
+	// RevokedAt is when the device was decommissioned (zero: active). A
+	// revoked device's credentials are refused; its history stays.
+	RevokedAt time.Time
 }
 
 // Moments holds count, mean and sum of squared deviations (M2) of a sample,
@@ -190,4 +193,11 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Close releases the store.
 	Close() error
+}
+
+// Revoker is a store that can decommission a device (ENotFound for an
+// unknown one): its credentials are refused from then on; its history stays.
+// Revoking again keeps the first time.
+type Revoker interface {
+	Revoke(ctx context.Context, id DeviceID, at time.Time) error
 }

@@ -79,6 +79,7 @@ type device struct {
 	latest       *kettle.Measurement
 	capacityML   float64
 	override     *kettle.Override
+	revoked      bool
 }
 
 // Service owns the ingest queue, the batcher goroutines and the caches.
@@ -154,6 +155,7 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 			latest:       d.Latest,
 			capacityML:   d.CapacityML,
 			override:     d.Override,
+			revoked:      !d.RevokedAt.IsZero(),
 		}
 		return nil
 	})
@@ -216,6 +218,10 @@ func (s *Service) Refresh(ctx context.Context) error {
 		}
 		if d.LastSeen.After(c.lastSeen) {
 			c.lastSeen = d.LastSeen
+		}
+		if !d.RevokedAt.IsZero() && !c.revoked {
+			c.revoked = true
+			moved = true
 		}
 		if !overrideEqual(c.override, d.Override) && (c.override == nil || c.override.SetAt.Before(began.Add(-time.Second))) {
 			c.override = d.Override
@@ -468,13 +474,45 @@ func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error 
 	return nil
 }
 
-// Registered reports whether the device is known (the case-study protocol's
-// only credential check). Answered from memory.
+// Registered reports whether the device is known and not revoked (the
+// case-study protocol's only credential check). Answered from memory.
 func (s *Service) Registered(id kettle.DeviceID) bool {
 	s.mu.RLock()
-	_, ok := s.devices[id]
+	d, ok := s.devices[id]
+	ok = ok && !d.revoked
 	s.mu.RUnlock()
 	return ok
+}
+
+// Revoked reports whether the device was decommissioned: its credentials
+// (v1 token, MQTT password, case-study UUID) are refused. From memory.
+func (s *Service) Revoked(id kettle.DeviceID) bool {
+	s.mu.RLock()
+	d := s.devices[id]
+	r := d != nil && d.revoked
+	s.mu.RUnlock()
+	return r
+}
+
+// Revoke decommissions a device durably, then in the cache: from then on its
+// credentials are refused; its history stays in the statistics.
+func (s *Service) Revoke(ctx context.Context, id kettle.DeviceID) error {
+	r, ok := s.store.(kettle.Revoker)
+	if !ok {
+		return kettle.Errorf(kettle.EInternal, "this store cannot revoke devices")
+	}
+	if err := r.Revoke(ctx, id, s.now().UTC().Truncate(kettle.TimePrecis)); err != nil {
+		return storeErr("revoke", err)
+	}
+	s.mu.Lock()
+	if d := s.devices[id]; d != nil {
+		d.revoked = true
+	} else {
+		s.devices[id] = &device{revoked: true}
+	}
+	s.mu.Unlock()
+	s.changed([]kettle.DeviceID{id})
+	return nil
 }
 
 // DeviceCount is the number of registered devices in the cache.

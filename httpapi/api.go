@@ -59,6 +59,7 @@ func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
 	m.HandleFunc("GET /v1/devices", a.operator(a.listDevices))
 	m.HandleFunc("GET /v1/devices/{id}", a.deviceOrOperator(a.getDevice))
 	m.HandleFunc("GET /v1/devices/{id}/measurements", a.deviceOrOperator(a.history))
+	m.HandleFunc("DELETE /v1/devices/{id}", a.operator(a.revokeDevice))
 	m.HandleFunc("PUT /v1/devices/{id}/override", a.operator(a.putOverride))
 	m.HandleFunc("DELETE /v1/devices/{id}/override", a.operator(a.deleteOverride))
 	m.HandleFunc("POST /v1/measurements", a.v1Measurements)
@@ -212,6 +213,9 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "invalid device token")
 	}
+	if a.svc.Revoked(id) {
+		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device %s is revoked", id)
+	}
 	return id, nil
 }
 
@@ -235,8 +239,8 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 		}
 		if !a.isOperator(tok) {
 			dev, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
-			if !ok {
-				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid token"))
+			if !ok || a.svc.Revoked(dev) {
+				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
 				return
 			}
 			if dev != id {
@@ -447,10 +451,15 @@ type DeviceJSON struct {
 	Measurements int64            `json:"measurements"`
 	Command      *CommandJSON     `json:"command,omitempty"`
 	Override     *OverrideJSON    `json:"override,omitempty"`
+	RevokedAt    *time.Time       `json:"revoked_at,omitempty"`
 }
 
 func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
 	j := DeviceJSON{ID: d.ID, RegisteredAt: d.RegisteredAt, Latest: toJSON(d.Latest), CapacityML: d.CapacityML, Measurements: d.Measurements}
+	if !d.RevokedAt.IsZero() {
+		t := d.RevokedAt
+		j.RevokedAt = &t
+	}
 	if !d.LastSeen.IsZero() {
 		t := d.LastSeen
 		j.LastSeen = &t
@@ -655,6 +664,21 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
+}
+
+// revokeDevice decommissions a device: its credentials are refused from now
+// on, its history stays in the statistics.
+func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		return
+	}
+	if err := a.svc.Revoke(r.Context(), id); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {

@@ -180,7 +180,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	switch {
 	case !pk.Connect.UsernameFlag || !pk.Connect.PasswordFlag || uerr != nil || uid.String() != user || !ok:
 		code = packets.ErrBadUsernameOrPassword
-	case tokID != uid:
+	case tokID != uid || h.svc.Revoked(uid):
 		code = packets.ErrNotAuthorized
 	case pk.Connect.ClientIdentifier != "" && pk.Connect.ClientIdentifier != user:
 		code = packets.ErrClientIdentifierNotValid
@@ -228,6 +228,10 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 		suffix = "/measurements"
 	}
 	user := cl.Properties.Username
+	if id, err := uuid.ParseBytes(user); err != nil || h.svc.Revoked(id) {
+		h.b.counters.ACLDenied.Add(1) // revoked while connected: nothing more in or out
+		return false
+	}
 	ok := len(topic) == len("kettles/")+len(user)+len(suffix) &&
 		topic[:8] == "kettles/" && topic[8:8+len(user)] == string(user) && topic[8+len(user):] == suffix
 	if !ok {

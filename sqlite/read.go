@@ -96,7 +96,7 @@ const (
 
 const deviceColumns = `id, registered_at, last_seen, measurements, capacity_ml,
 	latest_t, latest_charge, latest_full, latest_rate, latest_ambient, latest_water, latest_level,
-	ov_charge, ov_fill, ov_flush, ov_expires, ov_set`
+	ov_charge, ov_fill, ov_flush, ov_expires, ov_set, revoked_at`
 
 // Devices lists up to limit devices (all when limit ≤ 0) with ids after the
 // cursor, in id byte order; uuid.Nil starts from the beginning.
@@ -178,10 +178,11 @@ func scanDevice(r scanner) (kettle.DeviceState, error) {
 		seen, lt, ovExp, ovSet, ovChg, ovFill sql.NullInt64
 		charge, full, rate, amb, water, level sql.NullFloat64
 		ovFlush                               sql.NullFloat64
+		revoked                               sql.NullInt64
 	)
 	err := r.Scan(&id, &reg, &seen, &d.Measurements, &d.CapacityML,
 		&lt, &charge, &full, &rate, &amb, &water, &level,
-		&ovChg, &ovFill, &ovFlush, &ovExp, &ovSet)
+		&ovChg, &ovFill, &ovFlush, &ovExp, &ovSet, &revoked)
 	if err != nil {
 		return d, err
 	}
@@ -190,6 +191,9 @@ func scanDevice(r scanner) (kettle.DeviceState, error) {
 	}
 	copy(d.ID[:], id)
 	d.RegisteredAt = fromMicro(reg)
+	if revoked.Valid {
+		d.RevokedAt = fromMicro(revoked.Int64)
+	}
 	if seen.Valid {
 		d.LastSeen = fromMicro(seen.Int64)
 	}

@@ -55,9 +55,9 @@ type Store struct {
 	closeErr  error
 
 	// Statements prepared on the writer connection (the hot path).
-	selRollup, putRollup, selHod, putHod         *sql.Stmt
-	selTotals, putTotals, regDev, setOv, clearOv *sql.Stmt
-	devCount, addSeen, subSeen, delSeen, dataVer *sql.Stmt
+	selRollup, putRollup, selHod, putHod                 *sql.Stmt
+	selTotals, putTotals, regDev, setOv, clearOv, revoke *sql.Stmt
+	devCount, addSeen, subSeen, delSeen, dataVer         *sql.Stmt
 	// Multi-row statements, one per chunk size (see chunkSizes).
 	insMeas, upsDev [len(chunkSizes)]*sql.Stmt
 
@@ -306,6 +306,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		{&s.devCount, `UPDATE totals SET device_count = device_count + ? WHERE id = 0`},
 		{&s.setOv, `UPDATE devices SET ov_charge = ?, ov_fill = ?, ov_flush = ?, ov_expires = ?, ov_set = ? WHERE id = ?`},
 		{&s.clearOv, `UPDATE devices SET ov_charge = NULL, ov_fill = NULL, ov_flush = NULL, ov_expires = NULL, ov_set = NULL WHERE id = ?`},
+		{&s.revoke, `UPDATE devices SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`},
 		{&s.dataVer, `PRAGMA data_version`},
 	} {
 		if err := p(x.dst, x.q); err != nil {

@@ -486,6 +486,27 @@ func (s *Store) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 	return nil
 }
 
+// Revoke marks device id revoked at at (ENotFound for an unknown device);
+// revoking again keeps the first time. Its history stays.
+func (s *Store) Revoke(ctx context.Context, id kettle.DeviceID, at time.Time) error {
+	err := s.tx(ctx, "revoke", func(tx *sql.Tx) error {
+		res, err := tx.StmtContext(ctx, s.revoke).ExecContext(ctx, at.UnixMicro(), id[:])
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return notFound(id)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sqlite revoke %s: %w", id, err)
+	}
+	return nil
+}
+
 func notFound(id kettle.DeviceID) error {
 	return kettle.Errorf(kettle.ENotFound, "device %s is not registered", id)
 }
@@ -506,3 +527,4 @@ func nullFloat(f *float64) any {
 	}
 	return *f
 }
+var _ kettle.Revoker = (*Store)(nil)
