@@ -12,7 +12,7 @@ import (
 func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	var prev struct{ late, readings, acked, dropped int64 }
+	var prev struct{ late, readings, acked, dropped, commands int64 }
 	lastProgress := time.Now()
 	lastCPU := cpuSeconds()
 	t := 0
@@ -23,6 +23,8 @@ func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 		late, readings, acked, dropped := s.st.late.Load(), s.st.readings.Load(), s.st.acked.Load(), s.st.dropped.Load()
 		sec.LateStarts, sec.Readings, sec.Acked, sec.Dropped = late-prev.late, readings-prev.readings, acked-prev.acked, dropped-prev.dropped
 		prev.late, prev.readings, prev.acked, prev.dropped = late, readings, acked, dropped
+		cmds := s.st.commands.Load()
+		sec.CommandsReceived, prev.commands = cmds-prev.commands, cmds
 		lagNs := s.st.maxLag.Swap(0)
 		sec.MaxLagMs = float64(lagNs) / 1e6
 		if o := s.st.obs; o != nil {
@@ -107,6 +109,8 @@ func (s *Swarm) totals(res *Results) {
 	t.LateStarts = s.st.late.Load()
 	t.MaxLagMs = float64(s.st.totMaxLag.Load()) / 1e6
 	t.Dials = s.pool.dials.Load()
+	t.CommandsReceived = s.st.commands.Load()
+	t.ConnsLost = s.st.mqttLost.Load()
 	t.CPUSeconds = cpuSeconds() - s.cpuStart
 	t.MaxRSSBytes = maxRSS()
 	var kettleSeconds float64

@@ -52,6 +52,9 @@ type Results struct {
 type Params struct {
 	Target        string  `json:"target"`
 	API           string  `json:"api"`
+	Protocol      string  `json:"protocol,omitempty"`      // "http" (default) or "mqtt"
+	MQTTTarget    string  `json:"mqtt_target,omitempty"`   // host:port of the MQTT listener
+	MQTTInflight  int     `json:"mqtt_inflight,omitempty"` // publishes a kettle may have awaiting PUBACK
 	Devices       int     `json:"devices"`
 	IntervalS     float64 `json:"interval_s"`
 	JitterS       float64 `json:"jitter_s"`
@@ -76,6 +79,11 @@ const (
 	EPLogin       = "login"
 	EPMeasurement = "measurement"
 	EPCommand     = "command"
+	// MQTT kettles: dial + CONNECT + SUBSCRIBE, and a QoS 1 PUBLISH of
+	// measurements until its PUBACK. Their Status keys are reason codes
+	// ("0x00" = success).
+	EPMQTTConnect = "mqtt_connect"
+	EPMQTTPublish = "mqtt_publish"
 )
 
 // Second is what happened in one second of the run.
@@ -99,6 +107,9 @@ type Second struct {
 	Acked     int64 `json:"acked"`
 	Dropped   int64 `json:"dropped"`
 	OpenConns int64 `json:"open_conns"`
+	// CommandsReceived counts commands pushed to MQTT kettles (their
+	// subscription) in the second.
+	CommandsReceived int64 `json:"commands_received,omitempty"`
 	// CPUSeconds is the process's cumulative user+system CPU; RSSBytes its
 	// resident set now. They include the server when it runs in-process.
 	CPUSeconds float64 `json:"cpu_seconds"`
@@ -137,7 +148,10 @@ type Totals struct {
 	LateStarts         int64   `json:"late_starts"`
 	MaxLagMs           float64 `json:"max_lag_ms"`
 	Dials              int64   `json:"dials"`
-	CPUSeconds         float64 `json:"cpu_seconds"`
+	// MQTT: commands pushed to the kettles, and connections lost (then redialed).
+	CommandsReceived int64   `json:"commands_received,omitempty"`
+	ConnsLost        int64   `json:"conns_lost,omitempty"`
+	CPUSeconds       float64 `json:"cpu_seconds"`
 	// CPUPer10kKettles is CPU seconds per 10,000 kettles per minute of run.
 	CPUPer10kKettlesPerMin float64 `json:"cpu_per_10k_kettles_per_min"`
 	CPUMicrosPerRequest    float64 `json:"cpu_us_per_request"`
@@ -230,6 +244,9 @@ func (r *Results) Summary(w io.Writer) {
 	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
 		t.Readings, t.Acked, t.Unacked, t.Dropped, t.DuplicatesReported)
 	fmt.Fprintf(w, "  simulator: late starts %d, max lag %.1f ms, %d connections dialed\n", t.LateStarts, t.MaxLagMs, t.Dials)
+	if p.Protocol == ProtocolMQTT {
+		fmt.Fprintf(w, "  mqtt: %s, in-flight window %d, commands received %d, connections lost %d\n", p.MQTTTarget, p.MQTTInflight, t.CommandsReceived, t.ConnsLost)
+	}
 	note := ""
 	if p.InProcessNote != "" {
 		note = " (" + p.InProcessNote + ")"

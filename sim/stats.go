@@ -18,10 +18,12 @@ const (
 	epLogin = iota
 	epMeasurement
 	epCommand
+	epMQTTConnect
+	epMQTTPublish
 	nEP
 )
 
-var epNames = [nEP]string{EPLogin, EPMeasurement, EPCommand}
+var epNames = [nEP]string{EPLogin, EPMeasurement, EPCommand, EPMQTTConnect, EPMQTTPublish}
 
 // epStats counts one endpoint: this second, the progress window, the run.
 type epStats struct {
@@ -54,15 +56,20 @@ type stats struct {
 	obs     Observer
 
 	readings, acked, dropped, late, dupReported atomic.Int64
+	commands, mqttLost                          atomic.Int64 // MQTT: commands received, connections lost
 	maxLag, totMaxLag                           atomic.Int64 // ns
 }
 
-func newStats(api string) *stats {
+func newStats(api, protocol string) *stats {
 	st := &stats{}
 	for i := range st.ep {
 		st.ep[i] = newEPStats()
 	}
-	st.use = [nEP]bool{api == "v0", true, true}
+	if protocol == ProtocolMQTT {
+		st.use = [nEP]bool{epMQTTConnect: true, epMQTTPublish: true}
+	} else {
+		st.use = [nEP]bool{api == "v0", true, true, false, false}
+	}
 	return st
 }
 
@@ -98,6 +105,18 @@ func (st *stats) record(ep int, latNs int64, status int, err error) {
 	case status/100 != 2 && status != 304:
 		kind = "http_" + strconv.Itoa(status)
 	}
+	key := ""
+	if status != 0 {
+		key = strconv.Itoa(status)
+	}
+	st.recordKind(ep, latNs, key, status, kind)
+}
+
+// recordKind counts one request whose outcome is already classified: key is
+// the status as results.json shows it ("" for none: HTTP status, or an MQTT
+// reason code "0x00"), status is what the Observer sees (an HTTP status; MQTT
+// maps success to 200), kind the error class ("" for success).
+func (st *stats) recordKind(ep int, latNs int64, key string, status int, kind string) {
 	if o := st.obs; o != nil {
 		if latNs >= 0 && status != 0 {
 			o.Completed(epNames[ep], status, time.Duration(latNs))
@@ -114,8 +133,8 @@ func (st *stats) record(ep int, latNs int64, status int, err error) {
 		e.req++
 		e.wReq++
 		e.tReq++
-		if status != 0 {
-			e.status[strconv.Itoa(status)]++
+		if key != "" {
+			e.status[key]++
 		}
 	}
 	if kind != "" {
@@ -189,6 +208,9 @@ func (st *stats) progress(elapsed time.Duration, window time.Duration, kettles, 
 		for _, k := range ks {
 			fmt.Fprintf(&b, " %s=%d", k, errs[k])
 		}
+	}
+	if st.use[epMQTTPublish] {
+		fmt.Fprintf(&b, " | commands %d lost-conns %d", st.commands.Load(), st.mqttLost.Load())
 	}
 	fmt.Fprintf(&b, " | late %d lag %.0fms | cpu %.0f%% rss %dMiB", st.late.Load(), float64(st.maxLagWindow())/1e6, cpuPct, rss>>20)
 	return b.String()

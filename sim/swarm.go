@@ -31,7 +31,13 @@ type Config struct {
 	HatchRate float64       // kettles started per second; 0 starts all at once with random phases
 	Duration  time.Duration // whole run, hatching included
 	API       string        // "v0" (case-study protocol) or "v1"
-	Batch     int           // v1: readings per upload (a kettle uploads when it has Batch buffered)
+	// Protocol is how kettles talk: ProtocolHTTP (default: API decides v0
+	// or v1) or ProtocolMQTT (v1 payloads over MQTT 5 to MQTTTarget; Target
+	// stays the HTTP base URL for provisioning and the audit).
+	Protocol     string
+	MQTTTarget   string // host:port of the MQTT listener; must be loopback
+	MQTTInflight int    // publishes a kettle may have awaiting PUBACK (0: 1)
+	Batch        int    // v1: readings per upload (a kettle uploads when it has Batch buffered)
 	// Conns is the number of shared connections; 0 means one keep-alive
 	// connection per kettle. Both are capped by the fd budget (see FDBudget).
 	Conns      int
@@ -71,7 +77,22 @@ type Observer interface {
 	SetLag(d time.Duration)
 }
 
+// Protocols of Config.Protocol.
+const (
+	ProtocolHTTP = "http"
+	ProtocolMQTT = "mqtt"
+)
+
 func (c *Config) defaults() {
+	if c.Protocol == "" {
+		c.Protocol = ProtocolHTTP
+	}
+	if c.Protocol == ProtocolMQTT {
+		c.API = "v1"
+		if c.MQTTInflight <= 0 {
+			c.MQTTInflight = 1
+		}
+	}
 	if c.Interval <= 0 {
 		c.Interval = 30 * time.Second
 	}
@@ -142,6 +163,7 @@ const maxPending = kettle.MaxBatch
 const (
 	evTick  = 0
 	evRetry = 1
+	// evConnect = 2 (mqtt.go)
 )
 
 type event struct {
@@ -232,6 +254,7 @@ type kettleState struct {
 	pending  []kettle.Measurement
 	acked    []int64 // device times (unix µs) of acknowledged readings
 	etag     string
+	mq       *mqttKettle // MQTT kettles only
 }
 
 // Swarm is one run in progress.
@@ -252,6 +275,7 @@ type Swarm struct {
 	busy    atomic.Int64
 	params  Params
 	http    *httpClient
+	mqDial  func() (net.Conn, error) // MQTT: dials the listener
 	// cpuStart is the process CPU when the run started.
 	cpuStart float64
 }
@@ -284,30 +308,43 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if u.Port() == "" {
 		addr = net.JoinHostPort(strings.Trim(addr, "[]"), "80")
 	}
-	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API)}
+	if cfg.Protocol != ProtocolHTTP && cfg.Protocol != ProtocolMQTT {
+		return nil, fmt.Errorf("--protocol %q: want http or mqtt", cfg.Protocol)
+	}
+	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol)}
 	s.st.obs = cfg.Observer
 	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator)
 
 	budget := FDBudget(cfg.ReserveFDs)
-	perDevice := cfg.Conns <= 0
-	n := min(cfg.Conns, cfg.Devices)
-	mode := "shared"
-	if perDevice {
-		n, mode = cfg.Devices, "per-device"
-	}
-	if n > budget {
-		fmt.Fprintf(cfg.Log, "swarm: %d connections wanted but the fd limit leaves %d (ulimit -n; %d reserved): ", n, budget, cfg.ReserveFDs)
-		if perDevice {
-			fmt.Fprintf(cfg.Log, "kettle i uses connection i mod %d\n", budget)
-		} else {
-			fmt.Fprintf(cfg.Log, "capped to %d\n", budget)
+	var n int
+	var mode string
+	if cfg.Protocol == ProtocolMQTT {
+		var err error
+		if n, err = s.mqttSetup(budget); err != nil {
+			return nil, err
 		}
-		n = budget
+		mode = "per-device"
+	} else {
+		perDevice := cfg.Conns <= 0
+		n = min(cfg.Conns, cfg.Devices)
+		mode = "shared"
+		if perDevice {
+			n, mode = cfg.Devices, "per-device"
+		}
+		if n > budget {
+			fmt.Fprintf(cfg.Log, "swarm: %d connections wanted but the fd limit leaves %d (ulimit -n; %d reserved): ", n, budget, cfg.ReserveFDs)
+			if perDevice {
+				fmt.Fprintf(cfg.Log, "kettle i uses connection i mod %d\n", budget)
+			} else {
+				fmt.Fprintf(cfg.Log, "capped to %d\n", budget)
+			}
+			n = budget
+		}
+		if n > 28000*cfg.SourceIPs {
+			fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", n, n/28000+1)
+		}
+		s.pool = newPool(n, perDevice, dialer(addr, cfg.SourceIPs, cfg.Timeout))
 	}
-	if n > 28000*cfg.SourceIPs {
-		fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", n, n/28000+1)
-	}
-	s.pool = newPool(n, perDevice, dialer(addr, cfg.SourceIPs, cfg.Timeout))
 
 	s.params = Params{
 		Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
@@ -315,6 +352,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, TimeoutS: cfg.Timeout.Seconds(),
 		Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0), InProcessNote: cfg.InProcessNote,
 		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0),
+	}
+	if cfg.Protocol == ProtocolMQTT {
+		s.params.Protocol, s.params.MQTTTarget, s.params.MQTTInflight = cfg.Protocol, cfg.MQTTTarget, cfg.MQTTInflight
 	}
 	if err := s.setup(ctx); err != nil {
 		return nil, err
@@ -363,6 +403,9 @@ func (s *Swarm) setup(ctx context.Context) error {
 			k.phase = int64(k.rng.Float64() * float64(iv))
 		}
 		k.pending = make([]kettle.Measurement, 0, cfg.Batch)
+		if cfg.Protocol == ProtocolMQTT {
+			k.mq = &mqttKettle{owedAt: -1, user: k.id.String(), pass: strings.TrimSuffix(strings.TrimPrefix(k.auth, "Authorization: Bearer "), "\r\n")}
+		}
 	}
 	// The schedule: every kettle's first tick.
 	s.heap = make(evHeap, 0, cfg.Devices+cfg.Devices/8)
@@ -398,6 +441,9 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	close(collectStop)
 	<-collectDone
 	s.pool.closeAll()
+	if s.cfg.Protocol == ProtocolMQTT {
+		s.mqttClose()
+	}
 	res.End = time.Now()
 	s.totals(res)
 
@@ -468,6 +514,9 @@ func (s *Swarm) dispatch(ctx context.Context) {
 
 // fire handles one due event and returns the kettle's next tick.
 func (s *Swarm) fire(ev event) (event, bool) {
+	if s.cfg.Protocol == ProtocolMQTT {
+		return s.fireMQTT(ev)
+	}
 	k := &s.kettles[ev.k]
 	k.mu.Lock()
 	var w work
@@ -477,7 +526,7 @@ func (s *Swarm) fire(ev event) (event, bool) {
 		if k.ticks == 0 {
 			s.hatched.Add(1)
 		}
-		k.model.Step(&k.rng, s.wall(ev.at))
+		k.model.Step(&k.rng, s.tickTime(k, ev.at))
 		if len(k.pending) >= maxPending {
 			copy(k.pending, k.pending[1:])
 			k.pending = k.pending[:len(k.pending)-1]
@@ -777,4 +826,17 @@ func appendReading(b []byte, m *kettle.Measurement, api string) []byte {
 	num(n.Water, m.WaterC)
 	num(n.Level, m.LevelML)
 	return append(b, '}')
+}
+
+// tickTime is the device time of a reading due at ns: its intended time, but
+// strictly after the model's clock. A command obeyed while the dispatcher ran
+// late has already moved the clock past that tick's intended time; without
+// this the reading would repeat the previous one's device time, and the
+// store (idempotent on device and time) would keep only one of the two.
+func (s *Swarm) tickTime(k *kettleState, ns int64) time.Time {
+	t := s.wall(ns)
+	if last := k.model.Last; !t.After(last) {
+		t = last.Add(kettle.TimePrecis)
+	}
+	return t
 }

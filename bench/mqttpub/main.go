@@ -1,0 +1,455 @@
+// Command mqttpub is the closed-loop MQTT publisher of bench/mqtt.sh: the
+// most QoS 1 measurements/s a broker acknowledges, with many connections and
+// a window of messages in flight on each. It speaks MQTT 5 with a hand-rolled
+// codec (CONNECT, PUBLISH, PUBACK only) so that the publisher, which shares
+// the machine with the server, spends as little CPU as possible: one writer
+// and one reader goroutine per connection, buffered I/O, writes coalesced.
+//
+// This is not the simulator (kettle swarm --protocol mqtt is, open model):
+// it is a saturation load, each connection sends as fast as its window of
+// PUBACKs allows. Every reading has a new device time, so a store really
+// inserts each one.
+//
+//	mqttpub -addr 127.0.0.1:1883 -conns 2000 -inflight 4 -batch 1 -duration 20s -secret S
+//
+// One line of results: messages/s and readings/s acknowledged (PUBACK reason
+// < 0x80), PUBACK latency p50/p99, errors; with -pid / -tree, the CPU of the
+// broker's processes and of the machine over the same window.
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+var (
+	addr      = flag.String("addr", "127.0.0.1:1883", "broker HOST:PORT (loopback only)")
+	conns     = flag.Int("conns", 1000, "connections (one device each)")
+	inflight  = flag.Int("inflight", 4, "QoS 1 messages awaiting PUBACK per connection")
+	batch     = flag.Int("batch", 1, "readings per message (a JSON array when > 1)")
+	duration  = flag.Duration("duration", 20*time.Second, "measured window")
+	warmup    = flag.Duration("warmup", 5*time.Second, "load before the window opens (not counted)")
+	secret    = flag.String("secret", "", "device-token secret (kettle serve); empty: username only (anonymous broker)")
+	sourceIPs = flag.Int("source-ips", 1, "spread connections over 127.0.0.1..N")
+	connRate  = flag.Int("connect-rate", 2000, "connections opened per second")
+	label     = flag.String("label", "", "label printed at the start of the result line")
+	pids      = flag.String("pid", "", "comma-separated pids whose CPU to report (e.g. the broker)")
+	tree      = flag.String("tree", "", "NAME=PID: also report the CPU of PID and its children, summed (e.g. postgres=<postmaster pid>)")
+)
+
+type stats struct {
+	ok, failed, readings atomic.Int64
+	mu                   sync.Mutex
+	hist                 *hdrhistogram.Histogram
+	counting             atomic.Bool
+	reasons              sync.Map // reason code → *atomic.Int64
+}
+
+func main() {
+	flag.Parse()
+	if h, _, err := net.SplitHostPort(*addr); err != nil || !net.ParseIP(h).IsLoopback() {
+		fatal(fmt.Errorf("-addr %q: want a loopback HOST:PORT", *addr))
+	}
+	if *batch < 1 || *batch > kettle.MaxBatch || *inflight < 1 || *inflight > 65535 {
+		fatal(errors.New("-batch 1..1000, -inflight 1..65535"))
+	}
+	st := &stats{hist: hdrhistogram.New(1, 120_000_000, 3)}
+	var up, down atomic.Int64
+	var firstErr atomic.Value
+	tick := time.NewTicker(time.Second / time.Duration(max(*connRate, 1)))
+	for i := range *conns {
+		<-tick.C
+		go func() {
+			err := run(i, st, &up)
+			down.Add(1)
+			if err != nil {
+				firstErr.CompareAndSwap(nil, err)
+			}
+		}()
+	}
+	tick.Stop()
+	time.Sleep(*warmup)
+	if e := firstErr.Load(); e != nil {
+		fmt.Fprintf(os.Stderr, "mqttpub: a connection failed: %v\n", e)
+	}
+	cpu0, machine0 := cpuOf(), machineTicks()
+	self0 := selfCPU()
+	st.counting.Store(true)
+	t0 := time.Now()
+	time.Sleep(*duration)
+	st.counting.Store(false)
+	el := time.Since(t0).Seconds()
+	cpu1, machine1 := cpuOf(), machineTicks()
+	self1 := selfCPU()
+
+	st.mu.Lock()
+	p50, p99 := float64(st.hist.ValueAtQuantile(50))/1000, float64(st.hist.ValueAtQuantile(99))/1000
+	st.mu.Unlock()
+	ok, failed := st.ok.Load(), st.failed.Load()
+	var b strings.Builder
+	if *label != "" {
+		b.WriteString(*label + ": ")
+	}
+	fmt.Fprintf(&b, "%.0f msgs/s, %.0f readings/s (conns %d up %d, inflight %d, batch %d, %.0fs): PUBACK p50 %.1fms p99 %.1fms, failed %d",
+		float64(ok)/el, float64(st.readings.Load())/el, *conns, up.Load()-down.Load(), *inflight, *batch, el, p50, p99, failed)
+	st.reasons.Range(func(k, v any) bool {
+		fmt.Fprintf(&b, " reason_0x%02x=%d", k, v.(*atomic.Int64).Load())
+		return true
+	})
+	for name, t := range cpu1 {
+		fmt.Fprintf(&b, "; %s CPU %.0f%%", name, (t-cpu0[name])/el*100)
+	}
+	fmt.Fprintf(&b, "; publisher CPU %.0f%%; machine busy %.0f%% of %d cores", (self1-self0)/el*100,
+		busyPct(machine0, machine1), numCPU())
+	fmt.Println(b.String())
+	if e := firstErr.Load(); e != nil && up.Load()-down.Load() < int64(*conns) {
+		fmt.Fprintf(os.Stderr, "mqttpub: %d of %d connections ended early; first error: %v\n", down.Load(), *conns, e)
+	}
+	if ok == 0 {
+		os.Exit(1)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "mqttpub:", err)
+	os.Exit(1)
+}
+
+// run is one device's connection: CONNECT, then publish until the process ends.
+func run(i int, st *stats, up *atomic.Int64) error {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	if n := *sourceIPs; n > 1 {
+		j := i%n + 1
+		d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, byte(j>>16), byte(j>>8), byte(j))}
+	}
+	nc, err := d.Dial("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	id := uuid.New()
+	user := id.String()
+	pass := ""
+	if *secret != "" {
+		pass = kettle.DeviceToken([]byte(*secret), id)
+	}
+	br := bufio.NewReaderSize(nc, 4096)
+	bw := bufio.NewWriterSize(nc, 16<<10)
+	bw.Write(connectPacket(user, user, pass))
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	typ, body, err := readPacket(br)
+	if err != nil {
+		return fmt.Errorf("connack: %w", err)
+	}
+	if typ != 2 || len(body) < 2 || body[1] >= 0x80 {
+		return fmt.Errorf("connect refused: type %d body %x", typ, body)
+	}
+	nc.SetReadDeadline(time.Time{})
+	up.Add(1)
+
+	w := *inflight
+	free := make(chan uint16, w)
+	for p := 1; p <= w; p++ {
+		free <- uint16(p)
+	}
+	sent := make([]int64, w+1) // pid → send time (ns)
+	topic := "kettles/" + user + "/measurements"
+	errc := make(chan error, 2)
+
+	go func() { // reader
+		for {
+			typ, body, err := readPacket(br)
+			if err != nil {
+				errc <- err
+				return
+			}
+			switch typ {
+			case 4: // PUBACK
+				if len(body) < 2 {
+					errc <- errors.New("short PUBACK")
+					return
+				}
+				pid := binary.BigEndian.Uint16(body)
+				reason := byte(0)
+				if len(body) > 2 {
+					reason = body[2]
+				}
+				if st.counting.Load() {
+					if reason < 0x80 {
+						st.ok.Add(1)
+						st.readings.Add(int64(*batch))
+					} else {
+						st.failed.Add(1)
+					}
+					if reason != 0 {
+						v, _ := st.reasons.LoadOrStore(reason, new(atomic.Int64))
+						v.(*atomic.Int64).Add(1)
+					}
+					lat := (time.Now().UnixNano() - atomic.LoadInt64(&sent[pid])) / 1000
+					st.mu.Lock()
+					_ = st.hist.RecordValue(max(lat, 1))
+					st.mu.Unlock()
+				}
+				free <- pid
+			case 14: // DISCONNECT
+				errc <- fmt.Errorf("server DISCONNECT %x", body)
+				return
+			}
+		}
+	}()
+
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	var seq int64
+	pkt := make([]byte, 0, 512)
+	payload := make([]byte, 0, 256)
+	for {
+		var pid uint16
+		select {
+		case pid = <-free:
+		case err := <-errc:
+			return err
+		}
+		for {
+			payload = payload[:0]
+			if *batch > 1 {
+				payload = append(payload, '[')
+			}
+			for j := range *batch {
+				if j > 0 {
+					payload = append(payload, ',')
+				}
+				payload = appendReading(payload, base.Add(time.Duration(seq)*time.Microsecond), seq)
+				seq++
+			}
+			if *batch > 1 {
+				payload = append(payload, ']')
+			}
+			pkt = publishPacket(pkt[:0], topic, pid, payload)
+			atomic.StoreInt64(&sent[pid], time.Now().UnixNano())
+			if _, err := bw.Write(pkt); err != nil {
+				return err
+			}
+			select {
+			case pid = <-free: // more room: keep filling the buffer
+				continue
+			default:
+			}
+			break
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func appendReading(b []byte, t time.Time, seq int64) []byte {
+	b = append(b, `{"time":"`...)
+	b = t.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","battery_charge_mwh":`...)
+	b = strconv.AppendInt(b, 100000+seq%1000, 10)
+	b = append(b, `,"battery_full_mwh":200000,"battery_rate_mw":-1200,"ambient_temp_c":21.5,"water_temp_c":`...)
+	b = strconv.AppendInt(b, 20+seq%70, 10)
+	b = append(b, `,"water_level_ml":`...)
+	b = strconv.AppendInt(b, seq%1500, 10)
+	return append(b, '}')
+}
+
+// MQTT 5 encoding of the three packets we need.
+
+func appendVBI(b []byte, n int) []byte {
+	for {
+		c := byte(n % 128)
+		n /= 128
+		if n > 0 {
+			c |= 0x80
+		}
+		b = append(b, c)
+		if n == 0 {
+			return b
+		}
+	}
+}
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func connectPacket(clientID, user, pass string) []byte {
+	var v []byte
+	v = appendStr(v, "MQTT")
+	flags := byte(0x02 | 0x80) // clean start, username
+	if pass != "" {
+		flags |= 0x40
+	}
+	v = append(v, 5, flags)
+	v = binary.BigEndian.AppendUint16(v, 600) // keepalive: the stream never idles
+	v = append(v, 0)                          // no properties
+	v = appendStr(v, clientID)
+	v = appendStr(v, user)
+	if pass != "" {
+		v = appendStr(v, pass)
+	}
+	b := appendVBI([]byte{0x10}, len(v))
+	return append(b, v...)
+}
+
+func publishPacket(b []byte, topic string, pid uint16, payload []byte) []byte {
+	n := 2 + len(topic) + 2 + 1 + len(payload)
+	b = append(b, 0x32) // PUBLISH, QoS 1
+	b = appendVBI(b, n)
+	b = appendStr(b, topic)
+	b = binary.BigEndian.AppendUint16(b, pid)
+	b = append(b, 0) // no properties
+	return append(b, payload...)
+}
+
+func readPacket(br *bufio.Reader) (typ byte, body []byte, err error) {
+	h, err := br.ReadByte()
+	if err != nil {
+		return 0, nil, err
+	}
+	n, mul := 0, 1
+	for i := 0; ; i++ {
+		c, err := br.ReadByte()
+		if err != nil {
+			return 0, nil, err
+		}
+		n += int(c&0x7f) * mul
+		mul *= 128
+		if c&0x80 == 0 {
+			break
+		}
+		if i == 3 {
+			return 0, nil, errors.New("bad remaining length")
+		}
+	}
+	body = make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return 0, nil, err
+	}
+	return h >> 4, body, nil
+}
+
+// CPU accounting from /proc (clock ticks → seconds).
+
+const hz = 100.0
+
+func procCPU(pid string) (float64, bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+2:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	sy, _ := strconv.ParseFloat(f[12], 64)
+	return (u + sy) / hz, true
+}
+
+// cpuOf is the CPU seconds of the -pid processes and, summed, of every
+// process named -comm.
+func cpuOf() map[string]float64 {
+	out := map[string]float64{}
+	for _, p := range strings.Split(*pids, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		name := "pid " + p
+		if c, err := os.ReadFile("/proc/" + p + "/comm"); err == nil {
+			name = strings.TrimSpace(string(c)) + " (" + p + ")"
+		}
+		if t, ok := procCPU(p); ok {
+			out[name] = t
+		}
+	}
+	if name, root, ok := strings.Cut(*tree, "="); ok {
+		sum, _ := procCPU(root)
+		dirs, _ := filepath.Glob("/proc/[0-9]*")
+		for _, d := range dirs {
+			b, err := os.ReadFile(d + "/stat")
+			if err != nil {
+				continue
+			}
+			s := string(b)
+			i := strings.LastIndexByte(s, ')')
+			if f := strings.Fields(s[i+2:]); i > 0 && len(f) > 1 && f[1] == root {
+				t, _ := procCPU(filepath.Base(d))
+				sum += t
+			}
+		}
+		out[name+" (pid "+root+" + children)"] = sum
+	}
+	return out
+}
+
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return tv(ru.Utime) + tv(ru.Stime)
+}
+
+// machineTicks is /proc/stat's cpu line: busy and total ticks.
+func machineTicks() [2]float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return [2]float64{}
+	}
+	line := strings.SplitN(string(b), "\n", 2)[0]
+	var busy, total float64
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseFloat(f, 64)
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return [2]float64{busy, total}
+}
+
+func busyPct(a, b [2]float64) float64 {
+	if b[1] == a[1] {
+		return 0
+	}
+	return (b[0] - a[0]) / (b[1] - a[1]) * 100
+}
+
+func numCPU() int {
+	b, _ := os.ReadFile("/proc/stat")
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "cpu") && len(l) > 3 && l[3] >= '0' && l[3] <= '9' {
+			n++
+		}
+	}
+	return n
+}
