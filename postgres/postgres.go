@@ -1,12 +1,15 @@
 // Package postgres is kettlefleet's production store: kettle.Store on
 // PostgreSQL through pgx and its pool.
 //
-// Measurements live in a table partitioned by month of device time; each
-// write batch goes in with binary COPY into a per-connection staging table and
-// then INSERT … ON CONFLICT DO NOTHING into the partitioned table, so
-// duplicates are detected and counted, and the devices' latest state, the
-// hourly rollups and the fleet totals are updated in the same transaction.
-// The schema is migrated at Open.
+// Measurements live in a table partitioned by month of device time. A write
+// batch locks its devices, then goes in with binary COPY straight into the
+// month's partition; only if a row is already stored does it fall back (to a
+// savepoint) to a per-connection staging table and INSERT … ON CONFLICT DO
+// NOTHING, so duplicates are detected and counted. Small batches use INSERT
+// … ON CONFLICT from arrays in the first round trip instead. The devices'
+// latest state, the hourly rollups and the fleet totals are updated in the
+// same transaction, four round trips in all (two for a small batch). The
+// schema is migrated at Open.
 package postgres
 
 import (
@@ -108,8 +111,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS stage (LIKE measurements) ON COMMIT DELETE ROWS`)
-		return err
+		if _, err := c.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS stage (LIKE measurements) ON COMMIT DELETE ROWS`); err != nil {
+			return err
+		}
+		return prepareWrite(ctx, c.PgConn())
 	}
 	s := &Store{opts: opts, parts: map[int]bool{}}
 	// Migrate on a plain connection first: AfterConnect needs the schema.

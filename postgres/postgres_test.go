@@ -40,6 +40,14 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceCopyPath runs the suite again with every live batch, even
+// a single reading, written by the optimistic COPY (and its fallback to the
+// staging table on a duplicate) instead of INSERT from arrays.
+func TestConformanceCopyPath(t *testing.T) {
+	defer postgres.SetSmallBatchRows(0)()
+	TestConformance(t)
+}
+
 func rowAt(rng *rand.Rand, dev kettle.DeviceID, t time.Time) kettle.Measurement {
 	return kettle.Measurement{
 		Device: dev, Time: t,
@@ -280,6 +288,14 @@ func TestTwoNodesOverlap(t *testing.T) {
 	}
 }
 
+// TestTwoNodesOverlapCopyPath is TestTwoNodesOverlap with every batch on
+// the COPY path: overlapping batches make the optimistic COPY fail on
+// duplicates and fall back, under concurrency.
+func TestTwoNodesOverlapCopyPath(t *testing.T) {
+	defer postgres.SetSmallBatchRows(0)()
+	TestTwoNodesOverlap(t)
+}
+
 // TestSeedCopy seeds, re-seeds (no duplicates), seeds an overlapping chunk,
 // and checks the derived figures.
 func TestSeedCopy(t *testing.T) {
@@ -329,7 +345,7 @@ func TestSeedCopy(t *testing.T) {
 }
 
 func BenchmarkWrite(b *testing.B) {
-	for _, size := range []int{1, 100, 1000} {
+	for _, size := range []int{1, 100, 1000, 2000} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
 			s := open(b, pgtest.Start(b))
 			defer s.Close()

@@ -22,8 +22,16 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 		st.ByHour[h].Hour = h
 	}
 	open := q.From.IsZero() && q.To.IsZero()
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	// BEGIN, the queries and COMMIT go in one round trip (a pgx.Tx would
+	// take three): this is the operator's dashboard query, latency matters.
+	err := func() error {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release() // left in a transaction after an error: closed, not reused
 		b := &pgx.Batch{}
+		b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 		b.Queue(`SELECT measurements, devices, charge + charge_c, level + level_c, potential + potential_c FROM totals WHERE id = 1`).
 			QueryRow(func(r pgx.Row) error {
 				return r.Scan(&st.MeasurementCount, &st.DevicesRegistered, &st.TotalChargeMWh, &st.TotalWaterML, &st.TotalPotentialCmL)
@@ -80,8 +88,9 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 					return merge(rows, func(t time.Time, _ int16) int { return t.UTC().Hour() })
 				})
 		}
-		return tx.SendBatch(ctx, b).Close()
-	})
+		b.Queue(`COMMIT`)
+		return conn.SendBatch(ctx, b).Close()
+	}()
 	if err != nil {
 		return kettle.Statistics{}, unavailable("postgres statistics", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/kettlefleet/kettlefleet"
 )
@@ -55,15 +54,19 @@ func (s *Store) SeedCopy(ctx context.Context, rows []kettle.Measurement, registe
 }
 
 // bulkInsert is the insert step of SeedCopy, run with the devices locked.
-func (s *Store) bulkInsert(ctx context.Context, tx pgx.Tx, rows []kettle.Measurement, ids []kettle.DeviceID, idx map[key]int, lo, hi time.Time, inserted []bool) error {
-	r, _ := tx.Query(ctx, `SELECT d FROM unnest($1::uuid[]) d
-		WHERE EXISTS (SELECT 1 FROM measurements m WHERE m.device = d AND m.t >= $2 AND m.t <= $3)`, ids, lo, hi)
-	existing, err := pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
-	if err != nil {
+func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idArr []byte, idx map[key]int, lo, hi time.Time, inserted []bool) error {
+	conn := c.PgConn()
+	rr := conn.ExecParams(ctx, `SELECT count(*) FROM unnest($1::uuid[]) d
+		WHERE EXISTS (SELECT 1 FROM measurements m WHERE m.device = d AND m.t >= $2 AND m.t <= $3)`,
+		[][]byte{idArr, timestamptzBin(lo), timestamptzBin(hi)}, nil, bin(3), bin(1))
+	var existing int64
+	for rr.NextRow() {
+		existing = decInt8(rr.Values()[0])
+	}
+	if _, err := rr.Close(); err != nil {
 		return fmt.Errorf("check for existing measurements: %w", err)
 	}
-	conn := tx.Conn().PgConn()
-	if len(existing) == 0 {
+	if existing == 0 {
 		table := "measurements"
 		if monthOf(lo) == monthOf(hi) {
 			table = partitionName(monthOf(lo)) // skip tuple routing
@@ -82,7 +85,7 @@ func (s *Store) bulkInsert(ctx context.Context, tx pgx.Tx, rows []kettle.Measure
 	if idx == nil {
 		idx = indexRows(rows)
 	}
-	br := tx.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
+	br := c.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
 	if err := markInserted(br, idx, inserted); err != nil {
 		br.Close()
 		return fmt.Errorf("insert measurements: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -30,7 +31,7 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, sqlAddTotals, 0, tag.RowsAffected(), nil, nil, nil)
+		_, err = tx.Exec(ctx, sqlAddTotals, 0, tag.RowsAffected(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 		return err
 	})
 	if err != nil {
@@ -62,18 +63,23 @@ const (
 	// The NOT EXISTS pre-check makes the common case (all known) a read:
 	// an index probe is much cheaper than a speculative insertion.
 	sqlRegister = `INSERT INTO devices (id, registered_at)
-		SELECT u, $2 FROM unnest($1::uuid[]) u WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.id = u)
+		SELECT u, $2::timestamptz FROM unnest($1::uuid[]) u WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.id = u)
 		ON CONFLICT DO NOTHING`
-	sqlLock = `SELECT id, measurements, capacity_ml, last_seen, latest_t,
+	// The ctid of a row we hold locked cannot change until we update it:
+	// the update finds the row by ctid (a TID scan), no second index probe.
+	sqlLock = `SELECT ctid, id, measurements, capacity_ml, last_seen, latest_t,
 		charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml
-		FROM devices WHERE id = ANY($1) ORDER BY id FOR UPDATE`
+		FROM devices WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
+	sqlInsertArrays = `INSERT INTO measurements (device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml)
+		SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::float8[], $4::float8[], $5::float8[], $6::float8[], $7::float8[], $8::float8[])
+		ON CONFLICT DO NOTHING RETURNING device, t`
 	sqlInsertStaged = `INSERT INTO measurements SELECT * FROM stage ON CONFLICT DO NOTHING RETURNING device, t`
 	sqlUpdateDevs   = `UPDATE devices d SET measurements = u.n, capacity_ml = u.cap, last_seen = u.seen,
 		latest_t = u.t, charge_mwh = u.c, full_mwh = u.f, rate_mw = u.r, ambient_c = u.a, water_c = u.w, level_ml = u.l
-		FROM unnest($1::uuid[], $2::int8[], $3::float8[], $4::timestamptz[], $5::timestamptz[],
+		FROM unnest($1::tid[], $2::int8[], $3::float8[], $4::timestamptz[], $5::timestamptz[],
 			$6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::float8[])
-			AS u(id, n, cap, seen, t, c, f, r, a, w, l)
-		WHERE d.id = u.id`
+			AS u(tid, n, cap, seen, t, c, f, r, a, w, l)
+		WHERE d.ctid = u.tid`
 	// The merge is kettle.Moments.Merge, operation for operation, so every
 	// store computes bit-identical moments from the same partial aggregates.
 	mergeMoments = `n = r.n + excluded.n,
@@ -87,7 +93,22 @@ const (
 	sqlMergeHods = `INSERT INTO hours_of_day AS r (hod, n, water_mean, water_m2, ambient_mean, ambient_m2)
 		SELECT * FROM unnest($1::int2[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
 		ON CONFLICT (hod) DO UPDATE SET ` + mergeMoments
-	sqlAddTotals = `SELECT kettle_add_totals($1, $2, $3, $4, $5)`
+	// sqlAddTotals adds a batch's counts and its three compensated sums
+	// (sum, compensation: see ksum) to the totals row: one Neumaier step for
+	// the sum, plus the batch's own compensation. One plain UPDATE, so the
+	// hot row is locked only from here to commit. (The PL/pgSQL
+	// kettle_add_totals of migration 1 looped over every term on the server.)
+	sqlAddTotals = `UPDATE totals SET measurements = measurements + $1::int8, devices = devices + $2::int8,
+		charge = charge + $3::float8,
+		charge_c = charge_c + CASE WHEN abs(charge) >= abs($3::float8) THEN (charge - (charge + $3::float8)) + $3::float8
+			ELSE ($3::float8 - (charge + $3::float8)) + charge END + $4::float8,
+		level = level + $5::float8,
+		level_c = level_c + CASE WHEN abs(level) >= abs($5::float8) THEN (level - (level + $5::float8)) + $5::float8
+			ELSE ($5::float8 - (level + $5::float8)) + level END + $6::float8,
+		potential = potential + $7::float8,
+		potential_c = potential_c + CASE WHEN abs(potential) >= abs($7::float8) THEN (potential - (potential + $7::float8)) + $7::float8
+			ELSE ($7::float8 - (potential + $7::float8)) + potential END + $8::float8
+		WHERE id = 1`
 )
 
 // Write stores batch in one transaction and returns per row whether it was a
@@ -177,6 +198,7 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 
 // devState is a device row as locked by the write transaction.
 type devState struct {
+	tid      [6]byte // ctid, binary (block, offset)
 	n        int64
 	capML    float64
 	lastSeen *time.Time
@@ -204,55 +226,113 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	}
 	ids = sortedUnique(ids)
 
-	tx, err := s.pool.Begin(ctx)
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return res, err
 	}
+	defer pc.Release() // a connection left in a transaction is closed, not reused
+	conn := pc.Conn()
+	pg := conn.PgConn()
 	defer func() {
-		if err != nil {
-			tx.Rollback(context.WithoutCancel(ctx))
+		if err != nil && !pg.IsClosed() && pg.TxStatus() != 'I' {
+			pg.Exec(context.WithoutCancel(ctx), "ROLLBACK").Close()
 		}
 	}()
-	conn := tx.Conn().PgConn()
-	if !bulk {
-		if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
-			return res, fmt.Errorf("copy into staging table: %w", err)
+
+	// Round trip 1: begin, lock the batch's devices in id order (so that two
+	// nodes writing overlapping devices queue instead of deadlocking) and read
+	// their state; live writes also set the savepoint the optimistic COPY
+	// returns to when a row is already stored.
+	//
+	// A small batch (what a trickle of single readings makes) does all of
+	// it in this round trip: register unknown devices, lock, and INSERT … ON
+	// CONFLICT DO NOTHING from arrays, RETURNING the new keys. Its cost is
+	// round trips and the commit, not rows.
+	devs := make(map[kettle.DeviceID]*devState, len(ids))
+	idArr := uuidArray(ids)
+	small := !bulk && len(rows) <= smallBatchRows
+	res.inserted = make([]bool, len(rows))
+	var newDevs int64
+	var b pgconn.Batch
+	b.ExecParams("BEGIN", nil, nil, nil, nil)
+	if small {
+		b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
+	}
+	b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
+	if small {
+		b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
+	} else if !bulk {
+		b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
+	}
+	if idx == nil && small {
+		idx = indexRows(rows)
+	}
+	if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
+		switch {
+		case small && i == 1:
+			tag, err := rr.Close()
+			newDevs = tag.RowsAffected()
+			return err
+		case small && i == 2, !small && i == 1:
+			return readLocked(rr, devs)
+		case small && i == 3:
+			return readInserted(rr, idx, res.inserted)
+		}
+		_, err := rr.Close()
+		return err
+	}); err != nil {
+		if small {
+			return res, fmt.Errorf("register and lock devices, insert measurements: %w", err)
+		}
+		return res, fmt.Errorf("lock devices: %w", err)
+	}
+	// Unknown devices (rare: a device's first batch) are registered, then
+	// locked. Registering costs an index probe per device, so the common
+	// case, every device known, skips it.
+	if len(devs) < len(ids) {
+		if small {
+			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
+		}
+		missing := make([]kettle.DeviceID, 0, len(ids)-len(devs))
+		for _, id := range ids {
+			if devs[id] == nil {
+				missing = append(missing, id)
+			}
+		}
+		mArr := uuidArray(missing)
+		var b pgconn.Batch
+		b.ExecPrepared("kettle_register", [][]byte{mArr, timestamptzBin(at)}, bin(2), nil)
+		b.ExecPrepared("kettle_lock", [][]byte{mArr}, bin(1), bin(12))
+		if !bulk {
+			// again, after the registration: the COPY's fallback must not
+			// roll it back (the newest savepoint of a name is the one used)
+			b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
+		}
+		if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
+			if i == 1 {
+				return readLocked(rr, devs)
+			}
+			tag, err := rr.Close()
+			if i == 0 {
+				newDevs = tag.RowsAffected()
+			}
+			return err
+		}); err != nil {
+			return res, fmt.Errorf("register devices: %w", err)
+		}
+		if len(devs) < len(ids) {
+			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
 		}
 	}
 
-	b := &pgx.Batch{}
-	b.Queue(sqlRegister, ids, at)
-	b.Queue(sqlLock, ids)
-	if !bulk {
-		b.Queue(sqlInsertStaged)
-	}
-	br := tx.SendBatch(ctx, b)
-	tag, err := br.Exec()
-	if err != nil {
-		br.Close()
-		return res, fmt.Errorf("register devices: %w", err)
-	}
-	newDevs := tag.RowsAffected()
-	devs := make(map[kettle.DeviceID]*devState, len(ids))
-	if err := lockedDevices(br, devs); err != nil {
-		br.Close()
-		return res, fmt.Errorf("lock devices: %w", err)
-	}
-	res.inserted = make([]bool, len(rows))
-	if !bulk {
-		if idx == nil {
-			idx = indexRows(rows)
+	switch {
+	case small:
+	case bulk:
+		if err := s.bulkInsert(ctx, conn, rows, idArr, idx, lo, hi, res.inserted); err != nil {
+			return res, err
 		}
-		if err := markInserted(br, idx, res.inserted); err != nil {
-			br.Close()
-			return res, fmt.Errorf("insert measurements: %w", err)
-		}
-	}
-	if err := br.Close(); err != nil {
-		return res, err
-	}
-	if bulk {
-		if err := s.bulkInsert(ctx, tx, rows, ids, idx, lo, hi, res.inserted); err != nil {
+	default:
+		if err := s.liveInsert(ctx, conn, rows, idx, lo, hi, res.inserted); err != nil {
 			return res, err
 		}
 	}
@@ -293,79 +373,112 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		hod.water.Add(m.WaterC)
 		hod.ambient.Add(m.AmbientC)
 	}
-	if res.n == 0 && newDevs == 0 {
-		return res, tx.Commit(ctx)
-	}
 
-	var u devUpdate
-	var terms [3][]float64 // charge, level, potential: −old, +new per changed latest
-	for _, id := range ids {
-		d := devs[id]
-		if !d.touched {
-			continue
-		}
-		latest := d.latest
-		if newest := &rows[d.newest]; latest == nil || newest.Time.After(latest.Time) {
-			if latest != nil {
-				terms[0] = append(terms[0], -latest.ChargeMWh)
-				terms[1] = append(terms[1], -latest.LevelML)
-				terms[2] = append(terms[2], -latest.PotentialCmL())
+	// Last round trip: the devices' new state, the hourly and hour-of-day
+	// rollups, the totals row (hot rows last, so they stay locked only until
+	// the commit that follows in the same round trip) and COMMIT.
+	b = pgconn.Batch{}
+	if res.n > 0 || newDevs > 0 {
+		var u devUpdate
+		u.grow(len(ids))
+		var sums [3]ksum // charge, level, potential: −old, +new per changed latest
+		for _, id := range ids {
+			d := devs[id]
+			if !d.touched {
+				continue
 			}
-			terms[0] = append(terms[0], newest.ChargeMWh)
-			terms[1] = append(terms[1], newest.LevelML)
-			terms[2] = append(terms[2], newest.PotentialCmL())
-			latest = newest
+			latest := d.latest
+			if newest := &rows[d.newest]; latest == nil || newest.Time.After(latest.Time) {
+				if latest != nil {
+					sums[0].add(-latest.ChargeMWh)
+					sums[1].add(-latest.LevelML)
+					sums[2].add(-latest.PotentialCmL())
+				}
+				sums[0].add(newest.ChargeMWh)
+				sums[1].add(newest.LevelML)
+				sums[2].add(newest.PotentialCmL())
+				latest = newest
+			}
+			seen := at
+			if bulk {
+				seen = d.seenMax
+				if d.lastSeen != nil && d.lastSeen.After(seen) {
+					seen = *d.lastSeen
+				}
+			}
+			u.add(d.tid, d.n, d.capML, seen, latest)
 		}
-		seen := at
-		if bulk {
-			seen = d.seenMax
-			if d.lastSeen != nil && d.lastSeen.After(seen) {
-				seen = *d.lastSeen
+		if len(u.tid) > 0 {
+			b.ExecPrepared("kettle_devs", [][]byte{tidArray(u.tid), int8Array(u.n), float8Array(u.capML),
+				timestamptzArray(u.seen), timestamptzArray(u.t), float8Array(u.c), float8Array(u.f),
+				float8Array(u.r), float8Array(u.a), float8Array(u.w), float8Array(u.l)}, bin(11), nil)
+		}
+		if len(hours) > 0 {
+			slices.SortFunc(hours, func(a, b hourAgg) int { return int(a.hour - b.hour) })
+			hourTimes := make([]time.Time, len(hours))
+			for i, h := range hours {
+				hourTimes[i] = time.UnixMicro(h.hour * int64(time.Hour/time.Microsecond)).UTC()
+			}
+			b.ExecPrepared("kettle_rollups", momentParams(timestamptzArray(hourTimes), hours), bin(6), nil)
+		}
+		var hodList []hourAgg
+		for _, h := range hods {
+			if h.water.N > 0 {
+				hodList = append(hodList, h)
 			}
 		}
-		u.add(id, d.n, d.capML, seen, latest)
-	}
-	slices.SortFunc(hours, func(a, b hourAgg) int { return int(a.hour - b.hour) })
-	var hodList []hourAgg
-	for _, h := range hods {
-		if h.water.N > 0 {
-			hodList = append(hodList, h)
+		if len(hodList) > 0 {
+			hodNums := make([]int16, len(hodList))
+			for i, h := range hodList {
+				hodNums[i] = int16(h.hour)
+			}
+			b.ExecPrepared("kettle_hods", momentParams(int2Array(hodNums), hodList), bin(6), nil)
 		}
+		b.ExecPrepared("kettle_totals", [][]byte{int8Bin(res.n), int8Bin(newDevs),
+			float8Bin(sums[0].s), float8Bin(sums[0].c), float8Bin(sums[1].s), float8Bin(sums[1].c),
+			float8Bin(sums[2].s), float8Bin(sums[2].c)}, bin(8), nil)
 	}
-
-	b = &pgx.Batch{}
-	if len(u.id) > 0 {
-		b.Queue(sqlUpdateDevs, u.id, u.n, u.capML, u.seen, u.t, u.c, u.f, u.r, u.a, u.w, u.l)
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	if err := execBatch(ctx, pg, &b, nil); err != nil {
+		return res, fmt.Errorf("update devices, rollups and totals, commit: %w", err)
 	}
-	if len(hours) > 0 {
-		hourTimes := make([]time.Time, len(hours))
-		for i, h := range hours {
-			hourTimes[i] = time.UnixMicro(h.hour * int64(time.Hour/time.Microsecond)).UTC()
-		}
-		b.Queue(sqlMergeRollups, momentArgs(hourTimes, hours)...)
+	if st := pg.TxStatus(); st != 'I' {
+		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
 	}
-	if len(hodList) > 0 {
-		hodNums := make([]int16, len(hodList))
-		for i, h := range hodList {
-			hodNums[i] = int16(h.hour)
-		}
-		b.Queue(sqlMergeHods, momentArgs(hodNums, hodList)...)
-	}
-	b.Queue(sqlAddTotals, res.n, newDevs, terms[0], terms[1], terms[2])
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return res, fmt.Errorf("update devices, rollups and totals: %w", err)
-	}
-	return res, tx.Commit(ctx)
+	return res, nil
 }
 
-// momentArgs returns the arguments of a moments merge: key, then the columns.
-func momentArgs(keys any, aggs []hourAgg) []any {
+// execBatch sends b in one round trip and hands each statement's result to
+// fn (nil: discard), in order, then returns the first error.
+func execBatch(ctx context.Context, pg *pgconn.PgConn, b *pgconn.Batch, fn func(i int, rr *pgconn.ResultReader) error) error {
+	mrr := pg.ExecBatch(ctx, b)
+	var ferr error
+	for i := 0; mrr.NextResult(); i++ {
+		rr := mrr.ResultReader()
+		var err error
+		if fn != nil && ferr == nil {
+			err = fn(i, rr)
+		} else {
+			_, err = rr.Close()
+		}
+		if err != nil && ferr == nil {
+			ferr = err
+		}
+	}
+	if err := mrr.Close(); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// momentParams returns the parameters of a moments merge: key, then the columns.
+func momentParams(keys []byte, aggs []hourAgg) [][]byte {
 	n := make([]int64, len(aggs))
 	wm, wm2, am, am2 := make([]float64, len(aggs)), make([]float64, len(aggs)), make([]float64, len(aggs)), make([]float64, len(aggs))
 	for i, a := range aggs {
 		n[i], wm[i], wm2[i], am[i], am2[i] = a.water.N, a.water.Mean, a.water.M2, a.ambient.Mean, a.ambient.M2
 	}
-	return []any{keys, n, wm, wm2, am, am2}
+	return [][]byte{keys, int8Array(n), float8Array(wm), float8Array(wm2), float8Array(am), float8Array(am2)}
 }
 
 // hourAgg is what one batch adds to one hour (or hour of day).
@@ -376,15 +489,24 @@ type hourAgg struct {
 
 // devUpdate holds the columns of sqlUpdateDevs.
 type devUpdate struct {
-	id               []kettle.DeviceID
+	tid              [][6]byte
 	n                []int64
 	capML            []float64
 	seen, t          []time.Time
 	c, f, r, a, w, l []float64
 }
 
-func (u *devUpdate) add(id kettle.DeviceID, n int64, capML float64, seen time.Time, m *kettle.Measurement) {
-	u.id = append(u.id, id)
+func (u *devUpdate) grow(n int) {
+	u.tid = make([][6]byte, 0, n)
+	u.n = make([]int64, 0, n)
+	u.capML = make([]float64, 0, n)
+	u.seen, u.t = make([]time.Time, 0, n), make([]time.Time, 0, n)
+	u.c, u.f, u.r = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
+	u.a, u.w, u.l = make([]float64, 0, n), make([]float64, 0, n), make([]float64, 0, n)
+}
+
+func (u *devUpdate) add(tid [6]byte, n int64, capML float64, seen time.Time, m *kettle.Measurement) {
+	u.tid = append(u.tid, tid)
 	u.n = append(u.n, n)
 	u.capML = append(u.capML, capML)
 	u.seen = append(u.seen, seen)
@@ -395,31 +517,6 @@ func (u *devUpdate) add(id kettle.DeviceID, n int64, capML float64, seen time.Ti
 	u.a = append(u.a, m.AmbientC)
 	u.w = append(u.w, m.WaterC)
 	u.l = append(u.l, m.LevelML)
-}
-
-func lockedDevices(br pgx.BatchResults, devs map[kettle.DeviceID]*devState) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			id         uuid.UUID
-			d          devState
-			lt         *time.Time
-			c, f, r, a *float64
-			w, l       *float64
-		)
-		if err := rows.Scan(&id, &d.n, &d.capML, &d.lastSeen, &lt, &c, &f, &r, &a, &w, &l); err != nil {
-			return err
-		}
-		if lt != nil {
-			d.latest = &kettle.Measurement{Device: id, Time: lt.UTC(), ChargeMWh: deref(c), FullMWh: deref(f), RateMW: deref(r), AmbientC: deref(a), WaterC: deref(w), LevelML: deref(l)}
-		}
-		devs[id] = &d
-	}
-	return rows.Err()
 }
 
 func deref(p *float64) float64 {
@@ -471,4 +568,65 @@ func maxTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// smallBatchRows is the largest live batch written with INSERT from arrays
+// in the first round trip; larger ones go by COPY (see liveInsert), which
+// costs two more round trips but much less per row.
+// A variable so tests can send every batch down the COPY path.
+var smallBatchRows = 200
+
+// ksum is a Neumaier-compensated running sum: the total is s + c.
+type ksum struct{ s, c float64 }
+
+func (k *ksum) add(x float64) {
+	t := k.s + x
+	if math.Abs(k.s) >= math.Abs(x) {
+		k.c += (k.s - t) + x
+	} else {
+		k.c += (x - t) + k.s
+	}
+	k.s = t
+}
+
+// liveInsert is the insert step of Write, run with the devices locked and
+// the savepoint kettle_copy set. Duplicates of stored rows are rare (a
+// kettle re-sending a reading it got no answer for), so it first tries the
+// fastest path: binary COPY straight into the measurements (into the month's
+// partition when the batch falls in one month, skipping tuple routing).
+// If a row is already stored, the COPY fails on the primary key; then it
+// returns to the savepoint and goes the careful way: COPY into the session's
+// staging table, INSERT … ON CONFLICT DO NOTHING RETURNING the new keys.
+func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, lo, hi time.Time, inserted []bool) error {
+	conn := c.PgConn()
+	table := "measurements"
+	if monthOf(lo) == monthOf(hi) {
+		table = partitionName(monthOf(lo))
+	}
+	_, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY "+table+" "+copyColumns+" FROM STDIN (FORMAT binary)")
+	if err == nil {
+		for i := range inserted {
+			inserted[i] = true
+		}
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
+		return fmt.Errorf("copy into %s: %w", table, err)
+	}
+	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_copy"); err != nil {
+		return err
+	}
+	if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
+		return fmt.Errorf("copy into staging table: %w", err)
+	}
+	if idx == nil {
+		idx = indexRows(rows)
+	}
+	br := c.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
+	if err := markInserted(br, idx, inserted); err != nil {
+		br.Close()
+		return fmt.Errorf("insert measurements: %w", err)
+	}
+	return br.Close()
 }

@@ -181,7 +181,7 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	// continuous); one transaction per group × UTC day, so a chunk never
 	// spans two month partitions.
 	perDay := max(1, int(24*time.Hour/f.Interval))
-	group := max(1, min(r.chunkRows/perDay, f.Devices))
+	group := seedGroup(f.Devices, perDay, r.chunkRows, r.workers)
 	groups := make(chan int)
 	total := int64(f.Devices) * f.RowsPerDevice()
 
@@ -266,6 +266,18 @@ func (r *seedRun) group(ctx context.Context, lo, hi int, buf *[]kettle.Measureme
 		r.stored.Add(n)
 	}
 	return nil
+}
+
+// seedGroup is how many devices a work unit simulates: about chunkRows
+// readings a day, but rounded so the number of groups is a multiple of the
+// workers. A group is simulated by one worker from the first day to the last
+// (the physics is continuous), so 10 groups on 3 workers would leave one
+// stream working alone for the last quarter of the run.
+func seedGroup(devices, perDay, chunkRows, workers int) int {
+	group := max(1, min(chunkRows/perDay, devices))
+	n := (devices + group - 1) / group
+	n = (n + workers - 1) / workers * workers
+	return max(1, (devices+n-1)/n)
 }
 
 // showProgress prints rows, rows/s and ETA every second (on one line when

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL cluster for the bench/pg-*.sh benchmarks, from the
+# installed binaries. Source it, then:
+#
+#   pg_start            # sets PG_DIR, PG_PORT, PG_DSN (URL, unix socket), PG_TCP_DSN
+#   pg_stop             # fast shutdown and rm -rf; call it from your EXIT trap
+#
+# The server runs as the `postgres` OS user when we are root (initdb refuses
+# root), listens on 127.0.0.1:<random port> and on a socket in PG_DIR, and
+# trusts local connections. PG_EXTRA="-c name=value ..." adds settings.
+#
+# Benchmark settings (printed by pg_settings): durability stays ON
+# (fsync, synchronous_commit, full_page_writes: an ack means durable); memory
+# and checkpoints are sized so a 50M-row seeding is not dominated by
+# checkpoint storms.
+
+PG_SETTINGS=(
+	-c shared_buffers=${PG_SHARED_BUFFERS:-2GB}
+	-c max_wal_size=${PG_MAX_WAL:-16GB}
+	-c min_wal_size=1GB
+	-c checkpoint_timeout=30min
+	-c checkpoint_completion_target=0.9
+	-c wal_buffers=64MB
+	-c wal_compression=off
+	-c synchronous_commit=on
+	-c fsync=on
+	-c full_page_writes=on
+	-c max_connections=300
+	-c maintenance_work_mem=512MB
+	-c work_mem=32MB
+	-c effective_cache_size=8GB
+	-c random_page_cost=1.1
+	-c log_min_messages=warning
+	-c log_checkpoints=on
+)
+
+pg_bin() {
+	local d
+	if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return; fi
+	d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -n | tail -1)
+	[ -n "$d" ] || { echo "PostgreSQL binaries missing: apt-get install -y postgresql" >&2; return 1; }
+	echo "$d"
+}
+
+pg_as() { # run as the postgres user when root
+	if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_start() {
+	local bin; bin=$(pg_bin) || return 1
+	PG_DIR=$(mktemp -d /tmp/pgbench-XXXXXX)
+	[ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
+	PG_BIN=$bin
+	PG_PORT=${PG_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+	pg_as "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C >"$PG_DIR/initdb.log" 2>&1 ||
+		{ cat "$PG_DIR/initdb.log" >&2; return 1; }
+	pg_as "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w -t 60 \
+		-o "-c listen_addresses=127.0.0.1 -p $PG_PORT -c unix_socket_directories=$PG_DIR ${PG_SETTINGS[*]} ${PG_EXTRA:-}" start >/dev/null ||
+		{ cat "$PG_DIR/postgres.log" >&2; return 1; }
+	PG_DSN="postgres://postgres@/postgres?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
+	PG_TCP_DSN="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"
+	export PG_DIR PG_PORT PG_DSN PG_TCP_DSN PG_BIN
+}
+
+# pg_db NAME: create database NAME and print its socket DSN.
+pg_db() {
+	"$PG_BIN/psql" -qAt -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres -c "CREATE DATABASE $1" >/dev/null &&
+		echo "postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
+}
+
+# pg_sql DB SQL: run SQL in DB, unaligned output.
+pg_sql() { "$PG_BIN/psql" -qAt -X -h "$PG_DIR" -p "$PG_PORT" -U postgres -d "$1" -c "$2"; }
+
+pg_settings() {
+	echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') throwaway cluster in $PG_DIR, port $PG_PORT (127.0.0.1 + unix socket); settings changed from initdb defaults:"
+	echo "  ${PG_SETTINGS[*]} ${PG_EXTRA:-}" | sed 's/-c //g'
+}
+
+pg_stop() {
+	[ -n "${PG_DIR:-}" ] || return 0
+	[ -d "$PG_DIR/data" ] && pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w -t 60 stop >/dev/null 2>&1
+	rm -rf "$PG_DIR"
+	PG_DIR=
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue 3 benchmarks 1 and 4 on a throwaway PostgreSQL cluster:
+#   1. `kettle seed` rows/s against the ceiling: a raw COPY of the identical
+#      rows (same generator, chunks and streams) into a scratch table of the
+#      same shape, measured before and after the seeding in the same run;
+#   4. GET /v1/statistics p50/p99 on the seeded store (kettle serve --db
+#      postgres://…), beside the naive GROUP BY over every stored row;
+#   and table + index bytes per stored measurement.
+#
+#   bench/pg-seed.sh                                        # 2000 devices × 2 days at 60s (5.7M rows)
+#   DEVICES=20000 DAYS=29 INTERVAL=15m CEILING_DAYS=3 bench/pg-seed.sh   # ~55.7M rows
+#
+# CEILING_DAYS (default DAYS) seeds the ceiling's copies with the first days
+# only, to save time on big runs (a smaller scratch index: the ceiling can
+# only come out higher, the ratio lower).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+DEVICES=${DEVICES:-2000}
+DAYS=${DAYS:-2}
+INTERVAL=${INTERVAL:-60s}
+WORKERS=${WORKERS:-3}
+CHUNK=${CHUNK:-200000}
+CEILING_DAYS=${CEILING_DAYS:-$DAYS}
+STATS_N=${STATS_N:-2000}
+PORT_K=${PORT_K:-$(free_port)}
+END=${END:-$(date -u +%Y-%m-%dT%H:00:00Z)}
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
+trap cleanup EXIT
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK CEILING_DAYS=$CEILING_DAYS END=$END bench/pg-seed.sh"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
+if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+ceil_dsn=$(pg_db ceiling)
+dsn=$(pg_db kettle)
+# the ceiling's end: the same grid, first CEILING_DAYS days of the history
+ceil_end=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days + $CEILING_DAYS days" +%Y-%m-%dT%H:%M:%SZ)
+
+# CPU seconds used by the cluster (postmaster, its processes, and those it
+# reaped): on a shared machine the CPU cost per row is steadier than rows/s.
+pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
+	for p in $pm $(ps --ppid "$pm" -o pid=); do
+		f=($(sed 's/.*) //' /proc/$p/stat 2>/dev/null)) || continue; [ ${#f[@]} -gt 15 ] || continue
+		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
+	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
+# cpu_run NAME CMD...: run CMD, print its output, then a CPU line (client = CMD's own CPU)
+cpu_run() { local name=$1 s0 s1 out; shift; s0=$(pg_cpu)
+	out=$( { /usr/bin/time -f "__CPU %U %S" "$@"; } 2>&1 ); sleep 1; s1=$(pg_cpu) # 1s: let the postmaster reap the backends
+	echo "$out" | grep -v '^__CPU'
+	echo "$out" | awk -v n="$name" -v s0="$s0" -v s1="$s1" '/^__CPU/ { printf "CPU %s client_s=%.2f postgres_s=%.2f\n", n, $2+$3, s1-s0 }'; }
+
+ceiling() {
+	cpu_run ceiling "$work/pgbench" ceiling --dsn "$ceil_dsn" --devices "$DEVICES" --days "$CEILING_DAYS" --interval "$INTERVAL" \
+		--end "$ceil_end" --workers "$WORKERS" --chunk-rows "$CHUNK" | grep -E "RESULT|CPU"
+	pg_sql ceiling "CHECKPOINT" >/dev/null
+}
+echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table (device, t primary key), $WORKERS streams ---"
+c1=$(ceiling); echo "$c1"
+echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --workers $WORKERS --end $END ---"
+cpu_run seed "$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" \
+	--chunk-rows "$CHUNK" --end "$END" --quiet | tee "$work/seed.out"
+pg_sql kettle "CHECKPOINT" >/dev/null
+echo "--- ceiling (after) ---"
+c2=$(ceiling); echo "$c2"
+seed_rate=$(sed -n 's/.*, \([0-9]*\) rows\/s stored.*/\1/p' "$work/seed.out")
+r1=$(echo "$c1" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'); r2=$(echo "$c2" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p')
+awk -v s="$seed_rate" -v a="$r1" -v b="$r2" 'BEGIN { c=(a+b)/2; printf "RATIO seed/ceiling = %.3f (seed %d rows/s; ceiling %d / %d rows/s before / after, mean %.0f); goal >= 0.90\n", s/c, s, a, b, c }'
+# the same ratio in CPU per row (client + postgres), less sensitive to the other load on the machine
+seed_rows=$(sed -n 's/.* \([0-9]*\) stored, .*/\1/p' "$work/seed.out")
+ceil_rows=$(echo "$c1" | sed -n 's/.*RESULT ceiling rows=\([0-9]*\).*/\1/p')
+{ echo "$c1" | grep '^CPU'; echo "$c2" | grep '^CPU'; grep '^CPU' "$work/seed.out"; } | awk -v sr="$seed_rows" -v cr="$ceil_rows" '
+	/^CPU ceiling/ { split($3, a, "="); split($4, b, "="); cc += a[2] + b[2]; cn++ }
+	/^CPU seed/ { split($3, a, "="); split($4, b, "="); sc = a[2] + b[2]; scl = a[2]; spg = b[2] }
+	END { cu = cc / cn / cr * 1e6; su = sc / sr * 1e6
+		printf "RATIO (CPU) seed/ceiling throughput at equal CPU = %.3f (ceiling %.2f µs CPU/row, mean of 2; seed %.2f µs CPU/row: kettle seed %.2f + postgres %.2f)\n", cu / su, cu, su, scl / sr * 1e6, spg / sr * 1e6 }'
+
+echo "--- storage ---"
+pg_sql kettle "SELECT 'STORAGE rows=' || sum(c.reltuples)::bigint || ' partitions=' || count(*) || ' table_bytes=' || sum(pg_table_size(c.oid)) || ' index_bytes=' || sum(pg_indexes_size(c.oid)) ||
+	' total_bytes=' || sum(pg_total_relation_size(c.oid)) || ' bytes_per_row=' || round(sum(pg_total_relation_size(c.oid)) / (SELECT count(*) FROM measurements)::numeric, 1)
+	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+
+echo "--- GET /v1/statistics (open range, $STATS_N sequential requests, one keep-alive connection) on kettle serve --db postgres ---"
+"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$dsn" --data-dir "$work/data" --access-log-sample 0 2>"$work/serve.log" & pids+=($!)
+t0=$(date +%s)
+until curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1; do
+	kill -0 "${pids[-1]}" 2>/dev/null || { echo "kettle serve exited:"; tail -5 "$work/serve.log"; exit 1; }
+	[ $(( $(date +%s) - t0 )) -lt 900 ] || { echo "kettle serve not ready after 900s"; exit 1; }
+	sleep 0.2
+done
+echo "kettle serve ready after $(( $(date +%s) - t0 ))s"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --dsn "$dsn"
+echo "--- the same, bounded range (from=start&to=end of the seeded history: one rollup row per hour of it) ---"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" \
+	--query "from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"

@@ -1,0 +1,573 @@
+// Command pgbench is the client side of the PostgreSQL benchmarks of issue 3
+// (bench/pg-*.sh run it; it is not a timed test):
+//
+//	pgbench ceiling --dsn DSN [fleet flags]   raw COPY of the seeder's rows into a scratch table
+//	pgbench ingest  --url URL --data-dir DIR  POST /v1/measurements batches, acknowledged rows/s
+//	pgbench login   --url URL -n N            register N devices with POST /login, print their ids
+//	pgbench stats   --url URL --data-dir DIR  GET /v1/statistics latency; --dsn: the naive SQL beside it
+//
+// Every subcommand prints one RESULT line with what it measured.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/seed"
+	"github.com/kettlefleet/kettlefleet/server"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: pgbench ceiling|ingest|login|stats [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "ceiling":
+		err = ceiling(os.Args[2:])
+	case "ingest":
+		err = ingest(os.Args[2:])
+	case "login":
+		err = login(os.Args[2:])
+	case "stats":
+		err = stats(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgbench:", err)
+		os.Exit(1)
+	}
+}
+
+// ---- ceiling ----
+
+// ceiling COPYs rows into a scratch table shaped like a measurements
+// partition (same columns, same primary key), with nothing else: no staging,
+// no devices, no rollups. --rows seed generates exactly kettle seed's rows,
+// in its chunks (a group of devices × one UTC day) and with its number of
+// parallel streams; --rows ingest generates the rows pgbench ingest sends.
+func ceiling(args []string) error {
+	fs := flag.NewFlagSet("ceiling", flag.ExitOnError)
+	dsn := fs.String("dsn", "", "PostgreSQL DSN")
+	rowsKind := fs.String("rows", "seed", "which rows: seed (kettle seed's) or ingest (pgbench ingest's)")
+	devices := fs.Int("devices", 100, "seed: kettles in the fleet; ingest: devices")
+	days := fs.Float64("days", 7, "seed: days of history ending at --end")
+	interval := fs.Duration("interval", 30*time.Second, "seed: time between readings")
+	endFlag := fs.String("end", "", "seed: end of history, RFC 3339 (as kettle seed --end)")
+	seedN := fs.Uint64("seed", 42, "seed: random seed")
+	workers := fs.Int("workers", 3, "parallel COPY streams")
+	chunkRows := fs.Int("chunk-rows", 200_000, "seed: readings per COPY (as kettle seed --chunk-rows)")
+	total := fs.Int("total", 1_000_000, "ingest: rows to copy")
+	batch := fs.Int("batch", 500, "ingest: rows per device request (the COPY chunk is --chunk-rows)")
+	encoder := fs.String("encoder", "raw", "raw: binary rows encoded by hand (pgconn.CopyFrom, no allocation per row); pgx: pgx.Conn.CopyFrom with CopyFromSlice")
+	keep := fs.Bool("keep", false, "keep the scratch table")
+	fs.Parse(args)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, *dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS ceiling_scratch;
+		CREATE TABLE ceiling_scratch (
+			device uuid NOT NULL, t timestamptz NOT NULL,
+			charge_mwh float8 NOT NULL, full_mwh float8 NOT NULL, rate_mw float8 NOT NULL,
+			ambient_c float8 NOT NULL, water_c float8 NOT NULL, level_ml float8 NOT NULL,
+			PRIMARY KEY (device, t))`); err != nil {
+		return err
+	}
+	if !*keep {
+		defer conn.Exec(context.Background(), "DROP TABLE IF EXISTS ceiling_scratch")
+	}
+
+	// chunks produces the row chunks; each worker calls next until it
+	// returns false.
+	var next func(buf []kettle.Measurement) ([]kettle.Measurement, bool)
+	switch *rowsKind {
+	case "seed":
+		end := time.Now().UTC().Truncate(time.Hour)
+		if *endFlag != "" {
+			if end, err = time.Parse(time.RFC3339, *endFlag); err != nil {
+				return err
+			}
+		}
+		f := seed.Fleet{Seed: *seedN, Devices: *devices, Interval: *interval, End: end,
+			Start: end.Add(-time.Duration(*days * float64(24*time.Hour)))}
+		if err := f.Validate(); err != nil {
+			return err
+		}
+		next = seedChunks(f, *chunkRows, *workers)
+	case "ingest":
+		next = ingestChunks(*devices, *batch, *total, *chunkRows)
+	default:
+		return fmt.Errorf("--rows %q: want seed or ingest", *rowsKind)
+	}
+
+	var copied atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, *workers)
+	start := time.Now()
+	for range *workers {
+		wg.Go(func() {
+			c, err := pgx.Connect(ctx, *dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close(ctx)
+			var buf []kettle.Measurement
+			for {
+				rows, ok := next(buf)
+				if !ok {
+					return
+				}
+				buf = rows
+				if len(rows) == 0 {
+					continue
+				}
+				var n int64
+				if *encoder == "pgx" {
+					n, err = c.CopyFrom(ctx, pgx.Identifier{"ceiling_scratch"},
+						[]string{"device", "t", "charge_mwh", "full_mwh", "rate_mw", "ambient_c", "water_c", "level_ml"},
+						pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+							m := &rows[i]
+							return []any{m.Device, m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}, nil
+						}))
+				} else {
+					var tag interface{ RowsAffected() int64 }
+					tag, err = c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY ceiling_scratch FROM STDIN (FORMAT binary)")
+					if err == nil {
+						n = tag.RowsAffected()
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				copied.Add(n)
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	var bytes int64
+	conn.QueryRow(ctx, "SELECT pg_total_relation_size('ceiling_scratch')").Scan(&bytes)
+	n := copied.Load()
+	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s bytes_per_row=%.1f\n",
+		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, float64(bytes)/float64(max(n, 1)))
+	return nil
+}
+
+// seedChunks yields kettle seed's chunks: the same fleet, the same groups of
+// devices, one UTC day at a time (cmd/kettle/seed.go).
+func seedChunks(f seed.Fleet, chunkRows, workers int) func([]kettle.Measurement) ([]kettle.Measurement, bool) {
+	perDay := max(1, int(24*time.Hour/f.Interval))
+	// as cmd/kettle/seed.go's seedGroup
+	group := max(1, min(chunkRows/perDay, f.Devices))
+	ng := (f.Devices + group - 1) / group
+	ng = (ng + workers - 1) / workers * workers
+	group = max(1, (f.Devices+ng-1)/ng)
+	var mu sync.Mutex
+	nextGroup := 0
+	// each group is simulated day by day by one worker at a time: hand out
+	// (group, day) in order per group, groups in parallel
+	type state struct {
+		kettles []*seed.Kettle
+		day     time.Time
+	}
+	queue := []*state{}
+	return func(buf []kettle.Measurement) ([]kettle.Measurement, bool) {
+		mu.Lock()
+		var st *state
+		if len(queue) > 0 {
+			st, queue = queue[0], queue[1:]
+		} else if nextGroup < f.Devices {
+			lo, hi := nextGroup, min(nextGroup+group, f.Devices)
+			nextGroup = hi
+			st = &state{day: f.Start.Truncate(24 * time.Hour)}
+			for i := lo; i < hi; i++ {
+				st.kettles = append(st.kettles, f.Kettle(i))
+			}
+		}
+		mu.Unlock()
+		if st == nil {
+			return buf, false
+		}
+		until := st.day.Add(24 * time.Hour)
+		rows := buf[:0]
+		var m kettle.Measurement
+		for _, k := range st.kettles {
+			for k.Next(until, &m) {
+				rows = append(rows, m)
+			}
+		}
+		st.day = until
+		if st.day.Before(f.End) {
+			mu.Lock()
+			queue = append([]*state{st}, queue...) // keep the same worker busy on it next
+			mu.Unlock()
+		}
+		return rows, true
+	}
+}
+
+// ingestRow is reading j of request k of device dev, exactly as pgbench
+// ingest sends it: one second apart, plausible values.
+func ingestRow(base time.Time, id kettle.DeviceID, dev, k, j, batch int) kettle.Measurement {
+	r := rand.New(rand.NewPCG(uint64(dev), uint64(k*batch+j)))
+	return kettle.Measurement{
+		Device:    id,
+		Time:      base.Add(time.Duration(k*batch+j) * time.Second).Add(time.Duration(dev%1000) * time.Microsecond),
+		ChargeMWh: math.Round(r.Float64()*40000*10) / 10, FullMWh: 40000, RateMW: math.Round((r.Float64()*2000-1000)*10) / 10,
+		AmbientC: math.Round((15+r.Float64()*10)*100) / 100, WaterC: math.Round((20+r.Float64()*80)*100) / 100,
+		LevelML: math.Round(r.Float64()*1500*10) / 10,
+	}
+}
+
+func ingestBase() time.Time { return time.Now().UTC().Add(-40 * 24 * time.Hour).Truncate(time.Hour) }
+
+func ingestID(dev int) kettle.DeviceID {
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte("pgbench-ingest/"+strconv.Itoa(dev)))
+}
+
+func ingestChunks(devices, batch, total, chunkRows int) func([]kettle.Measurement) ([]kettle.Measurement, bool) {
+	base := ingestBase()
+	var mu sync.Mutex
+	req := 0 // request number: device req%devices, its k = req/devices
+	return func(buf []kettle.Measurement) ([]kettle.Measurement, bool) {
+		rows := buf[:0]
+		mu.Lock()
+		first := req
+		nreq := max(1, chunkRows/batch)
+		if first*batch >= total {
+			mu.Unlock()
+			return rows, false
+		}
+		req += nreq
+		mu.Unlock()
+		for q := first; q < first+nreq && q*batch < total; q++ {
+			dev, k := q%devices, q/devices
+			id := ingestID(dev)
+			for j := range batch {
+				rows = append(rows, ingestRow(base, id, dev, k, j, batch))
+			}
+		}
+		return rows, true
+	}
+}
+
+// copyReader streams rows in PostgreSQL's binary COPY format (as the store's).
+type copyReader struct {
+	rows          []kettle.Measurement
+	i             int
+	header, trail bool
+}
+
+const copyHeader = "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+const rowSize = 2 + (4 + 16) + (4 + 8) + 6*(4+8)
+
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+func (r *copyReader) Read(p []byte) (int, error) {
+	n := 0
+	if !r.header {
+		n += copy(p, copyHeader)
+		r.header = true
+	}
+	be := binary.BigEndian
+	for r.i < len(r.rows) && len(p)-n >= rowSize {
+		b, m := p[n:n+rowSize], &r.rows[r.i]
+		be.PutUint16(b[0:], 8)
+		be.PutUint32(b[2:], 16)
+		copy(b[6:22], m.Device[:])
+		be.PutUint32(b[22:], 8)
+		be.PutUint64(b[26:], uint64(m.Time.UnixMicro()-pgEpoch))
+		o := 34
+		for _, v := range [6]float64{m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML} {
+			be.PutUint32(b[o:], 8)
+			be.PutUint64(b[o+4:], math.Float64bits(v))
+			o += 12
+		}
+		n += rowSize
+		r.i++
+	}
+	if r.i == len(r.rows) && !r.trail && len(p)-n >= 2 {
+		be.PutUint16(p[n:], 0xffff)
+		n += 2
+		r.trail = true
+	}
+	if r.trail {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// ---- ingest ----
+
+type v1Reading struct {
+	Time    string  `json:"time"`
+	Charge  float64 `json:"battery_charge_mwh"`
+	Full    float64 `json:"battery_full_mwh"`
+	Rate    float64 `json:"battery_rate_mw"`
+	Ambient float64 `json:"ambient_temp_c"`
+	Water   float64 `json:"water_temp_c"`
+	Level   float64 `json:"water_level_ml"`
+}
+
+// ingest drives POST /v1/measurements with batches of --batch readings of
+// one device each (a kettle uploading its backlog), from --conns concurrent
+// keep-alive connections, every reading new; it counts the readings
+// acknowledged as stored (200 {"stored": n}).
+func ingest(args []string) error {
+	fs := flag.NewFlagSet("ingest", flag.ExitOnError)
+	url := fs.String("url", "http://127.0.0.1:8080", "kettle serve base URL")
+	dataDir := fs.String("data-dir", "kettle-data", "kettle serve --data-dir (for the secret)")
+	devices := fs.Int("devices", 2000, "devices")
+	batch := fs.Int("batch", 500, "readings per request")
+	conns := fs.Int("conns", 16, "concurrent connections")
+	dur := fs.Duration("duration", 20*time.Second, "how long to send")
+	warm := fs.Duration("warmup", 3*time.Second, "sent first, not counted")
+	fs.Parse(args)
+	sec, err := server.ReadSecret(*dataDir, "secret")
+	if err != nil {
+		return err
+	}
+	base := ingestBase()
+	tr := &http.Transport{MaxIdleConnsPerHost: *conns, MaxConnsPerHost: *conns}
+	cl := &http.Client{Transport: tr, Timeout: 60 * time.Second}
+	var (
+		counting   atomic.Bool
+		stored     atomic.Int64
+		dups       atomic.Int64
+		reqs, errs atomic.Int64
+		latMu      sync.Mutex
+		lats       []time.Duration
+		stop       atomic.Bool
+		firstErr   atomic.Value
+	)
+	var wg sync.WaitGroup
+	for c := range *conns {
+		wg.Go(func() {
+			var body bytes.Buffer
+			readings := make([]v1Reading, *batch)
+			k := map[int]int{}
+			for i := 0; !stop.Load(); i++ {
+				dev := c + (i%max(1, *devices / *conns))*(*conns)
+				if dev >= *devices {
+					dev = c
+				}
+				id := ingestID(dev)
+				kk := k[dev]
+				k[dev]++
+				for j := range readings {
+					m := ingestRow(base, id, dev, kk, j, *batch)
+					readings[j] = v1Reading{m.Time.Format(time.RFC3339Nano), m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}
+				}
+				body.Reset()
+				json.NewEncoder(&body).Encode(readings)
+				req, _ := http.NewRequest("POST", *url+"/v1/measurements", bytes.NewReader(body.Bytes()))
+				req.Header.Set("Authorization", "Bearer "+kettle.DeviceToken([]byte(sec), id))
+				req.Header.Set("Content-Type", "application/json")
+				t0 := time.Now()
+				resp, err := cl.Do(req)
+				if err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				var out struct{ Stored, Duplicates int64 }
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, fmt.Sprintf("%d %s", resp.StatusCode, bytes.TrimSpace(b)))
+					if resp.StatusCode == 503 {
+						time.Sleep(50 * time.Millisecond)
+					}
+					continue
+				}
+				if counting.Load() {
+					stored.Add(out.Stored)
+					dups.Add(out.Duplicates)
+					reqs.Add(1)
+					latMu.Lock()
+					lats = append(lats, time.Since(t0))
+					latMu.Unlock()
+				}
+			}
+		})
+	}
+	time.Sleep(*warm)
+	counting.Store(true)
+	start := time.Now()
+	time.Sleep(*dur)
+	counting.Store(false)
+	el := time.Since(start)
+	stop.Store(true)
+	wg.Wait()
+	slices.Sort(lats)
+	fmt.Printf("RESULT ingest stored=%d duplicates=%d requests=%d seconds=%.2f rows_per_s=%.0f req_per_s=%.1f p50_ms=%.1f p99_ms=%.1f errors=%d conns=%d batch=%d devices=%d\n",
+		stored.Load(), dups.Load(), reqs.Load(), el.Seconds(), float64(stored.Load())/el.Seconds(), float64(reqs.Load())/el.Seconds(),
+		ms(pct(lats, 50)), ms(pct(lats, 99)), errs.Load(), *conns, *batch, *devices)
+	if e := firstErr.Load(); e != nil {
+		fmt.Println("first error:", e)
+	}
+	return nil
+}
+
+func pct(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	return v[min(len(v)-1, int(math.Ceil(p/100*float64(len(v))))-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// ---- login ----
+
+func login(args []string) error {
+	fs := flag.NewFlagSet("login", flag.ExitOnError)
+	url := fs.String("url", "http://127.0.0.1:8080", "kettle serve base URL")
+	n := fs.Int("n", 2000, "devices")
+	fs.Parse(args)
+	ids := make([]string, *n)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	var failed atomic.Value
+	for range 8 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < *n; i = int(next.Add(1)) - 1 {
+				resp, err := http.Post(*url+"/login", "application/json", bytes.NewReader([]byte(`{"username":"bench"}`)))
+				if err != nil {
+					failed.Store(err.Error())
+					return
+				}
+				var out struct{ Username string }
+				json.NewDecoder(resp.Body).Decode(&out)
+				resp.Body.Close()
+				ids[i] = out.Username
+			}
+		})
+	}
+	wg.Wait()
+	if e := failed.Load(); e != nil {
+		return fmt.Errorf("login: %v", e)
+	}
+	for _, id := range ids {
+		fmt.Println(id)
+	}
+	return nil
+}
+
+// ---- stats ----
+
+// stats measures GET /v1/statistics (open range: all history) latency with
+// sequential requests on one keep-alive connection, and with --dsn how long
+// the naive SQL over every stored row takes.
+func stats(args []string) error {
+	fs := flag.NewFlagSet("stats", flag.ExitOnError)
+	url := fs.String("url", "http://127.0.0.1:8080", "kettle serve base URL")
+	dataDir := fs.String("data-dir", "kettle-data", "kettle serve --data-dir (for the operator token)")
+	n := fs.Int("n", 2000, "requests")
+	query := fs.String("query", "", "query string, e.g. from=…&to=…")
+	dsn := fs.String("dsn", "", "also time the naive SQL on this database")
+	fs.Parse(args)
+	tok, err := server.ReadSecret(*dataDir, "operator-token")
+	if err != nil {
+		return err
+	}
+	cl := &http.Client{Timeout: 30 * time.Second}
+	get := func() (time.Duration, []byte, error) {
+		u := *url + "/v1/statistics"
+		if *query != "" {
+			u += "?" + *query
+		}
+		req, _ := http.NewRequest("GET", u, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		t0 := time.Now()
+		resp, err := cl.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, nil, fmt.Errorf("GET /v1/statistics: %d %s", resp.StatusCode, b)
+		}
+		return time.Since(t0), b, nil
+	}
+	var body []byte
+	for range 50 { // warm up
+		if _, body, err = get(); err != nil {
+			return err
+		}
+	}
+	lats := make([]time.Duration, 0, *n)
+	for range *n {
+		d, _, err := get()
+		if err != nil {
+			return err
+		}
+		lats = append(lats, d)
+	}
+	slices.Sort(lats)
+	var st struct {
+		Count int64 `json:"measurement_count"`
+	}
+	json.Unmarshal(body, &st)
+	fmt.Printf("RESULT statistics requests=%d measurement_count=%d p50_ms=%.3f p99_ms=%.3f max_ms=%.3f\n",
+		*n, st.Count, ms(pct(lats, 50)), ms(pct(lats, 99)), ms(lats[len(lats)-1]))
+	if *dsn != "" {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, *dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		const naive = `SELECT extract(hour FROM t AT TIME ZONE 'UTC') h, count(*), avg(water_c), stddev_pop(water_c), avg(ambient_c), stddev_pop(ambient_c) FROM measurements GROUP BY 1 ORDER BY 1`
+		for i := range 2 { // the second run with a warm cache
+			t0 := time.Now()
+			rows, _ := conn.Query(ctx, naive)
+			var total int64
+			for rows.Next() {
+				var h, a, b, c, d float64
+				var cnt int64
+				if err := rows.Scan(&h, &cnt, &a, &b, &c, &d); err != nil {
+					return err
+				}
+				total += cnt
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			fmt.Printf("RESULT naive_sql run=%d rows_scanned=%d ms=%.0f sql=%q\n", i+1, total, ms(time.Since(t0)), naive)
+		}
+	}
+	return nil
+}
