@@ -187,17 +187,14 @@ type Store interface {
 	SetOverride(ctx context.Context, id DeviceID, o Override) error
 	// ClearOverride removes it (no error when there is none).
 	ClearOverride(ctx context.Context, id DeviceID) error
+	// Revoke decommissions a device (ENotFound for an unknown one): its
+	// credentials are refused from then on; its history stays. Revoking
+	// again keeps the first time.
+	Revoke(ctx context.Context, id DeviceID, at time.Time) error
 	// Scan calls fn for every device, to rebuild in-memory caches at start.
 	Scan(ctx context.Context, fn func(DeviceState) error) error
 	// Ping checks that the store answers (readiness).
 	Ping(ctx context.Context) error
 	// Close releases the store.
 	Close() error
-}
-
-// Revoker is a store that can decommission a device (ENotFound for an
-// unknown one): its credentials are refused from then on; its history stays.
-// Revoking again keeps the first time.
-type Revoker interface {
-	Revoke(ctx context.Context, id DeviceID, at time.Time) error
 }

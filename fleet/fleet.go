@@ -497,11 +497,7 @@ func (s *Service) Revoked(id kettle.DeviceID) bool {
 // Revoke decommissions a device durably, then in the cache: from then on its
 // credentials are refused; its history stays in the statistics.
 func (s *Service) Revoke(ctx context.Context, id kettle.DeviceID) error {
-	r, ok := s.store.(kettle.Revoker)
-	if !ok {
-		return kettle.Errorf(kettle.EInternal, "this store cannot revoke devices")
-	}
-	if err := r.Revoke(ctx, id, s.now().UTC().Truncate(kettle.TimePrecis)); err != nil {
+	if err := s.store.Revoke(ctx, id, s.now().UTC().Truncate(kettle.TimePrecis)); err != nil {
 		return storeErr("revoke", err)
 	}
 	s.mu.Lock()

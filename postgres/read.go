@@ -99,22 +99,26 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 
 const deviceCols = `id, registered_at, last_seen, measurements, capacity_ml,
 	latest_t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml,
-	ov_charge, ov_fill, ov_flush, ov_expires_at, ov_set_at`
+	ov_charge, ov_fill, ov_flush, ov_expires_at, ov_set_at, revoked_at`
 
 func scanDevice(r pgx.Row) (kettle.DeviceState, error) {
 	var (
 		d                        kettle.DeviceState
 		reg                      time.Time
 		seen, lt, ovExp, ovSet   *time.Time
+		revoked                  *time.Time
 		c, f, rate, a, w, l, ovF *float64
 		ovC, ovFill              *bool
 	)
 	err := r.Scan(&d.ID, &reg, &seen, &d.Measurements, &d.CapacityML,
-		&lt, &c, &f, &rate, &a, &w, &l, &ovC, &ovFill, &ovF, &ovExp, &ovSet)
+		&lt, &c, &f, &rate, &a, &w, &l, &ovC, &ovFill, &ovF, &ovExp, &ovSet, &revoked)
 	if err != nil {
 		return d, err
 	}
 	d.RegisteredAt = reg.UTC()
+	if revoked != nil {
+		d.RevokedAt = revoked.UTC()
+	}
 	if seen != nil {
 		d.LastSeen = seen.UTC()
 	}
@@ -252,6 +256,19 @@ func (s *Store) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 		WHERE id = $1 AND ov_expires_at IS NOT NULL`, id)
 	if err != nil {
 		return unavailable(fmt.Sprintf("postgres clear override of %s", id), err)
+	}
+	return nil
+}
+
+// Revoke marks device id revoked at at (ENotFound for an unknown device);
+// revoking again keeps the first time. Its history stays.
+func (s *Store) Revoke(ctx context.Context, id kettle.DeviceID, at time.Time) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE devices SET revoked_at = coalesce(revoked_at, $2) WHERE id = $1`, id, at.UTC())
+	if err != nil {
+		return unavailable(fmt.Sprintf("postgres revoke %s", id), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return notFound(id)
 	}
 	return nil
 }

@@ -18,13 +18,15 @@ import (
 // TestRevoke: DELETE /v1/devices/{id} decommissions a device: its v1 token,
 // its case-study UUID and its MQTT password are refused, also after a
 // restart; its history stays in the statistics.
-func TestRevoke(t *testing.T) {
+func TestRevoke(t *testing.T) { forEachStore(t, testRevoke) }
+
+func testRevoke(t *testing.T, dsn string) {
 	dir := t.TempDir()
 	cfg := func(c *server.Config) {
 		c.DataDir, c.Secret, c.OperatorToken = dir, "s", "op"
 		c.MQTT.Addr = "127.0.0.1:0"
 	}
-	srv := start(t, "sqlite:"+dir+"/k.db", cfg)
+	srv := start(t, dsn, cfg)
 	c := newClient(t, srv)
 	id := uuid.New()
 	tok := bearer(kettle.DeviceToken([]byte("s"), id))
@@ -87,6 +89,6 @@ func TestRevoke(t *testing.T) {
 	}
 	refused(c, srv.MQTTAddr())
 	srv.Close()
-	srv2 := start(t, "sqlite:"+dir+"/k.db", cfg)
+	srv2 := start(t, dsn, cfg)
 	refused(newClient(t, srv2), srv2.MQTTAddr())
 }

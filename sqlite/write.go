@@ -527,4 +527,3 @@ func nullFloat(f *float64) any {
 	}
 	return *f
 }
-var _ kettle.Revoker = (*Store)(nil)

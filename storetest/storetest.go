@@ -48,6 +48,7 @@ func Run(t *testing.T, open Opener) {
 		{"Write", testWrite},
 		{"History", testHistory},
 		{"Overrides", testOverrides},
+		{"Revoke", testRevoke},
 		{"Statistics", testStatistics},
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},
@@ -606,4 +607,55 @@ func testStatistics(t *testing.T, open Opener) {
 // to floor when |want| is smaller (values near zero).
 func near(got, want, floor float64) bool {
 	return math.Abs(got-want) <= 1e-9*math.Max(math.Abs(want), floor)
+}
+
+// testRevoke: a revoked device keeps its history and statistics, reads back
+// revoked (also after a restart and through Scan), and keeps its first
+// revocation time; unknown devices are ENotFound; later writes still count.
+func testRevoke(t *testing.T, open Opener) {
+	s, reopen := open(t)
+	ctx := context.Background()
+	v := ids(11, 3)
+	dev, other, unknown := v[0], v[1], v[2]
+	if err := s.Register(ctx, []kettle.DeviceID{dev, other}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write(ctx, []kettle.Measurement{{Device: dev, Time: at(time.Minute), ChargeMWh: 1, FullMWh: 2, AmbientC: 20, WaterC: 60, LevelML: 300}}, at(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revoke(ctx, dev, at(time.Hour)); err != nil {
+		t.Fatalf("Revoke: %v", err)
+	}
+	if err := s.Revoke(ctx, dev, at(2*time.Hour)); err != nil {
+		t.Fatalf("Revoke again: %v", err)
+	}
+	if err := s.Revoke(ctx, unknown, at(time.Hour)); kettle.ErrorCode(err) != kettle.ENotFound {
+		t.Errorf("Revoke(unknown) = %v, want ENotFound", err)
+	}
+	check := func(s kettle.Store) {
+		t.Helper()
+		d := device(t, s, dev)
+		if !d.RevokedAt.Equal(at(time.Hour)) || d.Measurements != 1 || d.Latest == nil {
+			t.Errorf("revoked device reads back as revoked %v, %d measurements", d.RevokedAt, d.Measurements)
+		}
+		if o := device(t, s, other); !o.RevokedAt.IsZero() {
+			t.Errorf("another device reads back revoked")
+		}
+		seen := false
+		s.Scan(ctx, func(d kettle.DeviceState) error {
+			if d.ID == dev {
+				seen = !d.RevokedAt.IsZero()
+			}
+			return nil
+		})
+		if !seen {
+			t.Error("Scan does not show the revocation")
+		}
+		st, err := s.Statistics(ctx, kettle.StatsQuery{})
+		if err != nil || st.MeasurementCount != 1 || st.DevicesRegistered != 2 {
+			t.Errorf("statistics after revoke: %+v %v", st, err)
+		}
+	}
+	check(s)
+	check(reopen(t))
 }

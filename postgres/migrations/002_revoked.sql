@@ -1,0 +1,3 @@
+-- Revoked (decommissioned) devices: their credentials are refused; their
+-- history stays in the statistics.
+ALTER TABLE devices ADD COLUMN revoked_at timestamptz;
