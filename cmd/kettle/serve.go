@@ -62,7 +62,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Ingest.QueueRows, "ingest-queue", 65536, "readings that may wait for a commit; beyond it ingest answers 503 + Retry-After")
 	fs.IntVar(&cfg.Ingest.BatchRows, "batch-rows", 2000, "most readings committed in one transaction")
 	fs.DurationVar(&cfg.Ingest.BatchWait, "batch-wait", 0, "wait this long for more readings before committing a partial batch (0: commit at once; batches still grow under load)")
-	fs.IntVar(&cfg.Ingest.Writers, "writers", 0, "concurrent batch transactions (0: 1 for SQLite, 2 for PostgreSQL)")
+	fs.IntVar(&cfg.Ingest.Writers, "writers", 0, "concurrent batch transactions (0: 1 for SQLite, which has one writer; 4 for PostgreSQL)")
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "reload the device cache from the store this often, for several nodes on one PostgreSQL (0: 5s on PostgreSQL, never on SQLite)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
