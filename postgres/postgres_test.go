@@ -65,6 +65,7 @@ type recompute struct {
 	charge, level, potential float64
 	hourN                    [24]int64
 	hourWaterMean            [24]float64
+	seenMismatches           int64 // last_seen values whose last_seen_counts row is wrong or missing
 }
 
 func naive(t *testing.T, dsn string) recompute {
@@ -82,6 +83,13 @@ func naive(t *testing.T, dsn string) recompute {
 	}
 	err = conn.QueryRow(ctx, `SELECT coalesce(sum(charge_mwh),0), coalesce(sum(level_ml),0), coalesce(sum((water_c-ambient_c)*level_ml),0)
 		FROM (SELECT DISTINCT ON (device) * FROM measurements ORDER BY device, t DESC) l`).Scan(&r.charge, &r.level, &r.potential)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// last_seen_counts must equal the devices' last_seen values, counted.
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM last_seen_counts c
+		FULL JOIN (SELECT last_seen AS at, count(*) AS n FROM devices WHERE last_seen IS NOT NULL GROUP BY 1) d USING (at)
+		WHERE c.n IS DISTINCT FROM d.n`).Scan(&r.seenMismatches)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +124,9 @@ func checkExact(t *testing.T, s *postgres.Store, dsn string) {
 		if math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
 			t.Errorf("%s = %v, recomputed %v", what, got, want)
 		}
+	}
+	if want.seenMismatches != 0 {
+		t.Errorf("last_seen_counts: %d values differ from a count of devices.last_seen", want.seenMismatches)
 	}
 	f("TotalChargeMWh", st.TotalChargeMWh, want.charge)
 	f("TotalWaterML", st.TotalWaterML, want.level)
@@ -351,5 +362,104 @@ func BenchmarkWrite(b *testing.B) {
 			defer s.Close()
 			storetest.WriteBenchmark(b, s, size)
 		})
+	}
+}
+
+// BenchmarkStatistics reads the statistics of 20,000 registered devices that
+// reported in 10 batches over the last 10 minutes. Its sub-benchmarks
+// devices-scan and counts-sum time the two ways to count the devices
+// reporting in the last 5 minutes, alone, on the same database: the scan of
+// devices that Statistics did before last_seen_counts, and the sum over
+// last_seen_counts it does now.
+func BenchmarkStatistics(b *testing.B) {
+	dsn := pgtest.Start(b)
+	s := open(b, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	const devices, batches = 20000, 10
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for k := range batches {
+		var batch []kettle.Measurement
+		for d := k * devices / batches; d < (k+1)*devices/batches; d++ {
+			id := kettle.DeviceID{0xbe, byte(d >> 16), byte(d >> 8), byte(d)}
+			batch = append(batch, rowAt(rng, id, now.Add(-time.Duration(d)*time.Second)))
+		}
+		if _, err := s.Write(ctx, batch, now.Add(-time.Duration(batches-k)*time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	since := now.Add(-5 * time.Minute)
+	st, err := s.Statistics(ctx, kettle.StatsQuery{ReportingSince: since})
+	if err != nil || st.DevicesRegistered != devices || st.DevicesReporting != devices/2 {
+		b.Fatalf("statistics %d registered, %d reporting, %v; want %d, %d", st.DevicesRegistered, st.DevicesReporting, err, devices, devices/2)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "VACUUM ANALYZE devices, last_seen_counts"); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Statistics", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := s.Statistics(ctx, kettle.StatsQuery{ReportingSince: since}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	query := func(sql string) func(b *testing.B) {
+		return func(b *testing.B) {
+			for b.Loop() {
+				var n int64
+				if err := conn.QueryRow(ctx, sql, since).Scan(&n); err != nil || n != devices/2 {
+					b.Fatalf("%d, %v; want %d", n, err, devices/2)
+				}
+			}
+		}
+	}
+	b.Run("devices-scan", query(`SELECT count(*) FROM devices WHERE last_seen >= $1`))
+	b.Run("counts-sum", query(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts WHERE at >= $1`))
+}
+
+// TestMigrateLastSeenCounts: migration 3 backfills last_seen_counts from a
+// database written without it.
+func TestMigrateLastSeenCounts(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+	base := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	for k := range 3 {
+		var batch []kettle.Measurement
+		for d := k; d < 10; d++ {
+			batch = append(batch, rowAt(rng, devID(d), base.Add(time.Duration(k)*time.Minute)))
+		}
+		if _, err := s.Write(ctx, batch, base.Add(time.Duration(k)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Register(ctx, []kettle.DeviceID{devID(99)}, base); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version = 3"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	s = open(t, dsn)
+	defer s.Close()
+	checkExact(t, s, dsn)
+	st, err := s.Statistics(ctx, kettle.StatsQuery{ReportingSince: base.Add(time.Second)})
+	if err != nil || st.DevicesReporting != 9 || st.DevicesRegistered != 11 {
+		t.Fatalf("after migration: %d reporting, %d registered, %v; want 9, 11", st.DevicesReporting, st.DevicesRegistered, err)
+	}
+	if st, _ := s.Statistics(ctx, kettle.StatsQuery{}); st.DevicesReporting != 10 {
+		t.Errorf("reporting ever: %d, want 10", st.DevicesReporting)
 	}
 }

@@ -36,10 +36,12 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 			QueryRow(func(r pgx.Row) error {
 				return r.Scan(&st.MeasurementCount, &st.DevicesRegistered, &st.TotalChargeMWh, &st.TotalWaterML, &st.TotalPotentialCmL)
 			})
+		// From last_seen_counts (migration 3), a handful of rows, not a scan
+		// of devices.
 		if q.ReportingSince.IsZero() {
-			b.Queue(`SELECT count(*) FROM devices WHERE last_seen IS NOT NULL`).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
+			b.Queue(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts`).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
 		} else {
-			b.Queue(`SELECT count(*) FROM devices WHERE last_seen >= $1`, q.ReportingSince.UTC()).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
+			b.Queue(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts WHERE at >= $1`, q.ReportingSince.UTC()).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
 		}
 		merge := func(rows pgx.Rows, hod func(k time.Time, h int16) int) error {
 			defer rows.Close()

@@ -22,13 +22,15 @@ import (
 // Statements of the write path, prepared on every connection of the pool
 // (see prepareWrite) and executed by name.
 var writeStmts = map[string]string{
-	"kettle_lock":     sqlLock,
-	"kettle_register": sqlRegister,
-	"kettle_insert":   sqlInsertArrays,
-	"kettle_devs":     sqlUpdateDevs,
-	"kettle_rollups":  sqlMergeRollups,
-	"kettle_hods":     sqlMergeHods,
-	"kettle_totals":   sqlAddTotals,
+	"kettle_lock":      sqlLock,
+	"kettle_register":  sqlRegister,
+	"kettle_insert":    sqlInsertArrays,
+	"kettle_devs":      sqlUpdateDevs,
+	"kettle_rollups":   sqlMergeRollups,
+	"kettle_hods":      sqlMergeHods,
+	"kettle_totals":    sqlAddTotals,
+	"kettle_seen":      sqlMoveSeen,
+	"kettle_seen_drop": sqlDropSeen,
 }
 
 func prepareWrite(ctx context.Context, c *pgconn.PgConn) error {
@@ -105,6 +107,16 @@ func timestamptzArray(ts []time.Time) []byte {
 	for _, t := range ts {
 		b = binary.BigEndian.AppendUint32(b, 8)
 		b = binary.BigEndian.AppendUint64(b, uint64(t.UnixMicro()-pgEpochMicros))
+	}
+	return b
+}
+
+// timestampsMicroArray is timestamptzArray of times given in unix µs.
+func timestampsMicroArray(us []int64) []byte {
+	b := arrayHeader(make([]byte, 0, 20+len(us)*12), pgtype.TimestamptzOID, len(us))
+	for _, u := range us {
+		b = binary.BigEndian.AppendUint32(b, 8)
+		b = binary.BigEndian.AppendUint64(b, uint64(u-pgEpochMicros))
 	}
 	return b
 }

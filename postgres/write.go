@@ -80,6 +80,21 @@ const (
 			$6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::float8[])
 			AS u(tid, n, cap, seen, t, c, f, r, a, w, l)
 		WHERE d.ctid = u.tid`
+	// sqlMoveSeen adds a batch's changes in how many devices have each
+	// last_seen value (−1 at a device's old value, +1 at its new one, summed
+	// per value; no value twice) to last_seen_counts. One statement, bucket
+	// rows locked in order of at, so that concurrent writers queue instead
+	// of deadlocking. A negative change never inserts: the devices that move
+	// away from a value are locked by this transaction and counted in its
+	// row, so the row exists and stays (see sqlDropSeen) until we commit.
+	sqlMoveSeen = `INSERT INTO last_seen_counts AS c (at, n)
+		SELECT * FROM unnest($1::timestamptz[], $2::int8[]) AS d(at, n) ORDER BY at
+		ON CONFLICT (at) DO UPDATE SET n = c.n + excluded.n`
+	// sqlDropSeen deletes the values sqlMoveSeen brought to 0. Their rows are
+	// locked by this transaction, so no other writer changes them between
+	// the two statements; one that increments a deleted value after our
+	// commit inserts it again (ON CONFLICT retries on a deleted row).
+	sqlDropSeen = `DELETE FROM last_seen_counts WHERE at = ANY($1::timestamptz[]) AND n = 0`
 	// The merge is kettle.Moments.Merge, operation for operation, so every
 	// store computes bit-identical moments from the same partial aggregates.
 	mergeMoments = `n = r.n + excluded.n,
@@ -120,7 +135,8 @@ const (
 // nodes writing overlapping devices queue instead of deadlocking) and
 // INSERT … ON CONFLICT DO NOTHING RETURNING the keys that were new; then,
 // aggregated in Go over the new rows and again in one round trip, the
-// devices' new state, the hourly and hour-of-day rollups and, last, the
+// devices' new state, the counts of devices per last_seen value
+// (last_seen_counts), the hourly and hour-of-day rollups and, last, the
 // totals row; then COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
 	dup := make([]bool, len(batch))
@@ -374,14 +390,17 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		hod.ambient.Add(m.AmbientC)
 	}
 
-	// Last round trip: the devices' new state, the hourly and hour-of-day
-	// rollups, the totals row (hot rows last, so they stay locked only until
-	// the commit that follows in the same round trip) and COMMIT.
+	// Last round trip: the devices' new state, the moves of their last_seen
+	// in last_seen_counts, the hourly and hour-of-day rollups, the totals row
+	// (hot rows last, so they stay locked only until the commit that follows
+	// in the same round trip) and COMMIT. Rows of each table are locked in
+	// key order, tables in this order, by every writer.
 	b = pgconn.Batch{}
 	if res.n > 0 || newDevs > 0 {
 		var u devUpdate
 		u.grow(len(ids))
-		var sums [3]ksum // charge, level, potential: −old, +new per changed latest
+		var sums [3]ksum                      // charge, level, potential: −old, +new per changed latest
+		seenDelta := make(map[int64]int64, 4) // last_seen (unix µs) → change in its device count
 		for _, id := range ids {
 			d := devs[id]
 			if !d.touched {
@@ -407,11 +426,28 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 				}
 			}
 			u.add(d.tid, d.n, d.capML, seen, latest)
+			// last_seen_counts follows the devices' last_seen exactly: the
+			// same µs values that go into (and came from) the devices rows.
+			if d.lastSeen == nil || d.lastSeen.UnixMicro() != seen.UnixMicro() {
+				if d.lastSeen != nil {
+					seenDelta[d.lastSeen.UnixMicro()]--
+				}
+				seenDelta[seen.UnixMicro()]++
+			}
 		}
 		if len(u.tid) > 0 {
 			b.ExecPrepared("kettle_devs", [][]byte{tidArray(u.tid), int8Array(u.n), float8Array(u.capML),
 				timestamptzArray(u.seen), timestamptzArray(u.t), float8Array(u.c), float8Array(u.f),
 				float8Array(u.r), float8Array(u.a), float8Array(u.w), float8Array(u.l)}, bin(11), nil)
+		}
+		if len(seenDelta) > 0 {
+			ats, ns, dropped := seenChanges(seenDelta)
+			if len(ats) > 0 {
+				b.ExecPrepared("kettle_seen", [][]byte{timestampsMicroArray(ats), int8Array(ns)}, bin(2), nil)
+			}
+			if len(dropped) > 0 {
+				b.ExecPrepared("kettle_seen_drop", [][]byte{timestampsMicroArray(dropped)}, bin(1), nil)
+			}
 		}
 		if len(hours) > 0 {
 			slices.SortFunc(hours, func(a, b hourAgg) int { return int(a.hour - b.hour) })
@@ -629,4 +665,26 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		return fmt.Errorf("insert measurements: %w", err)
 	}
 	return br.Close()
+}
+
+// seenChanges returns the nonzero changes of delta (last_seen in unix µs →
+// change in its device count) in increasing order of last_seen, the order
+// sqlMoveSeen locks their rows in, and the values that lost devices (which
+// may have reached 0).
+func seenChanges(delta map[int64]int64) (ats, ns, lost []int64) {
+	ats = make([]int64, 0, len(delta))
+	for at, n := range delta {
+		if n != 0 {
+			ats = append(ats, at)
+		}
+	}
+	slices.Sort(ats)
+	ns = make([]int64, len(ats))
+	for i, at := range ats {
+		ns[i] = delta[at]
+		if ns[i] < 0 {
+			lost = append(lost, at)
+		}
+	}
+	return ats, ns, lost
 }
