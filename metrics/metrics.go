@@ -424,6 +424,7 @@ type MQTTStats struct {
 	Readings, Invalid, ACLDenied int64
 	Withheld, Dropped, Unacked   int64
 	CommandsPushed               int64
+	CommandsDropped              int64
 }
 
 // RegisterMQTT registers the MQTT metrics, read from stats once per scrape.
@@ -443,12 +444,13 @@ var (
 	mqttDropped   = prometheus.NewDesc("kettle_mqtt_qos0_dropped_total", "QoS 0 messages dropped because ingest was unavailable.", nil, nil)
 	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
 	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
+	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
 )
 
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop} {
 		ch <- d
 	}
 }
@@ -470,4 +472,5 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttDropped, s.Dropped)
 	n(mqttUnacked, s.Unacked)
 	n(mqttCommands, s.CommandsPushed)
+	n(mqttCmdDrop, s.CommandsDropped)
 }

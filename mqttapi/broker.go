@@ -38,6 +38,10 @@ type Config struct {
 	SessionExpiry time.Duration
 	// ShutdownTimeout bounds Close's wait for in-flight messages (0: 10 s).
 	ShutdownTimeout time.Duration
+	// WriteTimeout bounds each write to a kettle (0: 10 s); a kettle that
+	// has not taken a packet off its socket for that long is disconnected
+	// (it reconnects and gets its current command on subscribe).
+	WriteTimeout time.Duration
 	// CommandTick is how often due time-driven command changes are checked
 	// (0: 1 s).
 	CommandTick time.Duration
@@ -61,6 +65,9 @@ func (c *Config) defaults() {
 	}
 	if c.CommandTick <= 0 {
 		c.CommandTick = time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
 	}
 }
 
@@ -89,6 +96,9 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	// kettle receives only its own commands.
 	caps.MaximumClientWritesPending = 8
 	caps.MaximumInflight = 16
+	// QoS ≤ 1 in, QoS 0 out (commands): no message ever stays in a
+	// client's inflight map, which mochi v2.7.9 can deadlock (doc.go).
+	caps.MaximumQos = 1
 	caps.ReceiveMaximum = 32
 	caps.TopicAliasMaximum = 4
 	caps.WildcardSubAvailable = 0
@@ -106,13 +116,16 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		Logger:                   slog.New(minLevel{log.Handler(), slog.LevelError}),
 	})
 	b.push = newPusher(svc, log, b.counters, cfg.CommandTick, false, func(id kettle.DeviceID, body []byte) error {
-		return b.srv.Publish(CommandTopic(id), body, false, 1)
+		// QoS 0: queued on the kettle's connection without blocking and
+		// without touching its inflight map or its lock; a full queue
+		// calls OnPublishDropped, which schedules a retry.
+		return b.srv.Publish(CommandTopic(id), body, false, 0)
 	})
 	h := &hook{b: b, svc: svc, secret: secret}
 	if err := b.srv.AddHook(h, nil); err != nil {
 		return nil, err
 	}
-	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, maxConns: int64(cfg.MaxConns)}
+	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns)}
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
@@ -163,7 +176,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck,
 		mqtt.OnSessionEstablished, mqtt.OnDisconnect,
 		mqtt.OnPublish, mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
-		mqtt.OnRetainPublished,
+		mqtt.OnRetainPublished, mqtt.OnPublishDropped,
 	}, []byte{b})
 }
 
@@ -202,6 +215,16 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		cl.ID = user
 		if cl.Properties.ProtocolVersion == 5 {
 			cl.Properties.Props.AssignedClientID = user
+		}
+	}
+	// A reconnect takes over the device's session, and mochi first writes
+	// the old connection a DISCONNECT under that connection's lock. If the
+	// old connection is stuck (its kettle stopped reading; typically why
+	// it reconnects), a write holds that lock: give it takeoverGrace, not
+	// WriteTimeout, so that CONNACK comes promptly.
+	if old, ok := h.b.srv.Clients.Get(user); ok && old != cl {
+		if c, ok := old.Net.Conn.(*conn); ok {
+			c.cutWrites()
 		}
 	}
 	return nil
@@ -256,8 +279,12 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	h.b.counters.Connections.Add(-1)
 	if id, perr := uuid.ParseBytes(cl.Properties.Username); perr == nil {
-		h.b.push.untrack(id, cl)
-		h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: CommandTopic(id)}) // a retained command not yet delivered
+		// A session taken over ends after its successor began (e.g. once
+		// its pending ingest returned): the successor's subscription and
+		// retained command are not this connection's to remove.
+		if h.b.push.untrack(id, cl) {
+			h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: CommandTopic(id)}) // a retained command not yet delivered
+		}
 	}
 }
 
@@ -280,7 +307,7 @@ func (h *hook) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 		}
 		body, hash, next := commandJSON(h.svc, id)
 		h.b.srv.Topics.RetainMessage(packets.Packet{
-			FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Retain: true},
+			FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 0, Retain: true}, // QoS 0: see Start
 			TopicName:   topic,
 			Payload:     body,
 			Origin:      mqtt.InlineClientId,
@@ -322,6 +349,19 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 
 func (h *hook) OnRetainPublished(cl *mqtt.Client, pk packets.Packet) {
 	h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: pk.TopicName})
+}
+
+// OnPublishDropped: a command did not fit the kettle's write queue
+// (MaximumClientWritesPending; the kettle is not reading). Nothing waits for
+// it: the pusher publishes the then-current command again when due, and a
+// kettle that stays stuck is disconnected by the write timeout.
+func (h *hook) OnPublishDropped(cl *mqtt.Client, pk packets.Packet) {
+	id, err := uuid.ParseBytes(cl.Properties.Username)
+	if err != nil || pk.TopicName != CommandTopic(id) {
+		return
+	}
+	h.b.counters.CommandsDropped.Add(1)
+	h.b.push.dropped(id, cl)
 }
 
 // OnPublish runs on the connection's read goroutine after the ACL check:

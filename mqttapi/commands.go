@@ -127,12 +127,27 @@ func (p *pusher) track(id kettle.DeviceID, owner any, hash uint64, next time.Dur
 }
 
 // untrack forgets a subscriber, unless another connection of the same
-// device took its place.
-func (p *pusher) untrack(id kettle.DeviceID, owner any) {
+// device took its place; it reports whether owner was the subscriber.
+func (p *pusher) untrack(id kettle.DeviceID, owner any) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if t, ok := p.targets[id]; ok && t.owner == owner {
 		delete(p.targets, id)
 		delete(p.dirty, id)
+		return true
+	}
+	return false
+}
+
+// dropped: the command last published to owner never reached its
+// connection (the write queue was full). Publish the current one again at
+// the next tick rather than at once: a kettle that is not reading would only
+// drop it again.
+func (p *pusher) dropped(id kettle.DeviceID, owner any) {
+	p.mu.Lock()
+	if t, ok := p.targets[id]; ok && t.owner == owner {
+		t.hash = 0
+		t.due = p.svc.Now().Add(p.tick)
 	}
 	p.mu.Unlock()
 }

@@ -19,6 +19,10 @@ type Counters struct {
 	Dropped         atomic.Int64    // QoS 0 messages dropped because ingest was unavailable
 	Unacked         atomic.Int64    // QoS ≥ 1 messages given up without PUBACK (client gone or shutdown); the client redelivers
 	CommandsPushed  atomic.Int64    // command messages published (on subscribe and on change)
+	// CommandsDropped counts command pushes that did not fit a kettle's
+	// write queue (it is not reading); each is retried at the next command
+	// tick. Not in Stats (whose layout metrics.MQTTStats mirrors) yet.
+	CommandsDropped atomic.Int64
 }
 
 // Stats is a plain copy of Counters.
@@ -28,6 +32,7 @@ type Stats struct {
 	Readings, Invalid, ACLDenied int64
 	Withheld, Dropped, Unacked   int64
 	CommandsPushed               int64
+	CommandsDropped              int64
 }
 
 // Snapshot copies the counters.
@@ -42,6 +47,7 @@ func (c *Counters) Snapshot() Stats {
 		Dropped:         c.Dropped.Load(),
 		Unacked:         c.Unacked.Load(),
 		CommandsPushed:  c.CommandsPushed.Load(),
+		CommandsDropped: c.CommandsDropped.Load(),
 	}
 	for i := range s.Publishes {
 		s.Publishes[i] = c.Publishes[i].Load()
@@ -64,5 +70,6 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int64("dropped", s.Dropped),
 		slog.Int64("unacked", s.Unacked),
 		slog.Int64("commands_pushed", s.CommandsPushed),
+		slog.Int64("commands_dropped", s.CommandsDropped),
 	)
 }

@@ -29,6 +29,30 @@
 // count). Only subscribed devices are tracked (device id → hash, next due
 // time, connection).
 //
+// Commands go out at QoS 0, whatever QoS the kettle subscribed with: a
+// command is state, not an event — only the latest matters, and it is
+// delivered again on every subscribe and session resume, so a push lost
+// with its connection costs nothing a QoS 1 retry would have saved (clean
+// sessions drop their in-flight messages anyway). QoS 0 also keeps the push
+// worker away from everything that can block in mochi v2.7.9: a QoS 1
+// publish takes the subscriber's client lock (NextPacketID), which mochi
+// holds across the socket write, so one kettle that stopped reading stalled
+// every push; and it adds to the client's inflight map, whose
+// NextImmediate read-locks it twice (on the client's read goroutine, after
+// every packet while a message is unacknowledged): a push arriving between
+// the two deadlocks that map for good — the push worker, mochi's expiry
+// loop and any takeover of that session (ClearInflights: no CONNACK) wait
+// forever. That was the 18,000-kettle run's stall. Measurements are capped
+// at QoS 1 (Maximum QoS 1 in CONNACK) so that no message ever stays in an
+// inflight map. A push that does not fit the kettle's write queue
+// (OnPublishDropped) is published again at the next command tick.
+//
+// Every write to a kettle has its own deadline (Config.WriteTimeout; mochi
+// sets only the keepalive's, shared with reads); a kettle that does not
+// take a packet off its socket for that long is disconnected. When a kettle
+// reconnects, its old connection gets at most one second to take mochi's
+// DISCONNECT, so a stuck old connection does not hold back the new CONNACK.
+//
 // External broker (Consume): kettle serve consumes measurements from an
 // existing broker through the MQTT 5 shared subscription
 // $share/{group}/kettles/+/measurements with manual acknowledgement, so
@@ -44,14 +68,15 @@
 //
 // The embedded listener is github.com/mochi-mqtt/server/v2 (v2.7.9, MIT)
 // rather than a device-only listener on a packet codec. It gives us, tested,
-// both protocol versions, keepalive, session takeover, QoS 1/2 flows,
+// both protocol versions, keepalive, session takeover, QoS 1 flows,
 // subscription trees, retained delivery after SUBACK and topic aliases, and
 // its hooks are exactly the seams we need: OnConnect (our own CONNACK codes),
 // OnACLCheck, OnPublish (runs on the connection's read goroutine, so blocking
 // in it is per-connection backpressure and its return decides the PUBACK).
 // The price: no release since 2025-03, a default configuration tuned for a
-// general broker (we shrink per-client queues and limits in Start), two
-// goroutines per connection, a once-a-second scan of all clients, and a TCP
+// general broker (we shrink per-client queues and limits in Start), locks
+// held across socket writes and a deadlock in its outbound QoS 1 bookkeeping
+// (see Commands; we avoid both), two goroutines per connection, a once-a-second scan of all clients, and a TCP
 // listener that stops for good on the first Accept error (EMFILE) — we
 // replace it with our own listener (listener.go) that backs off and retries
 // and puts a deadline on CONNECT. Our use is confined to this package and to

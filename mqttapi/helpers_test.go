@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -88,9 +89,11 @@ func reading(at time.Time, level float64) []byte {
 // every packet the server sends.
 type raw struct {
 	t       testing.TB
+	mu      sync.Mutex // send may be called from two goroutines
 	conn    net.Conn
 	br      *bufio.Reader
 	version byte
+	recvMax uint16 // MQTT 5 Receive Maximum sent in CONNECT (0: none)
 }
 
 func dial(t testing.TB, addr string, version byte) *raw {
@@ -119,12 +122,17 @@ func (r *raw) send(pk packets.Packet) {
 		err = pk.PubackEncode(&buf)
 	case packets.Disconnect:
 		err = pk.DisconnectEncode(&buf)
+	case packets.Pingreq:
+		err = pk.PingreqEncode(&buf)
 	}
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if _, err := r.conn.Write(buf.Bytes()); err != nil {
-		r.t.Fatal(err)
+	r.mu.Lock()
+	_, err = r.conn.Write(buf.Bytes())
+	r.mu.Unlock()
+	if err != nil {
+		r.t.Error(err) // Error, not Fatal: send may run outside the test goroutine
 	}
 }
 
@@ -192,6 +200,9 @@ func (r *raw) connect(user, pass, clientID string) byte {
 	}
 	if r.version == 4 {
 		pk.Connect.ProtocolName = []byte("MQTT")
+	}
+	if r.version == 5 && r.recvMax > 0 {
+		pk.Properties.ReceiveMaximum = r.recvMax
 	}
 	r.send(pk)
 	return r.must(packets.Connack).ReasonCode

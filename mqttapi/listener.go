@@ -16,14 +16,15 @@ var _ listeners.Listener = (*listener)(nil)
 // listener replaces mochi's TCP listener, which returns from its accept loop
 // on the first error (EMFILE under load would end MQTT for good). This one
 // backs off and retries like net/http, bounds the time to the CONNECT packet
-// (mochi sets no deadline before it), caps open connections, and lets Close
-// wait for every connection goroutine (so in-flight ingests finish before
-// the fleet service closes).
+// (mochi sets no deadline before it), bounds every write (conn), caps open
+// connections, and lets Close wait for every connection goroutine (so
+// in-flight ingests finish before the fleet service closes).
 type listener struct {
 	id, addr       string
 	ln             net.Listener
 	log            *slog.Logger
 	connectTimeout time.Duration
+	writeTimeout   time.Duration
 	maxConns       int64
 
 	open   atomic.Int64
@@ -43,7 +44,7 @@ func (l *listener) Init(log *slog.Logger) error {
 func (l *listener) Serve(establish listeners.EstablishFn) {
 	var delay time.Duration
 	for {
-		conn, err := l.ln.Accept()
+		nc, err := l.ln.Accept()
 		if err != nil {
 			if l.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return
@@ -61,15 +62,16 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		delay = 0
 		if l.open.Add(1) > l.maxConns {
 			l.open.Add(-1)
-			conn.Close() // over the cap: no CONNACK, the client backs off and retries
+			nc.Close() // over the cap: no CONNACK, the client backs off and retries
 			continue
 		}
-		_ = conn.SetDeadline(time.Now().Add(l.connectTimeout))
+		c := &conn{Conn: nc, timeout: l.writeTimeout}
+		_ = c.SetDeadline(time.Now().Add(l.connectTimeout))
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			defer l.open.Add(-1)
-			_ = establish(l.id, conn) // refusals are counted and logged by the hook
+			_ = establish(l.id, c) // refusals are counted and logged by the hook
 		}()
 	}
 }
@@ -104,4 +106,53 @@ func (l *listener) wait(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// conn bounds every write to a kettle. mochi writes under the client's lock
+// and sets only one deadline, the keepalive's (1.5 × keepalive after the
+// last packet read, none at keepalive 0), for reads and writes alike: a
+// kettle that stops reading while its socket stays open (hung firmware, a
+// half-open connection) would hold that lock, and everything that needs it
+// (its PUBACKs, the takeover of its session), for that long. Here mochi's
+// deadline applies to reads only, each write gets its own, and a write that
+// fails closes the connection (a partial packet may be out: the stream is
+// unusable); mochi's reader then sees the error and ends the session.
+type conn struct {
+	net.Conn
+	timeout time.Duration
+
+	mu  sync.Mutex // orders a Write's deadline against cut's
+	cut bool       // the session is being taken over: writes get takeoverGrace
+}
+
+// takeoverGrace is how long the connection of a session being taken over may
+// still take to accept a write (mochi writes it a DISCONNECT, under the lock
+// the new connection's CONNACK waits for).
+const takeoverGrace = time.Second
+
+func (c *conn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	d := c.timeout
+	if c.cut {
+		d = min(d, takeoverGrace)
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(d))
+	c.mu.Unlock()
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		c.Conn.Close()
+	}
+	return n, err
+}
+
+// SetDeadline is mochi's keepalive deadline: reads only.
+func (c *conn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
+
+// cutWrites gives a write in progress, and every later one, at most
+// takeoverGrace.
+func (c *conn) cutWrites() {
+	c.mu.Lock()
+	c.cut = true
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(min(c.timeout, takeoverGrace)))
+	c.mu.Unlock()
 }

@@ -75,6 +75,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
 	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
+	fs.DurationVar(&cfg.MQTT.WriteTimeout, "mqtt-write-timeout", 10*time.Second, "a write to a kettle that takes longer closes its connection (a kettle that stops reading cannot stall others)")
 	fs.StringVar(&cfg.MQTTBroker.BrokerURL, "mqtt-broker", "", "consume from an external MQTT 5 broker instead, e.g. tcp://127.0.0.1:1883 (shared subscription $share/<mqtt-share>/kettles/+/measurements)")
 	fs.StringVar(&cfg.MQTTBroker.ClientID, "mqtt-client-id", "", "this node's client id at the external broker (unique and stable per node; empty: kettle-<hostname>)")
 	fs.StringVar(&cfg.MQTTBroker.Share, "mqtt-share", "kettle", "shared-subscription group name: nodes in one group split the stream")
