@@ -425,6 +425,7 @@ type MQTTStats struct {
 	Withheld, Dropped, Unacked   int64
 	CommandsPushed               int64
 	CommandsDropped              int64
+	Malformed                    int64
 }
 
 // RegisterMQTT registers the MQTT metrics, read from stats once per scrape.
@@ -444,13 +445,14 @@ var (
 	mqttDropped   = prometheus.NewDesc("kettle_mqtt_qos0_dropped_total", "QoS 0 messages dropped because ingest was unavailable.", nil, nil)
 	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
 	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
+	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the broker library's decoder (contained to the connection).", nil, nil)
 	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
 )
 
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed} {
 		ch <- d
 	}
 }
@@ -473,4 +475,5 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttUnacked, s.Unacked)
 	n(mqttCommands, s.CommandsPushed)
 	n(mqttCmdDrop, s.CommandsDropped)
+	n(mqttMalformed, s.Malformed)
 }

@@ -125,7 +125,7 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	if err := b.srv.AddHook(h, nil); err != nil {
 		return nil, err
 	}
-	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns)}
+	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns), panics: &b.counters.Malformed}
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}

@@ -23,6 +23,9 @@ type Counters struct {
 	// write queue (it is not reading); each is retried at the next command
 	// tick. Not in Stats (whose layout metrics.MQTTStats mirrors) yet.
 	CommandsDropped atomic.Int64
+	// Malformed counts connections closed because a packet crashed the
+	// broker library's decoder (contained: the process survives).
+	Malformed atomic.Int64
 }
 
 // Stats is a plain copy of Counters.
@@ -33,6 +36,7 @@ type Stats struct {
 	Withheld, Dropped, Unacked   int64
 	CommandsPushed               int64
 	CommandsDropped              int64
+	Malformed                    int64
 }
 
 // Snapshot copies the counters.
@@ -48,6 +52,7 @@ func (c *Counters) Snapshot() Stats {
 		Unacked:         c.Unacked.Load(),
 		CommandsPushed:  c.CommandsPushed.Load(),
 		CommandsDropped: c.CommandsDropped.Load(),
+		Malformed:       c.Malformed.Load(),
 	}
 	for i := range s.Publishes {
 		s.Publishes[i] = c.Publishes[i].Load()
@@ -71,5 +76,6 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int64("unacked", s.Unacked),
 		slog.Int64("commands_pushed", s.CommandsPushed),
 		slog.Int64("commands_dropped", s.CommandsDropped),
+		slog.Int64("malformed", s.Malformed),
 	)
 }

@@ -2,6 +2,7 @@ package mqttapi
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -30,6 +31,9 @@ type listener struct {
 	open   atomic.Int64
 	closed atomic.Bool
 	wg     sync.WaitGroup
+	// panics counts connections whose handler panicked (a malformed packet
+	// that the broker library's decoder does not survive); see Serve.
+	panics *atomic.Int64
 }
 
 func (l *listener) Init(log *slog.Logger) error {
@@ -71,6 +75,19 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		go func() {
 			defer l.wg.Done()
 			defer l.open.Add(-1)
+			// mochi-mqtt v2.7.9 decodes packets on this goroutine and some
+			// malformed packets (a SUBSCRIBE cut inside its filter) panic
+			// its decoder; unrecovered, that would kill the whole process,
+			// HTTP included. Contain it to this connection.
+			defer func() {
+				if r := recover(); r != nil {
+					if l.panics != nil {
+						l.panics.Add(1)
+					}
+					l.log.Error("mqtt: malformed packet crashed this connection's decoder; connection closed", "remote", c.RemoteAddr().String(), "panic", fmt.Sprint(r))
+					c.Close()
+				}
+			}()
 			_ = establish(l.id, c) // refusals are counted and logged by the hook
 		}()
 	}
