@@ -9,7 +9,7 @@ PKGS    := ./...
 # Prometheus, wrk, Locust).
 DEB_PKGS := postgresql chromium mosquitto prometheus wrk python3-locust
 
-.PHONY: all build demo test test-short vet deps bench bench-ingest clean
+.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean
 
 all: build
 
@@ -43,5 +43,10 @@ bench-ingest: build
 bench: bench-ingest
 	$(GO) test -run '^$$' -bench . -benchmem ./httpapi/ ./sqlite/ ./
 
+# Faults, overload, hostile input against real processes (≈15 min); writes
+# docs/reliability.md. One part: go run ./chaos/cmd/chaos crash|outage|overload|slow|badinput|auth
+chaos:
+	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
+
 clean:
-	rm -rf bin kettle-data results
+	rm -rf bin kettle-data results chaos-results

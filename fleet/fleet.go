@@ -107,6 +107,26 @@ type Service struct {
 
 	stopRefresh chan struct{}
 	refreshDone chan struct{}
+
+	errMu       sync.Mutex
+	errLogged   time.Time
+	errSkipped  int
+	errSkippedR int
+}
+
+// logStoreError logs a failed batch at most once a second (an outage would
+// otherwise log hundreds of lines a second), with how many were folded in.
+func (s *Service) logStoreError(rows int, err error) {
+	s.errMu.Lock()
+	defer s.errMu.Unlock()
+	if now := time.Now(); now.Sub(s.errLogged) >= time.Second {
+		s.log.Error("store write failed; readings refused with 503", "rows", rows, "err", err,
+			"similar_failures_since_last_line", s.errSkipped, "their_rows", s.errSkippedR)
+		s.errLogged, s.errSkipped, s.errSkippedR = now, 0, 0
+		return
+	}
+	s.errSkipped++
+	s.errSkippedR += rows
 }
 
 // OnChange registers fn to be told of device state changes (MQTT pushes
@@ -374,7 +394,7 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	ndup := 0
 	rawErr := err
 	if err != nil {
-		s.log.Error("store write failed; readings refused with 503", "rows", len(batch), "err", err)
+		s.logStoreError(len(batch), err)
 		err = &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("store unavailable (%v); retry after %s", err, s.cfg.RetryAfter), RetryAfter: s.cfg.RetryAfter}
 	} else {
 		var changed []kettle.DeviceID
