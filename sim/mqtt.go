@@ -127,23 +127,7 @@ func (s *Swarm) fireMQTT(ev event) (event, bool) {
 		}
 		return next, false
 	case evTick:
-		if k.ticks == 0 {
-			s.hatched.Add(1)
-		}
-		k.model.Step(&k.rng, s.tickTime(k, ev.at))
-		if len(k.pending) >= maxPending {
-			copy(k.pending, k.pending[1:])
-			k.pending = k.pending[:len(k.pending)-1]
-			s.st.add(&s.st.dropped, 1)
-		}
-		k.pending = append(k.pending, k.model.Reading())
-		s.st.add(&s.st.readings, 1)
-		k.ticks++
-		j := int64(0)
-		if s.cfg.Jitter > 0 {
-			j = int64((2*k.rng.Float64() - 1) * float64(s.cfg.Jitter))
-		}
-		next, hasNext = event{at: k.phase + int64(k.ticks)*int64(s.cfg.Interval) + j, k: ev.k}, true
+		next, hasNext = s.tick(k, ev), true
 		upload = len(k.pending) >= s.cfg.Batch && ev.at >= k.retryAt
 		if k.ticks == 1 && m.state == mqDown {
 			// First tick: the kettle comes online now; its reading goes out

@@ -512,6 +512,29 @@ func (s *Swarm) dispatch(ctx context.Context) {
 	}
 }
 
+// tick advances a kettle's model to a due tick, buffers its reading (the
+// oldest is dropped past maxPending) and returns its next tick. The caller
+// holds k.mu. Shared by the HTTP and MQTT paths.
+func (s *Swarm) tick(k *kettleState, ev event) event {
+	if k.ticks == 0 {
+		s.hatched.Add(1)
+	}
+	k.model.Step(&k.rng, s.tickTime(k, ev.at))
+	if len(k.pending) >= maxPending {
+		copy(k.pending, k.pending[1:])
+		k.pending = k.pending[:len(k.pending)-1]
+		s.st.add(&s.st.dropped, 1)
+	}
+	k.pending = append(k.pending, k.model.Reading())
+	s.st.add(&s.st.readings, 1)
+	k.ticks++
+	j := int64(0)
+	if s.cfg.Jitter > 0 {
+		j = int64((2*k.rng.Float64() - 1) * float64(s.cfg.Jitter))
+	}
+	return event{at: k.phase + int64(k.ticks)*int64(s.cfg.Interval) + j, k: ev.k}
+}
+
 // fire handles one due event and returns the kettle's next tick.
 func (s *Swarm) fire(ev event) (event, bool) {
 	if s.cfg.Protocol == ProtocolMQTT {
@@ -523,23 +546,7 @@ func (s *Swarm) fire(ev event) (event, bool) {
 	var next event
 	hasNext := false
 	if ev.kind == evTick {
-		if k.ticks == 0 {
-			s.hatched.Add(1)
-		}
-		k.model.Step(&k.rng, s.tickTime(k, ev.at))
-		if len(k.pending) >= maxPending {
-			copy(k.pending, k.pending[1:])
-			k.pending = k.pending[:len(k.pending)-1]
-			s.st.add(&s.st.dropped, 1)
-		}
-		k.pending = append(k.pending, k.model.Reading())
-		s.st.add(&s.st.readings, 1)
-		k.ticks++
-		j := int64(0)
-		if s.cfg.Jitter > 0 {
-			j = int64((2*k.rng.Float64() - 1) * float64(s.cfg.Jitter))
-		}
-		next, hasNext = event{at: k.phase + int64(k.ticks)*int64(s.cfg.Interval) + j, k: ev.k}, true
+		next, hasNext = s.tick(k, ev), true
 		w.poll = true
 		w.upload = len(k.pending) >= s.cfg.Batch && ev.at >= k.retryAt
 	} else {
