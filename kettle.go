@@ -198,3 +198,27 @@ type Store interface {
 	// Close releases the store.
 	Close() error
 }
+
+// ScanPages calls fn for every device in id order, reading pages of size
+// devices at a time through page (a store's Devices), so a scan never holds
+// one cursor or snapshot open while fn runs: a device registered during the
+// scan may or may not be seen. fn's error is returned unwrapped. Stores
+// implement Scan with it.
+func ScanPages(ctx context.Context, size int, page func(ctx context.Context, after DeviceID, limit int) ([]DeviceState, error), fn func(DeviceState) error) error {
+	after := uuid.Nil
+	for {
+		ds, err := page(ctx, after, size)
+		if err != nil {
+			return err
+		}
+		for _, d := range ds {
+			if err := fn(d); err != nil {
+				return err
+			}
+		}
+		if len(ds) < size {
+			return nil
+		}
+		after = ds[len(ds)-1].ID
+	}
+}

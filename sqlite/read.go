@@ -150,22 +150,14 @@ const scanPage = 1000
 // Scan calls fn for every device in id order. It pages through the table,
 // so a device registered during the scan may or may not be seen.
 func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) error {
-	after := uuid.Nil
-	for {
-		page, err := s.Devices(ctx, after, scanPage)
+	page := func(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
+		ds, err := s.Devices(ctx, after, limit)
 		if err != nil {
-			return fmt.Errorf("sqlite scan devices: %w", err)
+			return nil, fmt.Errorf("sqlite scan devices: %w", err)
 		}
-		for _, d := range page {
-			if err := fn(d); err != nil {
-				return err
-			}
-		}
-		if len(page) < scanPage {
-			return nil
-		}
-		after = page[len(page)-1].ID
+		return ds, nil
 	}
+	return kettle.ScanPages(ctx, scanPage, page, fn) // fn's own error comes back as it is
 }
 
 type scanner interface{ Scan(dst ...any) error }
