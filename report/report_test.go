@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/browsertest"
+
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -101,10 +103,6 @@ func TestOldResultsReadable(t *testing.T) {
 // draws, the console stays clean, the percentile selector redraws, and a
 // screenshot is kept ($KETTLE_TEST_OUT or a temp dir).
 func TestReportInBrowser(t *testing.T) {
-	const chromium = "/usr/bin/chromium"
-	if _, err := os.Stat(chromium); err != nil {
-		t.Fatalf("Chromium not found at %s: apt-get install -y chromium", chromium)
-	}
 	out := os.Getenv("KETTLE_TEST_OUT")
 	if out == "" {
 		out = t.TempDir()
@@ -122,20 +120,7 @@ func TestReportInBrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	actx, acancel := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(chromium),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 1000),
-	)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := browsertest.New(t, ctx, 1400, 1000)
 	var mu sync.Mutex
 	var problems []string
 	if err := chromedp.Listen(bctx, func(ev any) {

@@ -19,17 +19,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/browsertest"
+
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/web"
 )
-
-const chromiumPath = "/usr/bin/chromium"
 
 // fleetUnderTest is a real kettle serve with readings from a few kettles,
 // and the URL the browser opens.
@@ -202,9 +202,6 @@ func (b *browserEvents) listen(ev any) {
 // devices, one kettle, an override that changes the kettle's command and is
 // cleared, sign out. Screenshots go to $KETTLE_TEST_OUT or a temp dir.
 func TestDashboardInBrowser(t *testing.T) {
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("Chromium not found at %s: apt-get install -y chromium (make deps does it)", chromiumPath)
-	}
 	start := time.Now()
 	f := startFleet(t)
 	out := os.Getenv("KETTLE_TEST_OUT")
@@ -217,22 +214,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	actx, acancel := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(chromiumPath),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("mute-audio", true),
-		chromedp.Flag("lang", "en-US"),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 900),
-	)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
+	bctx := browsertest.New(t, ctx, 1280, 900, chromedp.Flag("mute-audio", true), chromedp.Flag("lang", "en-US"))
 
 	ev := &browserEvents{phase: "first-page", bytes: map[string]float64{}, requests: map[string]int{}}
 	if err := chromedp.Listen(bctx, ev.listen); err != nil {
