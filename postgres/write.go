@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 )
 
 // key is the idempotency key of a measurement.
@@ -187,7 +188,7 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 		lo, hi = minTime(lo, rows[i].Time), maxTime(hi, rows[i].Time)
 	}
 	var lastErr error
-	for attempt := 0; attempt < 4; attempt++ {
+	for attempt := 0; attempt < writeAttempts; attempt++ {
 		if err := s.ensureRows(ctx, rows); err != nil {
 			return writeResult{}, err
 		}
@@ -204,13 +205,25 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 				return writeResult{}, err
 			}
 		case errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001"):
-			// deadlock or serialization failure: run it again
+			// Deadlock or serialization failure: run it again after a
+			// jittered pause, so writers that collided do not collide again
+			// in lockstep.
+			pause := time.Duration(1+rand.IntN(5*(attempt+1))) * time.Millisecond
+			select {
+			case <-ctx.Done():
+				return writeResult{}, unavailable("write", ctx.Err())
+			case <-time.After(pause):
+			}
 		default:
 			return writeResult{}, unavailable("write", err)
 		}
 	}
-	return writeResult{}, unavailable("write (4 attempts)", lastErr)
+	return writeResult{}, unavailable(fmt.Sprintf("write (%d attempts)", writeAttempts), lastErr)
 }
+
+// writeAttempts bounds the retries of a batch that lost a deadlock or a
+// serialization conflict.
+const writeAttempts = 10
 
 // devState is a device row as locked by the write transaction.
 type devState struct {
