@@ -48,10 +48,11 @@ func (s *Store) loadCache(ctx context.Context) error {
 	return s.tx(ctx, "load device cache", func(tx *sql.Tx) error { return s.syncCache(ctx, tx) })
 }
 
-// syncCache makes the cache current, inside a write transaction (which
-// holds the write lock, so nothing can commit between the check and the
-// batch): it reloads it when it is invalid, when the writer connection is
-// a new one, or when another connection committed since it was loaded.
+// syncCache makes the cache (and the staged-row bookkeeping) current,
+// inside a write transaction (which holds the write lock, so nothing can
+// commit between the check and the batch): it reloads it when it is
+// invalid, when the writer connection is a new one, or when another
+// connection committed since it was loaded.
 func (s *Store) syncCache(ctx context.Context, tx *sql.Tx) error {
 	var version int64
 	if err := tx.StmtContext(ctx, s.dataVer).QueryRowContext(ctx).Scan(&version); err != nil {
@@ -96,6 +97,20 @@ func (s *Store) syncCache(ctx context.Context, tx *sql.Tx) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("load devices: %w", err)
 	}
+	rows.Close()
+	// Fold the staged rows on top, and count them for the merge.
+	n, staged := 0, make(map[kettle.DeviceID]struct{})
+	err = scanStaged(ctx, tx, `SELECT `+stagedColumns+` FROM staged`, nil, func(id kettle.DeviceID, r reading, recv int64) {
+		d := devs[id]
+		foldStagedState(&d, r, recv)
+		devs[id] = d
+		staged[id] = struct{}{}
+		n++
+	})
+	if err != nil {
+		return err
+	}
 	*c = devCache{devs: devs, version: version, gen: gen, valid: true}
+	s.stage.rows, s.stage.devs = n, staged
 	return nil
 }

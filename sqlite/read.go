@@ -3,11 +3,8 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
 )
@@ -99,33 +96,16 @@ const deviceColumns = `id, registered_at, last_seen, measurements, capacity_ml,
 	ov_charge, ov_fill, ov_flush, ov_expires, ov_set, revoked_at`
 
 // Devices lists up to limit devices (all when limit ≤ 0) with ids after the
-// cursor, in id byte order; uuid.Nil starts from the beginning.
+// cursor, in id byte order; uuid.Nil starts from the beginning. Each
+// device's staged rows are folded into its devices row, in the same read
+// transaction (so a merge cannot count a row twice or not at all).
 func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
 	}
-	var (
-		rows *sql.Rows
-		err  error
-	)
-	if after == uuid.Nil {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+deviceColumns+` FROM devices ORDER BY id LIMIT ?`, limit)
-	} else {
-		rows, err = s.r.QueryContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id > ? ORDER BY id LIMIT ?`, after[:], limit)
-	}
+	out, err := s.readDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id > ? ORDER BY id LIMIT ?`,
+		[]any{after[:], limit}, `SELECT `+stagedColumns+` FROM staged`, nil)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite list devices: %w", err)
-	}
-	defer rows.Close()
-	var out []kettle.DeviceState
-	for rows.Next() {
-		d, err := scanDevice(rows)
-		if err != nil {
-			return nil, fmt.Errorf("sqlite list devices: %w", err)
-		}
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("sqlite list devices: %w", err)
 	}
 	return out, nil
@@ -133,14 +113,59 @@ func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) (
 
 // Device returns one device, or an *kettle.Error with code ENotFound.
 func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceState, error) {
-	d, err := scanDevice(s.r.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id = ?`, id[:]))
-	if errors.Is(err, sql.ErrNoRows) {
-		return d, notFound(id)
-	}
+	out, err := s.readDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id = ?`, []any{id[:]},
+		`SELECT `+stagedColumns+` FROM staged WHERE device = ?`, []any{id[:]})
 	if err != nil {
-		return d, fmt.Errorf("sqlite read device %s: %w", id, err)
+		return kettle.DeviceState{}, fmt.Errorf("sqlite read device %s: %w", id, err)
 	}
-	return d, nil
+	if len(out) == 0 {
+		return kettle.DeviceState{}, notFound(id)
+	}
+	return out[0], nil
+}
+
+// readDevices reads devices rows and folds in the staged rows that
+// stagedQ selects, in one read transaction.
+func (s *Store) readDevices(ctx context.Context, devQ string, devArgs []any, stagedQ string, stagedArgs []any) ([]kettle.DeviceState, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, devQ, devArgs...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []kettle.DeviceState
+	for rows.Next() {
+		d, err := scanDevice(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows.Close()
+	if len(out) == 0 {
+		return out, nil
+	}
+	idx := make(map[kettle.DeviceID]int, len(out))
+	for i := range out {
+		idx[out[i].ID] = i
+	}
+	err = scanStaged(ctx, tx, stagedQ, stagedArgs, func(id kettle.DeviceID, r reading, recv int64) {
+		if i, ok := idx[id]; ok {
+			m := measurementOf(id, r)
+			foldStaged(&out[i], &m, fromMicro(recv))
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, tx.Commit()
 }
 
 // scanPage is how many devices Scan reads per query: it pages rather than
@@ -238,8 +263,13 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 	if limit <= 0 {
 		limit = -1
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml
-		FROM measurements WHERE device = ? AND t >= ? AND t < ? ORDER BY t LIMIT ?`, q.Device[:], lo, hi, limit)
+	// A row is in measurements or staged, never both; one statement reads
+	// both from one snapshot.
+	rows, err := s.r.QueryContext(ctx, `SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM (
+		SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM measurements WHERE device = ?1 AND t >= ?2 AND t < ?3
+		UNION ALL
+		SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM staged WHERE t >= ?2 AND t < ?3 AND device = ?1)
+		ORDER BY t LIMIT ?4`, q.Device[:], lo, hi, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite history of %s: %w", q.Device, err)
 	}

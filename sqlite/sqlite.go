@@ -59,7 +59,7 @@ type Store struct {
 	selTotals, putTotals, regDev, setOv, clearOv, revoke *sql.Stmt
 	devCount, addSeen, subSeen, delSeen, dataVer         *sql.Stmt
 	// Multi-row statements, one per chunk size (see chunkSizes).
-	insMeas, upsDev [len(chunkSizes)]*sql.Stmt
+	insStaged, upsDev [len(chunkSizes)]*sql.Stmt
 
 	// wmu serializes Write and Register and guards the cache and scratch.
 	wmu   sync.Mutex
@@ -71,6 +71,8 @@ type Store struct {
 	connGen atomic.Uint64
 
 	ck *checkpointer
+
+	stage stage // guarded by wmu (see stage.go)
 }
 
 type config struct {
@@ -81,6 +83,8 @@ type config struct {
 	pageSize    int
 	ckEvery     time.Duration
 	ckPages     int64
+	mergeRows   int
+	mergeEvery  time.Duration
 }
 
 // Option tunes Open.
@@ -110,6 +114,13 @@ func WithCheckpoint(every time.Duration, pages int) Option {
 	return func(c *config) { c.ckEvery, c.ckPages = every, int64(pages) }
 }
 
+// WithMerge sets how many staged rows start a merge into measurements, and
+// how long rows stay staged at most (see stage.go). Defaults
+// DefaultMergeRows and DefaultMergeEvery.
+func WithMerge(rows int, every time.Duration) Option {
+	return func(c *config) { c.mergeRows, c.mergeEvery = max(rows, 1), every }
+}
+
 // WithMaxBusyRetries sets how many times a transaction that found the
 // database locked (after the busy timeout) is retried before Store gives up
 // with an EUnavailable error. Default 10.
@@ -119,7 +130,8 @@ func WithMaxBusyRetries(n int) Option { return func(c *config) { c.maxRetries = 
 // needed) the SQLite database at path and migrates it to the current schema.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: 5 * time.Second, readers: 4, cacheKiB: 65536, maxRetries: 10,
-		pageSize: DefaultPageSize, ckEvery: 0, ckPages: 4096}
+		pageSize: DefaultPageSize, ckEvery: 0, ckPages: 4096,
+		mergeRows: DefaultMergeRows, mergeEvery: DefaultMergeEvery}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -132,6 +144,10 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		}
 	}
 	s := &Store{path: path, maxRetries: cfg.maxRetries}
+	s.stage.mergeRows, s.stage.mergeEvery = cfg.mergeRows, cfg.mergeEvery
+	if s.stage.mergeEvery <= 0 {
+		s.stage.mergeEvery = DefaultMergeEvery
+	}
 	busyMS := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
 	uri := "file:" + escapePath(path)
 
@@ -189,6 +205,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite store %s: load device cache: %w", path, err)
 	}
+	s.startMerger()
 	if cfg.ckEvery > 0 {
 		s.ck, err = startCheckpointer(ctx, uri+"?_busy_timeout="+busyMS, cfg.ckEvery, cfg.ckPages)
 		if err != nil {
@@ -314,7 +331,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		}
 	}
 	for i, n := range chunkSizes {
-		if err := p(&s.insMeas[i], insMeasSQL(n)); err != nil {
+		if err := p(&s.insStaged[i], insStagedSQL(n)); err != nil {
 			return err
 		}
 		if err := p(&s.upsDev[i], upsDevSQL(n)); err != nil {
@@ -353,11 +370,15 @@ func values(n int, row string) string {
 	return b.String()
 }
 
-// insMeasSQL inserts n rows and returns the keys of those that were new: a
-// key already stored, or earlier in the statement, is ignored.
-func insMeasSQL(n int) string {
-	return `INSERT OR IGNORE INTO measurements(device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml) VALUES ` +
-		values(n, "(?,?,?,?,?,?,?,?)") + ` RETURNING device, t`
+// insStagedSQL stages n rows (t, device, the six values, recv) and returns
+// the keys of those that were new: a key already in measurements, already
+// staged, or earlier in the statement is ignored.
+func insStagedSQL(n int) string {
+	return `INSERT OR IGNORE INTO staged(t, device, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml, recv)
+		SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, v.column9
+		FROM (VALUES ` + values(n, "(?,?,?,?,?,?,?,?,?)") + `) AS v
+		WHERE NOT EXISTS (SELECT 1 FROM measurements m WHERE m.device = v.column2 AND m.t = v.column1)
+		RETURNING device, t`
 }
 
 // upsDevSQL writes the new state of n devices computed by the writer;
@@ -399,6 +420,7 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
+		s.stopMerger()
 		if s.ck != nil {
 			errs = append(errs, s.ck.close())
 		}
@@ -407,7 +429,7 @@ func (s *Store) Close() error {
 		}
 		sts := []*sql.Stmt{s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev,
 			s.setOv, s.clearOv, s.devCount, s.addSeen, s.subSeen, s.delSeen, s.dataVer}
-		sts = append(append(sts, s.insMeas[:]...), s.upsDev[:]...)
+		sts = append(append(sts, s.insStaged[:]...), s.upsDev[:]...)
 		for _, st := range sts {
 			if st != nil {
 				st.Close()

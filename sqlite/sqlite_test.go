@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"math/rand/v2"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -43,6 +45,143 @@ func TestConformance(t *testing.T) {
 			return cur
 		}
 	})
+}
+
+// TestConformanceMerging runs the suite with a merge after every few rows,
+// so that most reads see some rows merged into measurements and some still
+// staged, and merges run concurrently with writes and reads.
+func TestConformanceMerging(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) (kettle.Store, func(t *testing.T) kettle.Store) {
+		path := filepath.Join(t.TempDir(), "data", "kettle.db")
+		opt := sqlite.WithMerge(3, time.Hour)
+		cur := open(t, path, opt)
+		t.Cleanup(func() {
+			if err := cur.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if err := cur.MergeErr(); err != nil {
+				t.Errorf("a merge failed: %v", err)
+			}
+		})
+		return cur, func(t *testing.T) kettle.Store {
+			if err := cur.Close(); err != nil {
+				t.Fatalf("Close before reopen: %v", err)
+			}
+			cur = open(t, path, opt)
+			return cur
+		}
+	})
+}
+
+// TestMerge checks that moving staged rows into measurements changes
+// nothing a reader sees, that a reading sent again after its merge is
+// still a duplicate, and that a reopened store continues from both tables.
+func TestMerge(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "kettle.db")
+	s := open(t, path, sqlite.WithMerge(1<<30, time.Hour)) // merges only when told
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(7, 7))
+	devs := make([]kettle.DeviceID, 5)
+	for i := range devs {
+		devs[i] = kettle.DeviceID{byte(i + 1), 0xaa}
+	}
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	var sent []kettle.Measurement
+	write := func(n int) {
+		t.Helper()
+		batch := make([]kettle.Measurement, n)
+		for i := range batch {
+			batch[i] = kettle.Measurement{Device: devs[rng.IntN(len(devs))], Time: t0.Add(time.Duration(rng.IntN(100000)) * time.Second),
+				ChargeMWh: rng.Float64() * 100, FullMWh: 100, RateMW: 1, AmbientC: 20, WaterC: 20 + rng.Float64()*60, LevelML: rng.Float64() * 1000}
+		}
+		dup, err := s.Write(ctx, batch, t0.Add(time.Duration(len(sent))*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range batch {
+			if !dup[i] {
+				sent = append(sent, batch[i])
+			}
+		}
+	}
+	type view struct {
+		devs  []kettle.DeviceState
+		hist  [][]kettle.Measurement
+		stats kettle.Statistics
+	}
+	look := func() view {
+		t.Helper()
+		var v view
+		var err error
+		if v.devs, err = s.Devices(ctx, kettle.DeviceID{}, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range devs {
+			h, err := s.History(ctx, kettle.HistoryQuery{Device: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v.hist = append(v.hist, h)
+			d, err := s.Device(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v.devs = append(v.devs, d)
+		}
+		if v.stats, err = s.Statistics(ctx, kettle.StatsQuery{}); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	same := func(what string, a, b view) {
+		t.Helper()
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: reads differ\nbefore %+v\nafter  %+v", what, a, b)
+		}
+	}
+	write(300)
+	v0 := look()
+	if err := s.Merge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s.Merges() != 1 {
+		t.Fatalf("Merges() = %d after one merge, want 1", s.Merges())
+	}
+	same("merge", v0, look())
+
+	// Everything sent again: all duplicates, whether merged or staged.
+	write(200)
+	again := slices.Clone(sent)
+	dup, err := s.Write(ctx, again, t0.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range dup {
+		if !d {
+			t.Fatalf("row %d (%s at %s) sent again was stored again", i, again[i].Device, again[i].Time)
+		}
+	}
+	v1 := look()
+	var n int64
+	for _, h := range v1.hist {
+		n += int64(len(h))
+	}
+	if n != int64(len(sent)) || v1.stats.MeasurementCount != n {
+		t.Errorf("history holds %d rows, statistics count %d, %d were stored", n, v1.stats.MeasurementCount, len(sent))
+	}
+	// Reopen with rows in both tables, then merge after the reopen.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, sqlite.WithMerge(1<<30, time.Hour))
+	same("reopen", v1, look())
+	write(50)
+	v2 := look()
+	if err := s.Merge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	same("merge after reopen", v2, look())
 }
 
 // TestReopenMigrates checks that opening an existing database applies no

@@ -60,11 +60,13 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 // duplicate. See kettle.Store.
 //
 // The transaction: multi-row INSERT OR IGNORE … RETURNING of the batch's
-// distinct keys (a key not returned was already stored; a repeat inside the
-// batch is a duplicate of its first occurrence), then, aggregated in Go from
-// the rows that were new and the cached device states, one multi-row upsert
-// of the touched devices, a read and a write per touched hour and hour of
-// day, and the totals row. The cache takes the new device states only after
+// distinct keys into staged, skipping keys already in measurements (a key
+// not returned was already stored; a repeat inside the batch is a duplicate
+// of its first occurrence), then, aggregated in Go from the rows that were
+// new and the cached device states, the registration of devices not known
+// yet, the last_seen counts, a read and a write per touched hour and hour of
+// day, and the totals row. The devices rows are brought up to date by the
+// merge (see stage.go), not by every batch. The cache takes the new device states only after
 // the commit. Statements run without a cancellable context (the driver
 // would start a goroutine per statement for one); ctx governs BEGIN and
 // COMMIT.
@@ -88,15 +90,20 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 		sc.reset()
 		return nil, fmt.Errorf("sqlite write batch of %d: %w", len(batch), err)
 	}
+	added := 0
 	for i := range sc.devs {
 		s.cache.devs[sc.devs[i].id] = sc.devs[i].st
+		s.stage.devs[sc.devs[i].id] = struct{}{}
+		added += int(sc.devs[i].n)
 	}
+	s.stage.rows += added
 	if s.ck != nil {
-		// Dirty pages ≈ one measurements leaf per device, the devices'
-		// leaves, a few interior, rollup and totals pages.
-		s.ck.wrote(int64(len(sc.devs)) + int64(len(sc.devs))/8 + 8)
+		// Dirty pages ≈ the staged rows' pages (≈ 100 bytes a row), a few
+		// interior, rollup, last_seen and totals pages.
+		s.ck.wrote(int64(added)/40 + 8)
 	}
 	sc.reset()
+	s.stage.poke()
 	return dup, nil
 }
 
@@ -174,14 +181,14 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		dup[i] = true // until the insert returns it
 	}
 
-	// Insert in key order: consecutive rows land on neighbouring B-tree
-	// pages, which are then still hot in the CPU caches.
+	// Insert in the staging table's key order (time, device): consecutive
+	// rows land on neighbouring B-tree pages.
 	slices.SortFunc(sc.cand, func(a, b int32) int {
 		x, y := &batch[a], &batch[b]
-		if c := bytes.Compare(x.Device[:], y.Device[:]); c != 0 {
+		if c := x.Time.Compare(y.Time); c != 0 {
 			return c
 		}
-		return x.Time.Compare(y.Time)
+		return bytes.Compare(x.Device[:], y.Device[:])
 	})
 	var added int64
 	for off := 0; off < len(sc.cand); {
@@ -191,11 +198,11 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		args := sc.args[:0]
 		for _, i := range part {
 			m := &batch[i]
-			args = append(args, m.Device[:], m.Time.UnixMicro(),
-				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
+			args = append(args, m.Time.UnixMicro(), m.Device[:],
+				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML, recv)
 		}
 		sc.args = args
-		rows, err := tx.StmtContext(nc, s.insMeas[c]).QueryContext(nc, args...)
+		rows, err := tx.StmtContext(nc, s.insStaged[c]).QueryContext(nc, args...)
 		if err != nil {
 			return fmt.Errorf("insert measurements: %w", err)
 		}
@@ -311,10 +318,17 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 		d.st = st
 	}
-	// Same order for the upsert (sc.devIdx is not used after this).
-	slices.SortFunc(sc.devs, func(a, b devAgg) int { return bytes.Compare(a.id[:], b.id[:]) })
-	if err := s.upsertDevices(nc, tx, recv); err != nil {
-		return fmt.Errorf("update devices: %w", err)
+	// The devices rows of known devices stay as they are until the merge
+	// (their new states are in the cache, and in staged for a reader); a
+	// device not registered yet is registered now.
+	reg := tx.StmtContext(nc, s.regDev)
+	for k := range sc.devs {
+		if _, known := s.cache.devs[sc.devs[k].id]; known {
+			continue
+		}
+		if _, err := reg.ExecContext(nc, sc.devs[k].id[:], recv); err != nil {
+			return fmt.Errorf("register device %s: %w", sc.devs[k].id, err)
+		}
 	}
 
 	if err := s.moveSeen(nc, tx, seenDelta); err != nil {
@@ -340,9 +354,10 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 	return nil
 }
 
-// upsertDevices writes the new state of every device in s.wsc.devs, in
-// chunks; a device not yet registered is registered at recv.
-func (s *Store) upsertDevices(ctx context.Context, tx *sql.Tx, recv int64) error {
+// upsertDevices writes the state of every device in s.wsc.devs, in chunks
+// (the merge; the devices are registered, so registered_at, bound to the
+// last-seen time, is not used).
+func (s *Store) upsertDevices(ctx context.Context, tx *sql.Tx) error {
 	sc := &s.wsc
 	for off := 0; off < len(sc.devs); {
 		c := chunk(len(sc.devs) - off)
@@ -352,7 +367,7 @@ func (s *Store) upsertDevices(ctx context.Context, tx *sql.Tx, recv int64) error
 		for k := range part {
 			d := &part[k]
 			l := &d.st.latest
-			args = append(args, d.id[:], recv, d.st.seen, d.st.n, d.st.capML,
+			args = append(args, d.id[:], d.st.seen, d.st.seen, d.st.n, d.st.capML,
 				l.t, l.charge, l.full, l.rate, l.amb, l.water, l.level)
 		}
 		sc.args = args
