@@ -347,10 +347,40 @@ func (m *Server) RegisterConns(l Conns) {
 // BusyRetrier is implemented by the SQLite store.
 type BusyRetrier interface{ BusyRetries() uint64 }
 
+// StagedMerger is implemented by the SQLite store: its staging table (rows
+// staged now) and the merges that empty it into measurements.
+type StagedMerger interface {
+	MergeStats() (staged int64, merges, errors uint64, seconds float64)
+}
+
 // RegisterStore registers what the store exposes: SQLite's busy retries when
-// store implements BusyRetrier. (PostgreSQL's pool: RegisterPool.) Call it
-// once; a store with nothing to expose registers nothing.
+// store implements BusyRetrier, its staging table when it implements
+// StagedMerger. (PostgreSQL's pool: RegisterPool.) Call it once; a store
+// with nothing to expose registers nothing.
 func (m *Server) RegisterStore(store any) {
+	if sm, ok := store.(StagedMerger); ok {
+		stat := func(f func(staged int64, merges, errs uint64, secs float64) float64) func() float64 {
+			return func() float64 { return f(sm.MergeStats()) }
+		}
+		m.reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "kettle_sqlite_staged_rows",
+				Help: "Measurements committed to the staging table and not yet merged into measurements (a merge starts at 65,536).",
+			}, stat(func(st int64, _, _ uint64, _ float64) float64 { return float64(st) })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "kettle_sqlite_merges_total",
+				Help: "Merges of the staging table into measurements committed.",
+			}, stat(func(_ int64, n, _ uint64, _ float64) float64 { return float64(n) })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "kettle_sqlite_merge_errors_total",
+				Help: "Merges that failed (the rows stay staged and readable; the merge is retried). Rising: see the log.",
+			}, stat(func(_ int64, _, e uint64, _ float64) float64 { return float64(e) })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "kettle_sqlite_merge_seconds_total",
+				Help: "Time spent merging, during which ingest batches wait for the writer.",
+			}, stat(func(_ int64, _, _ uint64, s float64) float64 { return s })),
+		)
+	}
 	if b, ok := store.(BusyRetrier); ok {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_sqlite_busy_retries_total",

@@ -8,7 +8,13 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/sqlite"
+)
+
+var (
+	_ metrics.BusyRetrier  = (*sqlite.Store)(nil)
+	_ metrics.StagedMerger = (*sqlite.Store)(nil)
 )
 
 // StoreOptions tunes the stores (PostgreSQL pool and timeouts).
@@ -25,7 +31,7 @@ func OpenStore(ctx context.Context, dsn string, opts StoreOptions, log *slog.Log
 		if path == "" {
 			return nil, fmt.Errorf("--db sqlite: needs a file path, e.g. sqlite:kettle-data/kettle.db")
 		}
-		st, err := sqlite.Open(ctx, path)
+		st, err := sqlite.Open(ctx, path, sqlite.WithLogger(log))
 		if err != nil {
 			return nil, fmt.Errorf("open store %s: %w", dsn, err)
 		}

@@ -112,5 +112,6 @@ func (s *Store) syncCache(ctx context.Context, tx *sql.Tx) error {
 	}
 	*c = devCache{devs: devs, version: version, gen: gen, valid: true}
 	s.stage.rows, s.stage.devs = n, staged
+	s.stage.stagedRows.Store(int64(n))
 	return nil
 }

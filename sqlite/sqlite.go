@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -85,6 +86,7 @@ type config struct {
 	ckPages     int64
 	mergeRows   int
 	mergeEvery  time.Duration
+	log         *slog.Logger
 }
 
 // Option tunes Open.
@@ -121,6 +123,10 @@ func WithMerge(rows int, every time.Duration) Option {
 	return func(c *config) { c.mergeRows, c.mergeEvery = max(rows, 1), every }
 }
 
+// WithLogger sets where the store reports what it does on its own (a failed
+// merge). Default: discard.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
 // WithMaxBusyRetries sets how many times a transaction that found the
 // database locked (after the busy timeout) is retried before Store gives up
 // with an EUnavailable error. Default 10.
@@ -144,7 +150,10 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		}
 	}
 	s := &Store{path: path, maxRetries: cfg.maxRetries}
-	s.stage.mergeRows, s.stage.mergeEvery = cfg.mergeRows, cfg.mergeEvery
+	s.stage.mergeRows, s.stage.mergeEvery, s.stage.log = cfg.mergeRows, cfg.mergeEvery, cfg.log
+	if s.stage.log == nil {
+		s.stage.log = slog.New(slog.DiscardHandler)
+	}
 	if s.stage.mergeEvery <= 0 {
 		s.stage.mergeEvery = DefaultMergeEvery
 	}

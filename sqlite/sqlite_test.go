@@ -338,6 +338,14 @@ func writeFleet(b *testing.B, s kettle.Store) {
 	// competes for with the HTTP side on a small machine; unlike rows/s it
 	// hardly moves when other work shares the machine.
 	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(rows), "cpu-ns/row")
+	if m, ok := s.(interface {
+		MergeStats() (int64, uint64, uint64, float64)
+	}); ok {
+		// How long ingest waits while a merge runs (it holds the writer).
+		if _, n, _, secs := m.MergeStats(); n > 0 {
+			b.ReportMetric(secs/float64(n)*1000, "ms/merge")
+		}
+	}
 }
 
 func cpuTime() time.Duration {

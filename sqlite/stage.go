@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -38,10 +39,15 @@ type stage struct {
 	devs       map[kettle.DeviceID]struct{} // devices with rows in staged
 	mergeRows  int
 	mergeEvery time.Duration
+	log        *slog.Logger
 
 	wake, stop, done chan struct{}
-	merges           atomic.Uint64
-	mergeErr         atomic.Pointer[error]
+	// For MergeStats, readable without wmu.
+	stagedRows  atomic.Int64
+	merges      atomic.Uint64
+	mergeErrors atomic.Uint64
+	mergeNanos  atomic.Int64
+	mergeErr    atomic.Pointer[error]
 }
 
 // DefaultMergeRows is how many staged rows start a merge. A larger value
@@ -81,6 +87,8 @@ func (s *Store) startMerger() {
 			}
 			if err := s.Merge(context.Background()); err != nil {
 				st.mergeErr.Store(&err)
+				st.mergeErrors.Add(1)
+				st.log.Warn("sqlite merge of the staging table failed; its rows stay staged and readable, retrying in 1s", "err", err)
 				// The rows stay staged and readable; try again soon.
 				select {
 				case <-st.stop:
@@ -102,9 +110,15 @@ func (s *Store) stopMerger() {
 	}
 }
 
-// Merges is how many merges have committed; MergeErr the last merge error,
-// if any (the merger retries).
+// Merges is how many merges have committed.
 func (s *Store) Merges() uint64 { return s.stage.merges.Load() }
+
+// MergeStats returns the staging table's state for /metrics: rows staged
+// now, merges committed and failed, and the seconds spent merging.
+func (s *Store) MergeStats() (staged int64, merges, errors uint64, seconds float64) {
+	return s.stage.stagedRows.Load(), s.stage.merges.Load(), s.stage.mergeErrors.Load(),
+		float64(s.stage.mergeNanos.Load()) / 1e9
+}
 
 // MergeErr returns the error of the last failed merge (nil if none failed).
 func (s *Store) MergeErr() error {
@@ -119,6 +133,8 @@ func (s *Store) MergeErr() error {
 func (s *Store) Merge(ctx context.Context) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	start := time.Now()
+	defer func() { s.stage.mergeNanos.Add(int64(time.Since(start))) }()
 	sc := &s.wsc
 	var rows int64
 	err := s.tx(ctx, "merge staged rows", func(tx *sql.Tx) error {
@@ -166,6 +182,7 @@ func (s *Store) Merge(ctx context.Context) error {
 		return nil
 	}
 	s.stage.rows = 0
+	s.stage.stagedRows.Store(0)
 	clear(s.stage.devs)
 	s.stage.merges.Add(1)
 	if s.ck != nil {

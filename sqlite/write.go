@@ -97,6 +97,7 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 		added += int(sc.devs[i].n)
 	}
 	s.stage.rows += added
+	s.stage.stagedRows.Store(int64(s.stage.rows))
 	if s.ck != nil {
 		// Dirty pages ≈ the staged rows' pages (≈ 100 bytes a row), a few
 		// interior, rollup, last_seen and totals pages.
