@@ -60,7 +60,7 @@ type Store struct {
 	selTotals, putTotals, regDev, setOv, clearOv, revoke *sql.Stmt
 	devCount, addSeen, subSeen, delSeen, dataVer         *sql.Stmt
 	// Multi-row statements, one per chunk size (see chunkSizes).
-	insStaged, upsDev [len(chunkSizes)]*sql.Stmt
+	insStaged, insMeas, upsDev [len(chunkSizes)]*sql.Stmt
 
 	// wmu serializes Write and Register and guards the cache and scratch.
 	wmu   sync.Mutex
@@ -343,6 +343,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		if err := p(&s.insStaged[i], insStagedSQL(n)); err != nil {
 			return err
 		}
+		if err := p(&s.insMeas[i], insMeasSQL(n)); err != nil {
+			return err
+		}
 		if err := p(&s.upsDev[i], upsDevSQL(n)); err != nil {
 			return err
 		}
@@ -377,6 +380,15 @@ func values(n int, row string) string {
 		b.WriteString(row)
 	}
 	return b.String()
+}
+
+// insMeasSQL inserts n rows (t, device, the six values) into measurements,
+// for a dense batch when nothing is staged, and returns the keys of those
+// that were new: a key already stored, or earlier in the statement, is
+// ignored.
+func insMeasSQL(n int) string {
+	return `INSERT OR IGNORE INTO measurements(t, device, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml) VALUES ` +
+		values(n, "(?,?,?,?,?,?,?,?)") + ` RETURNING device, t`
 }
 
 // insStagedSQL stages n rows (t, device, the six values, recv) and returns
@@ -438,7 +450,7 @@ func (s *Store) Close() error {
 		}
 		sts := []*sql.Stmt{s.selRollup, s.putRollup, s.selHod, s.putHod, s.selTotals, s.putTotals, s.regDev,
 			s.setOv, s.clearOv, s.devCount, s.addSeen, s.subSeen, s.delSeen, s.dataVer}
-		sts = append(append(sts, s.insStaged[:]...), s.upsDev[:]...)
+		sts = append(append(append(sts, s.insStaged[:]...), s.insMeas[:]...), s.upsDev[:]...)
 		for _, st := range sts {
 			if st != nil {
 				st.Close()

@@ -182,6 +182,45 @@ func TestMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	same("merge after reopen", v2, look())
+
+	// A dense batch (≥ 1024 rows, ≥ 8 a device: a seeder's) goes straight to
+	// measurements after merging what is staged; the totals still add up
+	// and everything sent again is a duplicate.
+	write(40)
+	m0 := s.Merges()
+	write(2048)
+	if s.Merges() != m0+1 {
+		t.Errorf("dense batch on staged rows: %d merges, want %d", s.Merges(), m0+1)
+	}
+	write(2048) // dense, nothing staged
+	count := func() (n int64, st kettle.Statistics) {
+		v := look()
+		for _, h := range v.hist {
+			n += int64(len(h))
+		}
+		return n, v.stats
+	}
+	if n, st := count(); n != int64(len(sent)) || st.MeasurementCount != n {
+		t.Errorf("after dense batches: history holds %d rows, statistics count %d, %d were stored", n, st.MeasurementCount, len(sent))
+	}
+	var total int64
+	for _, id := range devs {
+		d, err := s.Device(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += d.Measurements
+	}
+	if total != int64(len(sent)) {
+		t.Errorf("devices count %d measurements, %d were stored", total, len(sent))
+	}
+	dup, err = s.Write(ctx, slices.Clone(sent), t0.Add(2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(dup, false); i >= 0 {
+		t.Errorf("row %d sent again after the dense batches was stored again", i)
+	}
 }
 
 // TestReopenMigrates checks that opening an existing database applies no

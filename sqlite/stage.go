@@ -133,6 +133,11 @@ func (s *Store) MergeErr() error {
 func (s *Store) Merge(ctx context.Context) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	return s.mergeLocked(ctx)
+}
+
+// mergeLocked is Merge under wmu.
+func (s *Store) mergeLocked(ctx context.Context) error {
 	start := time.Now()
 	defer func() { s.stage.mergeNanos.Add(int64(time.Since(start))) }()
 	sc := &s.wsc

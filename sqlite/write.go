@@ -66,10 +66,17 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 // new and the cached device states, the registration of devices not known
 // yet, the last_seen counts, a read and a write per touched hour and hour of
 // day, and the totals row. The devices rows are brought up to date by the
-// merge (see stage.go), not by every batch. The cache takes the new device states only after
-// the commit. Statements run without a cancellable context (the driver
-// would start a goroutine per statement for one); ctx governs BEGIN and
-// COMMIT.
+// merge (see stage.go), not by every batch.
+//
+// A dense batch (many rows per device: a seeder's day of history, not a
+// fleet's round of readings) goes straight into measurements, in (device,
+// t) order, where each device's rows share pages anyway, and its devices
+// rows are written in the same transaction; staged rows, if any, are merged
+// first, so that devices rows keep describing measurements alone.
+//
+// The cache takes the new device states only after the commit. Statements
+// run without a cancellable context (the driver would start a goroutine per
+// statement for one); ctx governs BEGIN and COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
 	dup := make([]bool, len(batch))
 	if len(batch) == 0 {
@@ -78,11 +85,19 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	sc := &s.wsc
+	direct := dense(batch)
+	if direct && s.stage.rows > 0 {
+		if err := s.mergeLocked(ctx); err != nil {
+			return nil, fmt.Errorf("sqlite write batch of %d: %w", len(batch), err)
+		}
+	}
 	err := s.tx(ctx, "write batch", func(tx *sql.Tx) error {
 		if err := s.syncCache(context.WithoutCancel(ctx), tx); err != nil {
 			return err
 		}
-		return s.writeBatch(ctx, tx, batch, receivedAt.UnixMicro(), dup)
+		// Another process may have staged rows since the merge.
+		direct = direct && s.stage.rows == 0
+		return s.writeBatch(ctx, tx, batch, receivedAt.UnixMicro(), dup, direct)
 	})
 	if err != nil {
 		// The commit may or may not have happened: rebuild from the file.
@@ -93,15 +108,24 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 	added := 0
 	for i := range sc.devs {
 		s.cache.devs[sc.devs[i].id] = sc.devs[i].st
-		s.stage.devs[sc.devs[i].id] = struct{}{}
+		if !direct {
+			s.stage.devs[sc.devs[i].id] = struct{}{}
+		}
 		added += int(sc.devs[i].n)
 	}
-	s.stage.rows += added
-	s.stage.stagedRows.Store(int64(s.stage.rows))
+	if !direct {
+		s.stage.rows += added
+		s.stage.stagedRows.Store(int64(s.stage.rows))
+	}
 	if s.ck != nil {
-		// Dirty pages ≈ the staged rows' pages (≈ 100 bytes a row), a few
-		// interior, rollup, last_seen and totals pages.
-		s.ck.wrote(int64(added)/40 + 8)
+		// Dirty pages ≈ the new rows' pages (≈ 100 bytes a row), the
+		// devices pages of a direct write, a few interior, rollup,
+		// last_seen and totals pages.
+		n := int64(added)/40 + 8
+		if direct {
+			n += int64(len(sc.devs))
+		}
+		s.ck.wrote(n)
 	}
 	sc.reset()
 	s.stage.poke()
@@ -161,7 +185,23 @@ func (w *writeScratch) reset() {
 	w.args = w.args[:0]
 }
 
-func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, dup []bool) error {
+// dense reports whether batch should bypass the staging table: at least
+// 1024 rows and on average 8 or more per device.
+func dense(batch []kettle.Measurement) bool {
+	if len(batch) < 1024 {
+		return false
+	}
+	devs := make(map[kettle.DeviceID]struct{}, len(batch)/8+1)
+	for i := range batch {
+		devs[batch[i].Device] = struct{}{}
+		if len(devs) > len(batch)/8 {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, dup []bool, direct bool) error {
 	nc := context.WithoutCancel(ctx)
 	sc := &s.wsc
 	sc.reset()
@@ -182,15 +222,26 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		dup[i] = true // until the insert returns it
 	}
 
-	// Insert in the staging table's key order (time, device): consecutive
-	// rows land on neighbouring B-tree pages.
-	slices.SortFunc(sc.cand, func(a, b int32) int {
-		x, y := &batch[a], &batch[b]
+	// Insert in the table's key order, (time, device) for staged, (device,
+	// time) for measurements: consecutive rows land on neighbouring B-tree
+	// pages.
+	byDevice := func(x, y *kettle.Measurement) int {
+		if c := bytes.Compare(x.Device[:], y.Device[:]); c != 0 {
+			return c
+		}
+		return x.Time.Compare(y.Time)
+	}
+	byTime := func(x, y *kettle.Measurement) int {
 		if c := x.Time.Compare(y.Time); c != 0 {
 			return c
 		}
 		return bytes.Compare(x.Device[:], y.Device[:])
-	})
+	}
+	order, ins := byTime, &s.insStaged
+	if direct {
+		order, ins = byDevice, &s.insMeas
+	}
+	slices.SortFunc(sc.cand, func(a, b int32) int { return order(&batch[a], &batch[b]) })
 	var added int64
 	for off := 0; off < len(sc.cand); {
 		c := chunk(len(sc.cand) - off)
@@ -200,10 +251,13 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		for _, i := range part {
 			m := &batch[i]
 			args = append(args, m.Time.UnixMicro(), m.Device[:],
-				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML, recv)
+				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
+			if !direct {
+				args = append(args, recv)
+			}
 		}
 		sc.args = args
-		rows, err := tx.StmtContext(nc, s.insStaged[c]).QueryContext(nc, args...)
+		rows, err := tx.StmtContext(nc, ins[c]).QueryContext(nc, args...)
 		if err != nil {
 			return fmt.Errorf("insert measurements: %w", err)
 		}
@@ -319,16 +373,24 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 		d.st = st
 	}
-	// The devices rows of known devices stay as they are until the merge
-	// (their new states are in the cache, and in staged for a reader); a
-	// device not registered yet is registered now.
-	reg := tx.StmtContext(nc, s.regDev)
-	for k := range sc.devs {
-		if _, known := s.cache.devs[sc.devs[k].id]; known {
-			continue
+	if direct {
+		// The devices rows follow measurements in the same transaction.
+		slices.SortFunc(sc.devs, func(a, b devAgg) int { return bytes.Compare(a.id[:], b.id[:]) })
+		if err := s.upsertDevices(nc, tx); err != nil {
+			return fmt.Errorf("update devices: %w", err)
 		}
-		if _, err := reg.ExecContext(nc, sc.devs[k].id[:], recv); err != nil {
-			return fmt.Errorf("register device %s: %w", sc.devs[k].id, err)
+	} else {
+		// Staged: the devices rows of known devices stay as they are until
+		// the merge (their new states are in the cache, and in staged for a
+		// reader); a device not registered yet is registered now.
+		reg := tx.StmtContext(nc, s.regDev)
+		for k := range sc.devs {
+			if _, known := s.cache.devs[sc.devs[k].id]; known {
+				continue
+			}
+			if _, err := reg.ExecContext(nc, sc.devs[k].id[:], recv); err != nil {
+				return fmt.Errorf("register device %s: %w", sc.devs[k].id, err)
+			}
 		}
 	}
 
@@ -355,9 +417,9 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 	return nil
 }
 
-// upsertDevices writes the state of every device in s.wsc.devs, in chunks
-// (the merge; the devices are registered, so registered_at, bound to the
-// last-seen time, is not used).
+// upsertDevices writes the state of every device in s.wsc.devs, in chunks.
+// registered_at is bound to the last-seen time, which is the receive time
+// for a device that a direct write registers.
 func (s *Store) upsertDevices(ctx context.Context, tx *sql.Tx) error {
 	sc := &s.wsc
 	for off := 0; off < len(sc.devs); {
