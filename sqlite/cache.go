@@ -99,19 +99,16 @@ func (s *Store) syncCache(ctx context.Context, tx *sql.Tx) error {
 	}
 	rows.Close()
 	// Fold the staged rows on top, and count them for the merge.
-	n, staged := 0, make(map[kettle.DeviceID]struct{})
+	s.stage.reset()
 	err = scanStaged(ctx, tx, `SELECT `+stagedColumns+` FROM staged`, nil, func(id kettle.DeviceID, r reading, recv int64) {
 		d := devs[id]
 		foldStagedState(&d, r, recv)
 		devs[id] = d
-		staged[id] = struct{}{}
-		n++
+		s.stage.add(id, 1)
 	})
 	if err != nil {
 		return err
 	}
 	*c = devCache{devs: devs, version: version, gen: gen, valid: true}
-	s.stage.rows, s.stage.devs = n, staged
-	s.stage.stagedRows.Store(int64(n))
 	return nil
 }

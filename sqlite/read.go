@@ -114,7 +114,7 @@ func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) (
 // Device returns one device, or an *kettle.Error with code ENotFound.
 func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceState, error) {
 	out, err := s.readDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id = ?`, []any{id[:]},
-		`SELECT `+stagedColumns+` FROM staged WHERE device = ?`, []any{id[:]})
+		`SELECT `+stagedColumns+` FROM staged WHERE b = ? AND device = ?`, []any{bucketOf(id), id[:]})
 	if err != nil {
 		return kettle.DeviceState{}, fmt.Errorf("sqlite read device %s: %w", id, err)
 	}
@@ -268,8 +268,8 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 	rows, err := s.r.QueryContext(ctx, `SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM (
 		SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM measurements WHERE device = ?1 AND t >= ?2 AND t < ?3
 		UNION ALL
-		SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM staged WHERE t >= ?2 AND t < ?3 AND device = ?1)
-		ORDER BY t LIMIT ?4`, q.Device[:], lo, hi, limit)
+		SELECT t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM staged WHERE b = ?5 AND t >= ?2 AND t < ?3 AND device = ?1)
+		ORDER BY t LIMIT ?4`, q.Device[:], lo, hi, limit, bucketOf(q.Device))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite history of %s: %w", q.Device, err)
 	}

@@ -391,14 +391,14 @@ func insMeasSQL(n int) string {
 		values(n, "(?,?,?,?,?,?,?,?)") + ` RETURNING device, t`
 }
 
-// insStagedSQL stages n rows (t, device, the six values, recv) and returns
+// insStagedSQL stages n rows (bucket, t, device, the six values, recv) and returns
 // the keys of those that were new: a key already in measurements, already
 // staged, or earlier in the statement is ignored.
 func insStagedSQL(n int) string {
-	return `INSERT OR IGNORE INTO staged(t, device, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml, recv)
-		SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, v.column9
-		FROM (VALUES ` + values(n, "(?,?,?,?,?,?,?,?,?)") + `) AS v
-		WHERE NOT EXISTS (SELECT 1 FROM measurements m WHERE m.device = v.column2 AND m.t = v.column1)
+	return `INSERT OR IGNORE INTO staged(b, t, device, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml, recv)
+		SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7, v.column8, v.column9, v.column10
+		FROM (VALUES ` + values(n, "(?,?,?,?,?,?,?,?,?,?)") + `) AS v
+		WHERE NOT EXISTS (SELECT 1 FROM measurements m WHERE m.device = v.column3 AND m.t = v.column2)
 		RETURNING device, t`
 }
 

@@ -84,7 +84,7 @@ func TestMerge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	devs := make([]kettle.DeviceID, 5)
 	for i := range devs {
-		devs[i] = kettle.DeviceID{byte(i + 1), 0xaa}
+		devs[i] = kettle.DeviceID{byte(i * 53), 0xaa} // several staged buckets
 	}
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	var sent []kettle.Measurement
@@ -145,8 +145,8 @@ func TestMerge(t *testing.T) {
 	if err := s.Merge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s.Merges() != 1 {
-		t.Fatalf("Merges() = %d after one merge, want 1", s.Merges())
+	if s.Merges() == 0 {
+		t.Fatalf("Merges() = 0 after a merge")
 	}
 	same("merge", v0, look())
 
@@ -189,8 +189,8 @@ func TestMerge(t *testing.T) {
 	write(40)
 	m0 := s.Merges()
 	write(2048)
-	if s.Merges() != m0+1 {
-		t.Errorf("dense batch on staged rows: %d merges, want %d", s.Merges(), m0+1)
+	if s.Merges() == m0 {
+		t.Errorf("dense batch on staged rows: no merge before it")
 	}
 	write(2048) // dense, nothing staged
 	count := func() (n int64, st kettle.Statistics) {
@@ -380,7 +380,7 @@ func writeFleet(b *testing.B, s kettle.Store) {
 	if m, ok := s.(interface {
 		MergeStats() (int64, uint64, uint64, float64)
 	}); ok {
-		// How long ingest waits while a merge runs (it holds the writer).
+		// How long ingest waits while one bucket merges (it holds the writer).
 		if _, n, _, secs := m.MergeStats(); n > 0 {
 			b.ReportMetric(secs/float64(n)*1000, "ms/merge")
 		}

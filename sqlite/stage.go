@@ -13,30 +13,43 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// A write appends its new rows to the staged table, keyed by (t, device):
-// a batch of readings from a thousand kettles dirties a dozen neighbouring
-// pages there, where measurements, keyed by (device, t) for history reads,
-// would take one page per kettle, each written whole to the WAL at commit.
-// Measured with BenchmarkWriteFleet (20,000 kettles, batches of 500–2000),
-// that page traffic was most of the writer's CPU time per row.
+// A write appends its new rows to the staged table, keyed by (bucket, t,
+// device): a batch of readings from a thousand kettles dirties a few
+// neighbouring pages at the right edge of each bucket, where measurements,
+// keyed by (device, t) for history reads, would take one page per kettle,
+// each written whole to the WAL at commit. Measured with
+// BenchmarkWriteFleet (20,000 kettles, batches of 500–2000), that page
+// traffic was most of the writer's CPU time per row.
 //
-// The merge moves every staged row to measurements in (device, t) order in
-// one transaction, once staged holds mergeRows rows (or mergeEvery has
-// passed): by then each kettle has several rows, which share its pages. It
-// also writes the devices rows of the kettles that reported since the last
-// merge (from the writer's cache: until then, a batch does not touch them),
-// and empties staged. The merge runs on the merger goroutine, under the
-// writer lock, between two batches.
+// A merge starts once staged holds mergeRows rows (or mergeEvery has
+// passed). It moves the staged rows to measurements in (device, t) order,
+// one bucket per transaction: by then each kettle has several rows, which
+// share its pages. With the rows it writes the devices rows of the bucket's
+// kettles that reported since their last merge (from the writer's cache:
+// until then a batch does not touch them) and deletes the bucket's staged
+// rows, a contiguous key range. Each bucket's transaction holds the writer
+// lock for about 1/stageBuckets of what merging everything at once would, so
+// batches wait less.
 //
 // Invariant: every stored measurement is in exactly one of measurements and
 // staged; a devices row describes its kettle's rows in measurements, and a
-// reader folds the kettle's staged rows on top (foldStaged).
+// reader folds the kettle's staged rows on top (foldStaged). A bucket's
+// merge moves all of its rows, so afterwards its kettles have none staged
+// and their devices rows equal the cache.
+
+// stageBuckets is how many buckets staged is cut into, by the first byte of
+// the device id (uniform for random UUIDs).
+const stageBuckets = 16
+
+// bucketOf is the staged bucket of device id.
+func bucketOf(id kettle.DeviceID) int { return int(id[0]) * stageBuckets / 256 }
 
 // stage is the writer's bookkeeping of the staged table. Guarded by wmu,
-// except the channels.
+// except the channels and atomics.
 type stage struct {
-	rows       int                          // rows in staged
-	devs       map[kettle.DeviceID]struct{} // devices with rows in staged
+	rows       int                                        // rows in staged
+	bucketRows [stageBuckets]int                          // … per bucket
+	devs       [stageBuckets]map[kettle.DeviceID]struct{} // devices with rows in staged, per bucket
 	mergeRows  int
 	mergeEvery time.Duration
 	log        *slog.Logger
@@ -51,13 +64,31 @@ type stage struct {
 }
 
 // DefaultMergeRows is how many staged rows start a merge. A larger value
-// gives each kettle more rows per merge (fewer pages per row) but a longer
-// merge, during which batches wait, and more staged rows for a reader to
-// fold.
+// gives each kettle more rows per merge (fewer pages per row) but longer
+// merges and more staged rows for a reader to fold.
 const DefaultMergeRows = 65536
 
 // DefaultMergeEvery bounds how long rows stay staged on a quiet fleet.
 const DefaultMergeEvery = 5 * time.Minute
+
+// reset empties the bookkeeping (the cache reload refills it).
+func (st *stage) reset() {
+	st.rows = 0
+	st.bucketRows = [stageBuckets]int{}
+	for b := range st.devs {
+		st.devs[b] = make(map[kettle.DeviceID]struct{})
+	}
+	st.stagedRows.Store(0)
+}
+
+// add counts n new staged rows of device id.
+func (st *stage) add(id kettle.DeviceID, n int) {
+	b := bucketOf(id)
+	st.devs[b][id] = struct{}{}
+	st.bucketRows[b] += n
+	st.rows += n
+	st.stagedRows.Store(int64(st.rows))
+}
 
 // poke wakes the merger when staged is over its threshold. Under wmu.
 func (st *stage) poke() {
@@ -85,11 +116,17 @@ func (s *Store) startMerger() {
 			case <-st.wake:
 			case <-tick.C:
 			}
-			if err := s.Merge(context.Background()); err != nil {
+			// One bucket per lock: batches run between them.
+			for b := 0; b < stageBuckets; b++ {
+				s.wmu.Lock()
+				err := s.mergeBucket(context.Background(), b)
+				s.wmu.Unlock()
+				if err == nil {
+					continue
+				}
 				st.mergeErr.Store(&err)
 				st.mergeErrors.Add(1)
 				st.log.Warn("sqlite merge of the staging table failed; its rows stay staged and readable, retrying in 1s", "err", err)
-				// The rows stay staged and readable; try again soon.
 				select {
 				case <-st.stop:
 					return
@@ -98,6 +135,7 @@ func (s *Store) startMerger() {
 				s.wmu.Lock()
 				st.poke()
 				s.wmu.Unlock()
+				break
 			}
 		}
 	}()
@@ -110,11 +148,11 @@ func (s *Store) stopMerger() {
 	}
 }
 
-// Merges is how many merges have committed.
+// Merges is how many bucket merges have committed.
 func (s *Store) Merges() uint64 { return s.stage.merges.Load() }
 
 // MergeStats returns the staging table's state for /metrics: rows staged
-// now, merges committed and failed, and the seconds spent merging.
+// now, bucket merges committed and failed, and the seconds spent merging.
 func (s *Store) MergeStats() (staged int64, merges, errors uint64, seconds float64) {
 	return s.stage.stagedRows.Load(), s.stage.merges.Load(), s.stage.mergeErrors.Load(),
 		float64(s.stage.mergeNanos.Load()) / 1e9
@@ -129,7 +167,8 @@ func (s *Store) MergeErr() error {
 }
 
 // Merge moves every staged row to measurements now (see the comment at the
-// top of stage.go). The merger calls it; tests and tools may too.
+// top of stage.go), holding the writer lock throughout. The merger merges
+// one bucket at a time instead; tests and tools may call this.
 func (s *Store) Merge(ctx context.Context) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
@@ -138,30 +177,40 @@ func (s *Store) Merge(ctx context.Context) error {
 
 // mergeLocked is Merge under wmu.
 func (s *Store) mergeLocked(ctx context.Context) error {
+	for b := 0; b < stageBuckets; b++ {
+		if err := s.mergeBucket(ctx, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mergeBucket moves bucket b's staged rows in one transaction. Under wmu.
+func (s *Store) mergeBucket(ctx context.Context, b int) error {
 	start := time.Now()
-	defer func() { s.stage.mergeNanos.Add(int64(time.Since(start))) }()
 	sc := &s.wsc
 	var rows int64
 	err := s.tx(ctx, "merge staged rows", func(tx *sql.Tx) error {
+		rows = 0
 		if err := s.syncCache(ctx, tx); err != nil {
 			return err
 		}
-		if s.stage.rows == 0 {
+		if s.stage.bucketRows[b] == 0 {
 			return nil
 		}
 		res, err := tx.ExecContext(ctx, `INSERT INTO measurements(device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml)
-			SELECT device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM staged ORDER BY device, t`)
+			SELECT device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml FROM staged WHERE b = ? ORDER BY device, t`, b)
 		if err != nil {
 			return fmt.Errorf("move staged rows: %w", err)
 		}
 		if rows, err = res.RowsAffected(); err != nil {
 			return err
 		}
-		if rows != int64(s.stage.rows) {
-			return fmt.Errorf("moved %d staged rows, the writer counted %d", rows, s.stage.rows)
+		if rows != int64(s.stage.bucketRows[b]) {
+			return fmt.Errorf("moved %d staged rows of bucket %d, the writer counted %d", rows, b, s.stage.bucketRows[b])
 		}
 		sc.reset()
-		for id := range s.stage.devs {
+		for id := range s.stage.devs[b] {
 			st, ok := s.cache.devs[id]
 			if !ok {
 				return fmt.Errorf("staged rows of device %s, which is not in the cache", id)
@@ -172,8 +221,8 @@ func (s *Store) mergeLocked(ctx context.Context) error {
 		if err := s.upsertDevices(ctx, tx); err != nil {
 			return fmt.Errorf("update devices: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM staged`); err != nil {
-			return fmt.Errorf("empty staged: %w", err)
+		if _, err := tx.ExecContext(ctx, `DELETE FROM staged WHERE b = ?`, b); err != nil {
+			return fmt.Errorf("empty staged bucket %d: %w", b, err)
 		}
 		return nil
 	})
@@ -186,13 +235,15 @@ func (s *Store) mergeLocked(ctx context.Context) error {
 	if rows == 0 {
 		return nil
 	}
-	s.stage.rows = 0
-	s.stage.stagedRows.Store(0)
-	clear(s.stage.devs)
+	s.stage.rows -= int(rows)
+	s.stage.bucketRows[b] = 0
+	s.stage.stagedRows.Store(int64(s.stage.rows))
+	clear(s.stage.devs[b])
 	s.stage.merges.Add(1)
+	s.stage.mergeNanos.Add(int64(time.Since(start)))
 	if s.ck != nil {
 		// One measurements page or two per device, the new rows' share of
-		// pages, the devices pages, and staged's pages freed.
+		// pages, the devices pages, and the bucket's staged pages.
 		s.ck.wrote(int64(ndev)*2 + rows/20)
 	}
 	return nil

@@ -109,13 +109,9 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 	for i := range sc.devs {
 		s.cache.devs[sc.devs[i].id] = sc.devs[i].st
 		if !direct {
-			s.stage.devs[sc.devs[i].id] = struct{}{}
+			s.stage.add(sc.devs[i].id, int(sc.devs[i].n))
 		}
 		added += int(sc.devs[i].n)
-	}
-	if !direct {
-		s.stage.rows += added
-		s.stage.stagedRows.Store(int64(s.stage.rows))
 	}
 	if s.ck != nil {
 		// Dirty pages ≈ the new rows' pages (≈ 100 bytes a row), the
@@ -222,8 +218,8 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		dup[i] = true // until the insert returns it
 	}
 
-	// Insert in the table's key order, (time, device) for staged, (device,
-	// time) for measurements: consecutive rows land on neighbouring B-tree
+	// Insert in the table's key order, (bucket, time, device) for staged,
+	// (device, time) for measurements: consecutive rows land on neighbouring B-tree
 	// pages.
 	byDevice := func(x, y *kettle.Measurement) int {
 		if c := bytes.Compare(x.Device[:], y.Device[:]); c != 0 {
@@ -232,6 +228,9 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		return x.Time.Compare(y.Time)
 	}
 	byTime := func(x, y *kettle.Measurement) int {
+		if c := bucketOf(x.Device) - bucketOf(y.Device); c != 0 {
+			return c
+		}
 		if c := x.Time.Compare(y.Time); c != 0 {
 			return c
 		}
@@ -250,6 +249,9 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		args := sc.args[:0]
 		for _, i := range part {
 			m := &batch[i]
+			if !direct {
+				args = append(args, bucketOf(m.Device))
+			}
 			args = append(args, m.Time.UnixMicro(), m.Device[:],
 				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
 			if !direct {
