@@ -118,6 +118,11 @@ func (s *Store) startMerger() {
 			}
 			// One bucket per lock: batches run between them.
 			for b := 0; b < stageBuckets; b++ {
+				select {
+				case <-st.stop: // Close: the rest stays staged
+					return
+				default:
+				}
 				s.wmu.Lock()
 				err := s.mergeBucket(context.Background(), b)
 				s.wmu.Unlock()
