@@ -33,6 +33,11 @@ type Config struct {
 	// OperatorSession, when set, accepts a request as the operator without a
 	// bearer token (the dashboard's session cookie).
 	OperatorSession func(*http.Request) bool
+	// AdmitIngest, when set, is asked before an ingest request's body is
+	// read or its credentials checked, so that refusing excess load costs
+	// as little as possible. An error (503 + Retry-After) is answered as is;
+	// otherwise release is called once the request is answered.
+	AdmitIngest func(*http.Request) (release func(), err error)
 }
 
 // API holds the routes. Build it with New; it is an http.Handler.
@@ -327,7 +332,25 @@ func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	w.Write(b)
 }
 
+// admitIngest asks Config.AdmitIngest; ok false means the refusal is written.
+func (a *API) admitIngest(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	if a.cfg.AdmitIngest == nil {
+		return func() {}, true
+	}
+	release, err := a.cfg.AdmitIngest(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return nil, false
+	}
+	return release, true
+}
+
 func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
+	release, ok := a.admitIngest(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	id, err := a.v0Device(r)
 	if err != nil {
 		writeError(w, a.log, err)
@@ -695,6 +718,11 @@ func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
+	release, ok := a.admitIngest(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	id, err := a.device(r)
 	if err != nil {
 		writeError(w, a.log, err)

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// Admission control for ingest. Under overload every request costs CPU before
+// any handler runs (read, parse, a goroutine to schedule), and a request that
+// waits for the CPU waits behind every other connection's request: with
+// thousands of connections that is hundreds of milliseconds for everyone,
+// command polls included. The ingest queue bounds the store, not the CPU.
+// So ingest is admitted here, before its body is read, decoded or its token
+// checked, and refused with 503 + Retry-After when
+//
+//   - the Go scheduler is saturated: goroutines waited longer than
+//     ShedLatency (p99 over the last 100 ms window of /sched/latencies) to
+//     run — the CPU cannot serve more within the latency budget. The refusal
+//     carries a long, jittered Retry-After, so compliant kettles keep their
+//     readings and send them later in one request instead of retrying each
+//     second: that, not the cheap 503 alone, is what lowers the load;
+//   - MaxIngestRequests ingest requests are already in flight (reading their
+//     body or waiting for their commit): this also bounds the memory held by
+//     request bodies to MaxIngestRequests × the body limit;
+//   - the ingest queue is full (what the fleet service would answer anyway,
+//     minus the body).
+//
+// Command polls are never refused here: they are answered from memory.
+type admission struct {
+	shedLatency time.Duration // 0: no CPU shedding
+	shedRetry   time.Duration
+	queueRetry  time.Duration
+	maxIngest   int64
+	queue       func() (rows, capacity int)
+
+	inflight atomic.Int64
+	shedding atomic.Bool
+	p99      atomic.Int64 // ns, the last window's scheduling latency p99
+
+	shedCPU, shedInflight, shedQueue prometheus.Counter
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Shed reasons (the bounded values of kettle_http_requests_shed_total's
+// reason label).
+const (
+	shedSchedLatency  = "sched_latency"
+	shedIngestInFlight = "ingest_in_flight"
+	shedQueueFull     = "ingest_queue_full"
+)
+
+// shedWindow is how often the scheduling latency is evaluated.
+const shedWindow = 100 * time.Millisecond
+
+func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, maxIngest int, queue func() (int, int)) *admission {
+	a := &admission{
+		shedLatency: shedLatency, shedRetry: shedRetry, queueRetry: queueRetry,
+		maxIngest: int64(maxIngest), queue: queue, stop: make(chan struct{}),
+	}
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kettle_http_requests_shed_total",
+			Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_in_flight (--max-ingest-requests reached), ingest_queue_full. They never reach kettle_ingest_rejected_total.",
+		}, []string{"reason"})
+	a.shedCPU = shed.WithLabelValues(shedSchedLatency)
+	a.shedInflight = shed.WithLabelValues(shedIngestInFlight)
+	a.shedQueue = shed.WithLabelValues(shedQueueFull)
+	reg.MustRegister(shed,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_http_ingest_requests_in_flight",
+			Help: "Ingest requests admitted and not yet answered (body being read or waiting for the commit); capped by --max-ingest-requests.",
+		}, func() float64 { return float64(a.inflight.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_sched_latency_p99_seconds",
+			Help: "p99 of the time runnable goroutines waited for a CPU over the last 100 ms window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
+		}, func() float64 { return time.Duration(a.p99.Load()).Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_http_shedding",
+			Help: "1 while ingest is being shed because the scheduling latency is above --shed-latency, else 0.",
+		}, func() float64 {
+			if a.shedding.Load() {
+				return 1
+			}
+			return 0
+		}),
+	)
+	if shedLatency > 0 {
+		a.wg.Add(1)
+		go a.watch()
+	}
+	return a
+}
+
+// close stops the watcher.
+func (a *admission) close() {
+	close(a.stop)
+	a.wg.Wait()
+}
+
+// watch evaluates the scheduling latency every shedWindow.
+func (a *admission) watch() {
+	defer a.wg.Done()
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	var prev []uint64
+	t := time.NewTicker(shedWindow)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		metrics.Read(s)
+		if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+			return // not this runtime: no CPU shedding
+		}
+		h := s[0].Value.Float64Histogram()
+		p := windowQuantile(prev, h.Counts, h.Buckets, 0.99)
+		prev = append(prev[:0], h.Counts...)
+		a.p99.Store(int64(p))
+		a.shedding.Store(p > a.shedLatency)
+	}
+}
+
+// windowQuantile is the q-quantile of the observations counted in cur but
+// not in prev (cumulative histograms with the same buckets), as the lower
+// bound of its bucket: an underestimate, so shedding starts only on
+// evidence. Fewer than 20 observations say nothing: 0.
+func windowQuantile(prev, cur []uint64, buckets []float64, q float64) time.Duration {
+	var n uint64
+	for i := range cur {
+		n += cur[i] - at(prev, i)
+	}
+	if n < 20 {
+		return 0
+	}
+	want := uint64(q*float64(n) + 0.999999)
+	var cum uint64
+	for i := range cur {
+		cum += cur[i] - at(prev, i)
+		if cum >= want {
+			lo := buckets[i]
+			if lo < 0 {
+				lo = 0
+			}
+			return time.Duration(lo * 1e9)
+		}
+	}
+	return 0
+}
+
+func at(s []uint64, i int) uint64 {
+	if i < len(s) {
+		return s[i]
+	}
+	return 0
+}
+
+// admit decides on one ingest request before its body is read. On success
+// the caller must call release when the request is answered.
+func (a *admission) admit(*http.Request) (release func(), err error) {
+	if a.shedding.Load() {
+		a.shedCPU.Inc()
+		ra := a.jitter(a.shedRetry)
+		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: ra,
+			Message: fmt.Sprintf("server overloaded: requests wait more than %s for a CPU; keep the readings and send them together after %s (Retry-After), or add a node", a.shedLatency, ra)}
+	}
+	if rows, capacity := a.queue(); rows >= capacity {
+		a.shedQueue.Inc()
+		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
+			Message: fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", capacity, a.queueRetry)}
+	}
+	if a.inflight.Add(1) > a.maxIngest {
+		a.inflight.Add(-1)
+		a.shedInflight.Inc()
+		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
+			Message: fmt.Sprintf("%d ingest requests already in flight; retry after %s or raise --max-ingest-requests", a.maxIngest, a.queueRetry)}
+	}
+	return a.release, nil
+}
+
+func (a *admission) release() { a.inflight.Add(-1) }
+
+// jitter spreads d over [d/2, 3d/2) in whole seconds (at least 1 s), so a
+// fleet refused in the same second does not come back in the same second.
+func (a *admission) jitter(d time.Duration) time.Duration {
+	j := time.Duration(float64(d) * (0.5 + rand.Float64()))
+	return max(time.Second, j.Round(time.Second))
+}
