@@ -55,9 +55,9 @@ type admission struct {
 // Shed reasons (the bounded values of kettle_http_requests_shed_total's
 // reason label).
 const (
-	shedSchedLatency  = "sched_latency"
+	shedSchedLatency   = "sched_latency"
 	shedIngestInFlight = "ingest_in_flight"
-	shedQueueFull     = "ingest_queue_full"
+	shedQueueFull      = "ingest_queue_full"
 )
 
 // shedWindow is how often the scheduling latency is evaluated.
@@ -69,9 +69,9 @@ func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry 
 		maxIngest: int64(maxIngest), queue: queue, stop: make(chan struct{}),
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kettle_http_requests_shed_total",
-			Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_in_flight (--max-ingest-requests reached), ingest_queue_full. They never reach kettle_ingest_rejected_total.",
-		}, []string{"reason"})
+		Name: "kettle_http_requests_shed_total",
+		Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_in_flight (--max-ingest-requests reached), ingest_queue_full. They never reach kettle_ingest_rejected_total.",
+	}, []string{"reason"})
 	a.shedCPU = shed.WithLabelValues(shedSchedLatency)
 	a.shedInflight = shed.WithLabelValues(shedIngestInFlight)
 	a.shedQueue = shed.WithLabelValues(shedQueueFull)
