@@ -47,12 +47,13 @@ type API struct {
 	log    *slog.Logger
 	mux    *http.ServeMux
 	routes []string
+	tokens *tokenCache
 }
 
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), tokens: newTokenCache(cfg.Secret)}
 	m := routeRecorder{a}
 	// Case-study protocol.
 	m.HandleFunc("POST /login", a.v0Login)
@@ -214,7 +215,7 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device token required: send Authorization: Bearer <device token>")
 	}
-	id, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
+	id, ok := a.tokens.verify(tok)
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "invalid device token")
 	}

@@ -24,7 +24,8 @@ import (
 //
 //   - the Go scheduler is saturated: goroutines waited longer than
 //     ShedLatency (p99 over the last 100 ms window of /sched/latencies) to
-//     run — the CPU cannot serve more within the latency budget. The refusal
+//     run and at least shedMinRunnable of them are waiting — the CPU cannot
+//     serve more within the latency budget. The refusal
 //     carries a long, jittered Retry-After, so compliant kettles keep their
 //     readings and send them later in one request instead of retrying each
 //     second: that, not the cheap 503 alone, is what lowers the load;
@@ -45,6 +46,7 @@ type admission struct {
 	inflight atomic.Int64
 	shedding atomic.Bool
 	p99      atomic.Int64 // ns, the last window's scheduling latency p99
+	runnable atomic.Int64 // goroutines runnable at the end of the last window
 
 	shedCPU, shedInflight, shedQueue prometheus.Counter
 
@@ -60,8 +62,13 @@ const (
 	shedQueueFull      = "ingest_queue_full"
 )
 
-// shedWindow is how often the scheduling latency is evaluated.
-const shedWindow = 100 * time.Millisecond
+const (
+	// shedWindow is how often the scheduling latency is evaluated.
+	shedWindow = 100 * time.Millisecond
+	// shedMinRunnable: fewer runnable goroutines than this (sampled at the
+	// end of a window) never shed, however long they waited.
+	shedMinRunnable = 64
+)
 
 func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, maxIngest int, queue func() (int, int)) *admission {
 	a := &admission{
@@ -84,6 +91,10 @@ func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry 
 			Name: "kettle_sched_latency_p99_seconds",
 			Help: "p99 of the time runnable goroutines waited for a CPU over the last 100 ms window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
 		}, func() float64 { return time.Duration(a.p99.Load()).Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_sched_goroutines_runnable",
+			Help: "Goroutines waiting for a CPU, sampled every 100 ms; ingest is shed only when there are at least 64 and they wait longer than --shed-latency.",
+		}, func() float64 { return float64(a.runnable.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_http_shedding",
 			Help: "1 while ingest is being shed because the scheduling latency is above --shed-latency, else 0.",
@@ -110,7 +121,7 @@ func (a *admission) close() {
 // watch evaluates the scheduling latency every shedWindow.
 func (a *admission) watch() {
 	defer a.wg.Done()
-	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
 	var prev []uint64
 	t := time.NewTicker(shedWindow)
 	defer t.Stop()
@@ -127,8 +138,16 @@ func (a *admission) watch() {
 		h := s[0].Value.Float64Histogram()
 		p := windowQuantile(prev, h.Counts, h.Buckets, 0.99)
 		prev = append(prev[:0], h.Counts...)
+		var runnable uint64
+		if s[1].Value.Kind() == metrics.KindUint64 {
+			runnable = s[1].Value.Uint64()
+		}
 		a.p99.Store(int64(p))
-		a.shedding.Store(p > a.shedLatency)
+		a.runnable.Store(int64(runnable))
+		// Both: waiting is the symptom, a crowd of runnable goroutines says
+		// it is this process's own load (shedding can help), not only other
+		// processes taking the CPU from a lightly loaded server.
+		a.shedding.Store(p > a.shedLatency && runnable >= shedMinRunnable)
 	}
 }
 
