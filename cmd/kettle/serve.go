@@ -29,7 +29,11 @@ The API is described at GET /openapi.json.
 Every reading is validated, queued (bounded: a full queue answers 503 with
 Retry-After), committed in a batch transaction together with the latest state
 and statistics rollups, and only then acknowledged. Command polls are answered
-from memory. SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
+from memory. Under overload uploads are refused before their body is read:
+when --max-ingest-requests are in flight, when the queue is full, or when the
+CPU is saturated (--shed-latency; then with a long Retry-After, so kettles
+send their readings later in one request), and polls keep being answered.
+SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
 
 Secrets: when --operator-token or --secret is empty, a random value is
 generated at first start and kept in --data-dir (files operator-token and
