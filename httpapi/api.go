@@ -754,9 +754,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, next := a.svc.Command(id)
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%t|%t|%g|%s", c.Charge, c.Fill, c.FlushMLPerS, c.Reason)
-	etag := fmt.Sprintf(`"%x"`, h.Sum64())
+	etag := commandETag(c)
 	w.Header().Set("ETag", etag)
 	w.Header().Set("Cache-Control", "no-cache")
 	if inm := r.Header.Get("If-None-Match"); inm != "" && inm == etag {
@@ -764,6 +762,25 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+}
+
+// commandETag is the ETag of a command: FNV-1a of
+// "charge|fill|flush|reason" (as fmt's %t|%t|%g|%s would print it), built
+// without fmt — it is computed on every poll.
+func commandETag(c kettle.Command) string {
+	var buf [128]byte
+	b := strconv.AppendBool(buf[:0], c.Charge)
+	b = append(b, '|')
+	b = strconv.AppendBool(b, c.Fill)
+	b = append(b, '|')
+	b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
+	b = append(b, '|')
+	b = append(b, c.Reason...)
+	h := fnv.New64a()
+	h.Write(b)
+	e := append(buf[:0], '"')
+	e = strconv.AppendUint(e, h.Sum64(), 16)
+	return string(append(e, '"'))
 }
 
 // StatsJSON is GET /v1/statistics's body.

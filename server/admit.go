@@ -22,9 +22,9 @@ import (
 // So ingest is admitted here, before its body is read, decoded or its token
 // checked, and refused with 503 + Retry-After when
 //
-//   - the Go scheduler is saturated: goroutines waited longer than
-//     ShedLatency (p99 over the last 100 ms window of /sched/latencies) to
-//     run and at least shedMinRunnable of them are waiting — the CPU cannot
+//   - the Go scheduler is saturated: for three 100 ms windows in a row,
+//     goroutines waited longer than ShedLatency (p99 of /sched/latencies) to
+//     run and at least shedMinRunnable of them were waiting — the CPU cannot
 //     serve more within the latency budget. The refusal
 //     carries a long, jittered Retry-After, so compliant kettles keep their
 //     readings and send them later in one request instead of retrying each
@@ -68,6 +68,10 @@ const (
 	// shedMinRunnable: fewer runnable goroutines than this (sampled at the
 	// end of a window) never shed, however long they waited.
 	shedMinRunnable = 64
+	// shedWindows: shedding starts after this many saturated windows in a
+	// row (a stall of the whole machine for a moment is not overload) and
+	// stops at the first window that is not.
+	shedWindows = 3
 )
 
 func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, maxIngest int, queue func() (int, int)) *admission {
@@ -123,6 +127,7 @@ func (a *admission) watch() {
 	defer a.wg.Done()
 	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
 	var prev []uint64
+	bad := 0 // consecutive saturated windows
 	t := time.NewTicker(shedWindow)
 	defer t.Stop()
 	for {
@@ -147,7 +152,12 @@ func (a *admission) watch() {
 		// Both: waiting is the symptom, a crowd of runnable goroutines says
 		// it is this process's own load (shedding can help), not only other
 		// processes taking the CPU from a lightly loaded server.
-		a.shedding.Store(p > a.shedLatency && runnable >= shedMinRunnable)
+		if p > a.shedLatency && runnable >= shedMinRunnable {
+			bad++
+		} else {
+			bad = 0
+		}
+		a.shedding.Store(bad >= shedWindows)
 	}
 }
 

@@ -51,7 +51,7 @@ type Config struct {
 	ShutdownTimeout   time.Duration
 
 	// ShedLatency: while goroutines wait longer than this for a CPU (p99
-	// over 100 ms windows), ingest is refused before its body is read, with
+	// of three 100 ms windows in a row), ingest is refused before its body is read, with
 	// a Retry-After of about ShedRetryAfter. 0: the default (20 ms);
 	// negative: never shed on CPU.
 	ShedLatency    time.Duration
