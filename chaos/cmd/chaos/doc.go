@@ -140,8 +140,8 @@ func writeFindings(e *env, rs []*Result, w func(string, ...any)) {
 					"--max-ingest-requests, full queue), which cuts the uploads' CPU and their number; but the 6,700 command polls a second of this load are never refused, " +
 					"and net/http costs ~40 µs of CPU per request on this VM (read, parse, a goroutine wake-up, a write syscall; profile with `kettle serve --debug-addr`), " +
 					"so polls alone need ~0.3 core and the whole load ~0.5 core before any queueing. The line \"server CPU during the load\" says what the server got: " +
-					"when the machine's load average is several times its 2 cores, the Linux scheduler gives the server's 2 threads their share of the runnable threads, about 4 ÷ load average cores " +
-					"(0.26 core at a load average of 17), well under what the polls need, and no admission policy that still answers every poll can keep the queue short. Rerun " +
+					"when the machine's load average is several times its 2 cores, the Linux scheduler gives the server's 2 threads only their share of the runnable threads " +
+					"(0.26–0.52 core in the runs of 22 Nov 2026, at load averages of 10–53), well under what the polls need, and no admission policy that still answers every poll can keep the queue short. Rerun " +
 					"`go run ./chaos/cmd/chaos overload` on a quiet machine (load average well under 2 before it starts) to judge the server rather than its neighbours. " +
 					"Memory stayed bounded, nothing was lost, and there were no 500s or timeouts. " +
 					"If the recovery swarm right after breached its SLO, compare with its latency in the other parts on this machine before calling it a server defect: " +
