@@ -25,7 +25,9 @@ import (
 //   - the Go scheduler is saturated: for three 100 ms windows in a row,
 //     goroutines waited longer than ShedLatency (p99 of /sched/latencies) to
 //     run and at least shedMinRunnable of them were waiting — the CPU cannot
-//     serve more within the latency budget. The refusal
+//     serve more within the latency budget — and uploads were at least 10%
+//     of the requests (else refusing them would not relieve it). Shedding
+//     stops at the first window that is not saturated. The refusal
 //     carries a long, jittered Retry-After, so compliant kettles keep their
 //     readings and send them later in one request instead of retrying each
 //     second: that, not the cheap 503 alone, is what lowers the load;
@@ -44,6 +46,8 @@ type admission struct {
 	queue       func() (rows, capacity int)
 
 	inflight atomic.Int64
+	requests atomic.Int64 // HTTP requests arrived in this window (count)
+	ingest   atomic.Int64 // of which uploads (admit calls)
 	shedding atomic.Bool
 	p99      atomic.Int64 // ns, the last window's scheduling latency p99
 	runnable atomic.Int64 // goroutines runnable at the end of the last window
@@ -72,6 +76,13 @@ const (
 	// row (a stall of the whole machine for a moment is not overload) and
 	// stops at the first window that is not.
 	shedWindows = 3
+	// shedMinIngestShare: shedding starts only when uploads are at least
+	// this share of the requests arriving. Refusing them relieves the CPU
+	// only if they are a real part of its load; when something else
+	// saturates it (thousands of connections set up at once, clients
+	// pipelining reads), refusing the few kettles' uploads would buy
+	// nothing and lose their readings' freshness.
+	shedMinIngestShare = 0.1
 )
 
 func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, maxIngest int, queue func() (int, int)) *admission {
@@ -152,12 +163,21 @@ func (a *admission) watch() {
 		// Both: waiting is the symptom, a crowd of runnable goroutines says
 		// it is this process's own load (shedding can help), not only other
 		// processes taking the CPU from a lightly loaded server.
-		if p > a.shedLatency && runnable >= shedMinRunnable {
-			bad++
-		} else {
+		all, ingest := a.requests.Swap(0), a.ingest.Swap(0)
+		saturated := p > a.shedLatency && runnable >= shedMinRunnable
+		switch {
+		case a.shedding.Load():
+			if !saturated {
+				a.shedding.Store(false)
+				bad = 0
+			}
+		case saturated && all > 0 && float64(ingest) >= shedMinIngestShare*float64(all):
+			if bad++; bad >= shedWindows {
+				a.shedding.Store(true)
+			}
+		default:
 			bad = 0
 		}
-		a.shedding.Store(bad >= shedWindows)
 	}
 }
 
@@ -198,6 +218,7 @@ func at(s []uint64, i int) uint64 {
 // admit decides on one ingest request before its body is read. On success
 // the caller must call release when the request is answered.
 func (a *admission) admit(*http.Request) (release func(), err error) {
+	a.ingest.Add(1)
 	if a.shedding.Load() {
 		a.shedCPU.Inc()
 		ra := a.jitter(a.shedRetry)
@@ -219,6 +240,14 @@ func (a *admission) admit(*http.Request) (release func(), err error) {
 }
 
 func (a *admission) release() { a.inflight.Add(-1) }
+
+// count counts every HTTP request (the denominator of the uploads' share).
+func (a *admission) count(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.requests.Add(1)
+		next.ServeHTTP(w, r)
+	})
+}
 
 // jitter spreads d over [d/2, 3d/2) in whole seconds (at least 1 s), so a
 // fleet refused in the same second does not come back in the same second.

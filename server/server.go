@@ -261,7 +261,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.ln = newLimitListener(l, cfg.MaxConns)
 	s.metrics.RegisterConns(s.ln)
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.api, s.log, cfg.AccessLogSample)),
+		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
