@@ -31,28 +31,29 @@ import (
 //     carries a long, jittered Retry-After, so compliant kettles keep their
 //     readings and send them later in one request instead of retrying each
 //     second: that, not the cheap 503 alone, is what lowers the load;
-//   - MaxIngestRequests ingest requests are already in flight (reading their
-//     body or waiting for their commit): this also bounds the memory held by
-//     request bodies to MaxIngestRequests × the body limit;
 //   - the ingest queue is full (what the fleet service would answer anyway,
-//     minus the body).
+//     minus reading and decoding the body).
+//
+// There is deliberately no cap on uploads whose body is being read: a few
+// hundred clients sending a body a byte a second would hold every slot of
+// such a cap and lock out the fleet (they are bounded by --read-timeout and
+// --max-conns instead); uploads waiting for their commit are bounded by the
+// queue.
 //
 // Command polls are never refused here: they are answered from memory.
 type admission struct {
 	shedLatency time.Duration // 0: no CPU shedding
 	shedRetry   time.Duration
 	queueRetry  time.Duration
-	maxIngest   int64
 	queue       func() (rows, capacity int)
 
-	inflight atomic.Int64
 	requests atomic.Int64 // HTTP requests arrived in this window (count)
 	ingest   atomic.Int64 // of which uploads (admit calls)
 	shedding atomic.Bool
 	p99      atomic.Int64 // ns, the last window's scheduling latency p99
 	runnable atomic.Int64 // goroutines runnable at the end of the last window
 
-	shedCPU, shedInflight, shedQueue prometheus.Counter
+	shedCPU, shedQueue prometheus.Counter
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -61,9 +62,8 @@ type admission struct {
 // Shed reasons (the bounded values of kettle_http_requests_shed_total's
 // reason label).
 const (
-	shedSchedLatency   = "sched_latency"
-	shedIngestInFlight = "ingest_in_flight"
-	shedQueueFull      = "ingest_queue_full"
+	shedSchedLatency = "sched_latency"
+	shedQueueFull    = "ingest_queue_full"
 )
 
 const (
@@ -85,23 +85,18 @@ const (
 	shedMinIngestShare = 0.1
 )
 
-func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, maxIngest int, queue func() (int, int)) *admission {
+func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, queue func() (int, int)) *admission {
 	a := &admission{
 		shedLatency: shedLatency, shedRetry: shedRetry, queueRetry: queueRetry,
-		maxIngest: int64(maxIngest), queue: queue, stop: make(chan struct{}),
+		queue: queue, stop: make(chan struct{}),
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kettle_http_requests_shed_total",
-		Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_in_flight (--max-ingest-requests reached), ingest_queue_full. They never reach kettle_ingest_rejected_total.",
+		Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_queue_full (--ingest-queue). They never reach kettle_ingest_rejected_total.",
 	}, []string{"reason"})
 	a.shedCPU = shed.WithLabelValues(shedSchedLatency)
-	a.shedInflight = shed.WithLabelValues(shedIngestInFlight)
 	a.shedQueue = shed.WithLabelValues(shedQueueFull)
 	reg.MustRegister(shed,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "kettle_http_ingest_requests_in_flight",
-			Help: "Ingest requests admitted and not yet answered (body being read or waiting for the commit); capped by --max-ingest-requests.",
-		}, func() float64 { return float64(a.inflight.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_sched_latency_p99_seconds",
 			Help: "p99 of the time runnable goroutines waited for a CPU over the last 100 ms window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
@@ -215,8 +210,8 @@ func at(s []uint64, i int) uint64 {
 	return 0
 }
 
-// admit decides on one ingest request before its body is read. On success
-// the caller must call release when the request is answered.
+// admit decides on one ingest request before its body is read (release is
+// a no-op: nothing is held while the request is served).
 func (a *admission) admit(*http.Request) (release func(), err error) {
 	a.ingest.Add(1)
 	if a.shedding.Load() {
@@ -230,16 +225,8 @@ func (a *admission) admit(*http.Request) (release func(), err error) {
 		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
 			Message: fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", capacity, a.queueRetry)}
 	}
-	if a.inflight.Add(1) > a.maxIngest {
-		a.inflight.Add(-1)
-		a.shedInflight.Inc()
-		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
-			Message: fmt.Sprintf("%d ingest requests already in flight; retry after %s or raise --max-ingest-requests", a.maxIngest, a.queueRetry)}
-	}
-	return a.release, nil
+	return func() {}, nil
 }
-
-func (a *admission) release() { a.inflight.Add(-1) }
 
 // count counts every HTTP request (the denominator of the uploads' share).
 func (a *admission) count(next http.Handler) http.Handler {

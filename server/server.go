@@ -56,11 +56,6 @@ type Config struct {
 	// negative: never shed on CPU.
 	ShedLatency    time.Duration
 	ShedRetryAfter time.Duration // 0: 10 s
-	// MaxIngestRequests caps ingest requests in flight (body being read or
-	// waiting for the commit); the excess is refused before its body is
-	// read. It also bounds request-body memory to MaxIngestRequests × 1 MiB.
-	// 0: 256.
-	MaxIngestRequests int
 
 	// AccessLogSample is the fraction of requests logged (0 = none, 1 = all).
 	AccessLogSample float64
@@ -140,9 +135,6 @@ func (c *Config) defaults() {
 	}
 	if c.ShedRetryAfter <= 0 {
 		c.ShedRetryAfter = 10 * time.Second
-	}
-	if c.MaxIngestRequests <= 0 {
-		c.MaxIngestRequests = 256
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 5 * time.Second
@@ -243,7 +235,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
 		}
 	}
-	s.admit = newAdmission(reg, max(cfg.ShedLatency, 0), cfg.ShedRetryAfter, s.svc.Config().RetryAfter, cfg.MaxIngestRequests,
+	s.admit = newAdmission(reg, max(cfg.ShedLatency, 0), cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
 		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit}, s.log)
 	s.web.Mount(s.api)
@@ -271,7 +263,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	go func() { s.serveErr <- s.http.Serve(s.ln) }()
 	s.log.Info("kettle serve started", "addr", s.Addr(), "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
-		"max_conns", cfg.MaxConns, "max_ingest_requests", cfg.MaxIngestRequests, "shed_latency", cfg.ShedLatency.String(), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
+		"max_conns", cfg.MaxConns, "shed_latency", cfg.ShedLatency.String(), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
 }

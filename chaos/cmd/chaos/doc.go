@@ -137,7 +137,7 @@ func writeFindings(e *env, rs []*Result, w func(string, ...any)) {
 					"buffers and behind the other connections' runnable goroutines. With every one of the swarm's 3,000 connections holding a request, a new request " +
 					"waits about 3,000 ÷ (requests answered per second) — Little's law — whatever the handlers do. kettle serve now admits uploads before reading their " +
 					"body (`kettle_http_requests_shed_total{reason}` in the table: CPU saturation with a 5–15 s Retry-After so kettles batch their readings, " +
-					"--max-ingest-requests, full queue), which cuts the uploads' CPU and their number; but the 6,700 command polls a second of this load are never refused, " +
+					"full queue), which cuts the uploads' CPU and their number; but the 6,700 command polls a second of this load are never refused, " +
 					"and net/http costs ~40 µs of CPU per request on this VM (read, parse, a goroutine wake-up, a write syscall; profile with `kettle serve --debug-addr`), " +
 					"so polls alone need ~0.3 core and the whole load ~0.5 core before any queueing. The line \"server CPU during the load\" says what the server got: " +
 					"when the machine's load average is several times its 2 cores, the Linux scheduler gives the server's 2 threads only their share of the runnable threads " +

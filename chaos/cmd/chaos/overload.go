@@ -60,9 +60,8 @@ func partOverload(ctx context.Context, e *env) *Result {
 	idle := rssKiB(srv.pid())
 	boundKiB := idle + devices*perDeviceKiB + int64(maxConns)*perConnKiB + queue*perRowKiB
 	r.measure("memory bound: idle RSS %d MiB + %d devices × %d KiB + --max-conns %d × %d KiB + --ingest-queue %d rows × %d KiB = %d MiB "+
-		"(kettle-sized bodies; a body may be up to 1 MiB: ingest bodies are read by at most --max-ingest-requests, default 256, requests at once, "+
-		"so hostile 1 MiB uploads add at most 256 MiB; the operator routes' bodies are bounded by connections only)",
-		idle>>10, devices, perDeviceKiB, maxConns, perConnKiB, queue, perRowKiB, boundKiB>>10)
+		"(kettle-sized bodies; a body may be up to 1 MiB, so clients that all send 1 MiB bodies could hold up to %d × 1 MiB)",
+		idle>>10, devices, perDeviceKiB, maxConns, perConnKiB, queue, perRowKiB, boundKiB>>10, maxConns)
 
 	secret := readSecret(data, "secret")
 	cdev, idev := newProbeDevice(secret), newProbeDevice(secret)
@@ -141,8 +140,8 @@ func partOverload(ctx context.Context, e *env) *Result {
 	shed := func(reason string) float64 {
 		return metricSum(m1, "kettle_http_requests_shed_total", `reason="`+reason+`"`) - metricSum(m0, "kettle_http_requests_shed_total", `reason="`+reason+`"`)
 	}
-	r.measure("ingest refused before its body was read (kettle_http_requests_shed_total): CPU saturated (sched_latency) %.0f, ingest_in_flight %.0f, ingest_queue_full %.0f; "+
-		"probe 503s without Retry-After: %d", shed("sched_latency"), shed("ingest_in_flight"), shed("ingest_queue_full"), countNoRetryAfter(is))
+	r.measure("ingest refused before its body was read (kettle_http_requests_shed_total): CPU saturated (sched_latency) %.0f, ingest_queue_full %.0f; "+
+		"probe 503s without Retry-After: %d", shed("sched_latency"), shed("ingest_queue_full"), countNoRetryAfter(is))
 	switch {
 	case s503 == 0 && refused.n == 0:
 		r.fail("nothing was refused with 503 under 10× load: excess load waited instead (see the latencies)")
