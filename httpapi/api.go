@@ -33,6 +33,11 @@ type Config struct {
 	// OperatorSession, when set, accepts a request as the operator without a
 	// bearer token (the dashboard's session cookie).
 	OperatorSession func(*http.Request) bool
+	// AdmitIngest, when set, is asked before an ingest request's body is
+	// read or its credentials checked, so that refusing excess load costs
+	// as little as possible. An error (503 + Retry-After) is answered as is;
+	// otherwise release is called once the request is answered.
+	AdmitIngest func(*http.Request) (release func(), err error)
 }
 
 // API holds the routes. Build it with New; it is an http.Handler.
@@ -42,12 +47,13 @@ type API struct {
 	log    *slog.Logger
 	mux    *http.ServeMux
 	routes []string
+	tokens *tokenCache
 }
 
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), tokens: newTokenCache(cfg.Secret)}
 	m := routeRecorder{a}
 	// Case-study protocol.
 	m.HandleFunc("POST /login", a.v0Login)
@@ -209,7 +215,7 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device token required: send Authorization: Bearer <device token>")
 	}
-	id, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
+	id, ok := a.tokens.verify(tok)
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "invalid device token")
 	}
@@ -327,7 +333,25 @@ func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	w.Write(b)
 }
 
+// admitIngest asks Config.AdmitIngest; ok false means the refusal is written.
+func (a *API) admitIngest(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	if a.cfg.AdmitIngest == nil {
+		return func() {}, true
+	}
+	release, err := a.cfg.AdmitIngest(r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return nil, false
+	}
+	return release, true
+}
+
 func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
+	release, ok := a.admitIngest(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	id, err := a.v0Device(r)
 	if err != nil {
 		writeError(w, a.log, err)
@@ -695,6 +719,11 @@ func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
+	release, ok := a.admitIngest(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	id, err := a.device(r)
 	if err != nil {
 		writeError(w, a.log, err)
@@ -725,9 +754,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, next := a.svc.Command(id)
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%t|%t|%g|%s", c.Charge, c.Fill, c.FlushMLPerS, c.Reason)
-	etag := fmt.Sprintf(`"%x"`, h.Sum64())
+	etag := commandETag(c)
 	w.Header().Set("ETag", etag)
 	w.Header().Set("Cache-Control", "no-cache")
 	if inm := r.Header.Get("If-None-Match"); inm != "" && inm == etag {
@@ -735,6 +762,25 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+}
+
+// commandETag is the ETag of a command: FNV-1a of
+// "charge|fill|flush|reason" (as fmt's %t|%t|%g|%s would print it), built
+// without fmt — it is computed on every poll.
+func commandETag(c kettle.Command) string {
+	var buf [128]byte
+	b := strconv.AppendBool(buf[:0], c.Charge)
+	b = append(b, '|')
+	b = strconv.AppendBool(b, c.Fill)
+	b = append(b, '|')
+	b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
+	b = append(b, '|')
+	b = append(b, c.Reason...)
+	h := fnv.New64a()
+	h.Write(b)
+	e := append(buf[:0], '"')
+	e = strconv.AppendUint(e, h.Sum64(), 16)
+	return string(append(e, '"'))
 }
 
 // StatsJSON is GET /v1/statistics's body.

@@ -37,6 +37,9 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // accessLog logs a sampled JSON line per request: route template (never the
 // raw path), method, status, numeric duration_ms, bytes, device, remote.
 func accessLog(next http.Handler, log *slog.Logger, sample float64) http.Handler {
+	if sample <= 0 {
+		return next // no wrapper, no allocation per request
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}

@@ -50,6 +50,13 @@ type Config struct {
 	IdleTimeout       time.Duration
 	ShutdownTimeout   time.Duration
 
+	// ShedLatency: while goroutines wait longer than this for a CPU (p99
+	// of three 100 ms windows in a row), ingest is refused before its body is read, with
+	// a Retry-After of about ShedRetryAfter. 0: the default (20 ms);
+	// negative: never shed on CPU.
+	ShedLatency    time.Duration
+	ShedRetryAfter time.Duration // 0: 10 s
+
 	// AccessLogSample is the fraction of requests logged (0 = none, 1 = all).
 	AccessLogSample float64
 
@@ -80,6 +87,7 @@ type Server struct {
 	mqttc    *mqttapi.Consumer
 	http     *http.Server
 	ln       *limitListener
+	admit    *admission
 	opToken  string
 	secret   []byte
 	tokFile  string
@@ -121,6 +129,12 @@ func (c *Config) defaults() {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = DefaultMaxConns()
+	}
+	if c.ShedLatency == 0 {
+		c.ShedLatency = 20 * time.Millisecond
+	}
+	if c.ShedRetryAfter <= 0 {
+		c.ShedRetryAfter = 10 * time.Second
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 5 * time.Second
@@ -221,13 +235,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
 		}
 	}
-	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator}, s.log)
+	s.admit = newAdmission(reg, max(cfg.ShedLatency, 0), cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
+		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
 	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
 
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
+		s.admit.close()
 		s.closeMQTT()
 		s.svc.Close()
 		s.store.Close()
@@ -236,7 +253,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.ln = newLimitListener(l, cfg.MaxConns)
 	s.metrics.RegisterConns(s.ln)
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.api, s.log, cfg.AccessLogSample)),
+		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -246,7 +263,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	go func() { s.serveErr <- s.http.Serve(s.ln) }()
 	s.log.Info("kettle serve started", "addr", s.Addr(), "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
-		"max_conns", cfg.MaxConns, "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
+		"max_conns", cfg.MaxConns, "shed_latency", cfg.ShedLatency.String(), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
 }
@@ -292,6 +309,7 @@ func (s *Server) Close() error {
 		defer cancel()
 		s.log.Info("shutting down: no new connections, draining in-flight requests and the ingest queue")
 		err := s.http.Shutdown(ctx)
+		s.admit.close()
 		s.closeMQTT() // before the queue drains: readings handed to ingest get their PUBACK
 		s.svc.Close()
 		stored, dups := s.svc.Counters()

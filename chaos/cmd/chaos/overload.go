@@ -137,11 +137,19 @@ func partOverload(ctx context.Context, e *env) *Result {
 	}
 	refusedConns := metricSum(m1, "kettle_http_connections_refused_total") - metricSum(m0, "kettle_http_connections_refused_total")
 	r.measure("connections refused at --max-conns: %.0f", refusedConns)
+	shed := func(reason string) float64 {
+		return metricSum(m1, "kettle_http_requests_shed_total", `reason="`+reason+`"`) - metricSum(m0, "kettle_http_requests_shed_total", `reason="`+reason+`"`)
+	}
+	r.measure("ingest refused before its body was read (kettle_http_requests_shed_total): CPU saturated (sched_latency) %.0f, ingest_queue_full %.0f; "+
+		"probe 503s without Retry-After: %d", shed("sched_latency"), shed("ingest_queue_full"), countNoRetryAfter(is))
 	switch {
 	case s503 == 0 && refused.n == 0:
 		r.fail("nothing was refused with 503 under 10× load: excess load waited instead (see the latencies)")
 	case refused.n > 0 && refused.p99 > 100*time.Millisecond:
 		r.fail("503s not fast: probe p99 %s > 100 ms", ms(refused.p99))
+	}
+	if n := countNoRetryAfter(is); n > 0 {
+		r.fail("%d probe 503s without Retry-After", n)
 	}
 	if n5 > 0 && f5/n5 < 0.99 {
 		r.fail("server side only %.1f%% of 5xx within 100 ms", 100*f5/n5)
@@ -218,6 +226,16 @@ func partOverload(ctx context.Context, e *env) *Result {
 		r.Verdict = fmt.Sprintf("RSS max %d MiB ≤ bound %d MiB, 503 p99 %s, poll p99 %s, no 500s/timeouts, recovered", maxRSS>>10, boundKiB>>10, ms(refused.p99), ms(cst.p99))
 	}
 	return r
+}
+
+func countNoRetryAfter(ss []sample) int {
+	n := 0
+	for _, s := range ss {
+		if s.status == 503 && s.retryAfter == "" {
+			n++
+		}
+	}
+	return n
 }
 
 func loadavg() string {

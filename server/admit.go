@@ -1,0 +1,244 @@
+package server
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// Admission control for ingest. Under overload every request costs CPU before
+// any handler runs (read, parse, a goroutine to schedule), and a request that
+// waits for the CPU waits behind every other connection's request: with
+// thousands of connections that is hundreds of milliseconds for everyone,
+// command polls included. The ingest queue bounds the store, not the CPU.
+// So ingest is admitted here, before its body is read, decoded or its token
+// checked, and refused with 503 + Retry-After when
+//
+//   - the Go scheduler is saturated: for three 100 ms windows in a row,
+//     goroutines waited longer than ShedLatency (p99 of /sched/latencies) to
+//     run and at least shedMinRunnable of them were waiting — the CPU cannot
+//     serve more within the latency budget — and uploads were at least 10%
+//     of the requests (else refusing them would not relieve it). Shedding
+//     stops at the first window that is not saturated. The refusal
+//     carries a long, jittered Retry-After, so compliant kettles keep their
+//     readings and send them later in one request instead of retrying each
+//     second: that, not the cheap 503 alone, is what lowers the load;
+//   - the ingest queue is full (what the fleet service would answer anyway,
+//     minus reading and decoding the body).
+//
+// There is deliberately no cap on uploads whose body is being read: a few
+// hundred clients sending a body a byte a second would hold every slot of
+// such a cap and lock out the fleet (they are bounded by --read-timeout and
+// --max-conns instead); uploads waiting for their commit are bounded by the
+// queue.
+//
+// Command polls are never refused here: they are answered from memory.
+type admission struct {
+	shedLatency time.Duration // 0: no CPU shedding
+	shedRetry   time.Duration
+	queueRetry  time.Duration
+	queue       func() (rows, capacity int)
+
+	requests atomic.Int64 // HTTP requests arrived in this window (count)
+	ingest   atomic.Int64 // of which uploads (admit calls)
+	shedding atomic.Bool
+	p99      atomic.Int64 // ns, the last window's scheduling latency p99
+	runnable atomic.Int64 // goroutines runnable at the end of the last window
+
+	shedCPU, shedQueue prometheus.Counter
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Shed reasons (the bounded values of kettle_http_requests_shed_total's
+// reason label).
+const (
+	shedSchedLatency = "sched_latency"
+	shedQueueFull    = "ingest_queue_full"
+)
+
+const (
+	// shedWindow is how often the scheduling latency is evaluated.
+	shedWindow = 100 * time.Millisecond
+	// shedMinRunnable: fewer runnable goroutines than this (sampled at the
+	// end of a window) never shed, however long they waited.
+	shedMinRunnable = 64
+	// shedWindows: shedding starts after this many saturated windows in a
+	// row (a stall of the whole machine for a moment is not overload) and
+	// stops at the first window that is not.
+	shedWindows = 3
+	// shedMinIngestShare: shedding starts only when uploads are at least
+	// this share of the requests arriving. Refusing them relieves the CPU
+	// only if they are a real part of its load; when something else
+	// saturates it (thousands of connections set up at once, clients
+	// pipelining reads), refusing the few kettles' uploads would buy
+	// nothing and lose their readings' freshness.
+	shedMinIngestShare = 0.1
+)
+
+func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, queue func() (int, int)) *admission {
+	a := &admission{
+		shedLatency: shedLatency, shedRetry: shedRetry, queueRetry: queueRetry,
+		queue: queue, stop: make(chan struct{}),
+	}
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kettle_http_requests_shed_total",
+		Help: "Ingest requests refused with 503 + Retry-After before their body was read, by reason: sched_latency (goroutines waited longer than --shed-latency to run: CPU saturated), ingest_queue_full (--ingest-queue). They never reach kettle_ingest_rejected_total.",
+	}, []string{"reason"})
+	a.shedCPU = shed.WithLabelValues(shedSchedLatency)
+	a.shedQueue = shed.WithLabelValues(shedQueueFull)
+	reg.MustRegister(shed,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_sched_latency_p99_seconds",
+			Help: "p99 of the time runnable goroutines waited for a CPU over the last 100 ms window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
+		}, func() float64 { return time.Duration(a.p99.Load()).Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_sched_goroutines_runnable",
+			Help: "Goroutines waiting for a CPU, sampled every 100 ms; ingest is shed only when there are at least 64 and they wait longer than --shed-latency.",
+		}, func() float64 { return float64(a.runnable.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_http_shedding",
+			Help: "1 while ingest is being shed because the scheduling latency is above --shed-latency, else 0.",
+		}, func() float64 {
+			if a.shedding.Load() {
+				return 1
+			}
+			return 0
+		}),
+	)
+	if shedLatency > 0 {
+		a.wg.Add(1)
+		go a.watch()
+	}
+	return a
+}
+
+// close stops the watcher.
+func (a *admission) close() {
+	close(a.stop)
+	a.wg.Wait()
+}
+
+// watch evaluates the scheduling latency every shedWindow.
+func (a *admission) watch() {
+	defer a.wg.Done()
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
+	var prev []uint64
+	bad := 0 // consecutive saturated windows
+	t := time.NewTicker(shedWindow)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		metrics.Read(s)
+		if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+			return // not this runtime: no CPU shedding
+		}
+		h := s[0].Value.Float64Histogram()
+		p := windowQuantile(prev, h.Counts, h.Buckets, 0.99)
+		prev = append(prev[:0], h.Counts...)
+		var runnable uint64
+		if s[1].Value.Kind() == metrics.KindUint64 {
+			runnable = s[1].Value.Uint64()
+		}
+		a.p99.Store(int64(p))
+		a.runnable.Store(int64(runnable))
+		// Both: waiting is the symptom, a crowd of runnable goroutines says
+		// it is this process's own load (shedding can help), not only other
+		// processes taking the CPU from a lightly loaded server.
+		all, ingest := a.requests.Swap(0), a.ingest.Swap(0)
+		saturated := p > a.shedLatency && runnable >= shedMinRunnable
+		switch {
+		case a.shedding.Load():
+			if !saturated {
+				a.shedding.Store(false)
+				bad = 0
+			}
+		case saturated && all > 0 && float64(ingest) >= shedMinIngestShare*float64(all):
+			if bad++; bad >= shedWindows {
+				a.shedding.Store(true)
+			}
+		default:
+			bad = 0
+		}
+	}
+}
+
+// windowQuantile is the q-quantile of the observations counted in cur but
+// not in prev (cumulative histograms with the same buckets), as the lower
+// bound of its bucket: an underestimate, so shedding starts only on
+// evidence. Fewer than 20 observations say nothing: 0.
+func windowQuantile(prev, cur []uint64, buckets []float64, q float64) time.Duration {
+	var n uint64
+	for i := range cur {
+		n += cur[i] - at(prev, i)
+	}
+	if n < 20 {
+		return 0
+	}
+	want := uint64(q*float64(n) + 0.999999)
+	var cum uint64
+	for i := range cur {
+		cum += cur[i] - at(prev, i)
+		if cum >= want {
+			lo := buckets[i]
+			if lo < 0 {
+				lo = 0
+			}
+			return time.Duration(lo * 1e9)
+		}
+	}
+	return 0
+}
+
+func at(s []uint64, i int) uint64 {
+	if i < len(s) {
+		return s[i]
+	}
+	return 0
+}
+
+// admit decides on one ingest request before its body is read (release is
+// a no-op: nothing is held while the request is served).
+func (a *admission) admit(*http.Request) (release func(), err error) {
+	a.ingest.Add(1)
+	if a.shedding.Load() {
+		a.shedCPU.Inc()
+		ra := a.jitter(a.shedRetry)
+		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: ra,
+			Message: fmt.Sprintf("server overloaded: requests wait more than %s for a CPU; keep the readings and send them together after %s (Retry-After), or add a node", a.shedLatency, ra)}
+	}
+	if rows, capacity := a.queue(); rows >= capacity {
+		a.shedQueue.Inc()
+		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
+			Message: fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", capacity, a.queueRetry)}
+	}
+	return func() {}, nil
+}
+
+// count counts every HTTP request (the denominator of the uploads' share).
+func (a *admission) count(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.requests.Add(1)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// jitter spreads d over [d/2, 3d/2) in whole seconds (at least 1 s), so a
+// fleet refused in the same second does not come back in the same second.
+func (a *admission) jitter(d time.Duration) time.Duration {
+	j := time.Duration(float64(d) * (0.5 + rand.Float64()))
+	return max(time.Second, j.Round(time.Second))
+}
