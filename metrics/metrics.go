@@ -347,10 +347,28 @@ func (m *Server) RegisterConns(l Conns) {
 // BusyRetrier is implemented by the SQLite store.
 type BusyRetrier interface{ BusyRetries() uint64 }
 
+// WriteRetrier is implemented by the PostgreSQL store: write transactions
+// run again after a deadlock or serialization failure (conflict), or after
+// a measurement partition was found dropped (partition).
+type WriteRetrier interface {
+	ConflictRetries() uint64
+	PartitionRetries() uint64
+}
+
 // RegisterStore registers what the store exposes: SQLite's busy retries when
-// store implements BusyRetrier. (PostgreSQL's pool: RegisterPool.) Call it
-// once; a store with nothing to expose registers nothing.
+// store implements BusyRetrier, PostgreSQL's write retries when it
+// implements WriteRetrier. (PostgreSQL's pool: RegisterPool.) Call it once;
+// a store with nothing to expose registers nothing.
 func (m *Server) RegisterStore(store any) {
+	if r, ok := store.(WriteRetrier); ok {
+		const help = "PostgreSQL write transactions run again, by reason: conflict (deadlock or serialization failure: kettle's writers lock in one order, so another client of the database locks the same rows in another; the server log's deadlock DETAIL names the statements), partition (a measurement partition was dropped behind the store's back and re-created)."
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_pg_write_retries_total", Help: help,
+				ConstLabels: prometheus.Labels{"reason": "conflict"}}, func() float64 { return float64(r.ConflictRetries()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_pg_write_retries_total", Help: help,
+				ConstLabels: prometheus.Labels{"reason": "partition"}}, func() float64 { return float64(r.PartitionRetries()) }),
+		)
+	}
 	if b, ok := store.(BusyRetrier); ok {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_sqlite_busy_retries_total",

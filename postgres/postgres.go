@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,6 +76,10 @@ type Store struct {
 
 	partMu sync.Mutex
 	parts  map[int]bool // months (year*12+month-1) whose partition exists
+
+	// write transactions run again after a deadlock or serialization
+	// failure, and after a partition was found missing (see Store.write)
+	conflictRetries, partitionRetries atomic.Uint64
 }
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
@@ -251,6 +256,19 @@ func (s *Store) PoolStats() PoolStats {
 		CanceledAcquireCount: st.CanceledAcquireCount(),
 	}
 }
+
+// ConflictRetries is how many times a write transaction lost a deadlock or
+// a serialization conflict and was run again. Our own writers take their
+// locks in one global order, so this stays 0 unless another client of the
+// database locks the same rows in another order; rising, it names that
+// client's lock order as the problem (the server log's deadlock DETAIL says
+// which statements collided).
+func (s *Store) ConflictRetries() uint64 { return s.conflictRetries.Load() }
+
+// PartitionRetries is how many times a write transaction found a
+// measurement partition missing (dropped behind the store's back) and was
+// run again after re-creating it.
+func (s *Store) PartitionRetries() uint64 { return s.partitionRetries.Load() }
 
 // unavailable wraps a database failure as EUnavailable when it looks like the
 // database is unreachable or the request timed out, EInternal otherwise, with

@@ -12,11 +12,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/storetest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The write retries reach /metrics, and the conformance suite's concurrency
+// cases check that there were none.
+var (
+	_ metrics.WriteRetrier      = (*postgres.Store)(nil)
+	_ storetest.ConflictRetrier = (*postgres.Store)(nil)
+)
 
 func open(t testing.TB, dsn string) *postgres.Store {
 	t.Helper()

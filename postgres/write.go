@@ -60,11 +60,13 @@ func bytesCompare(a, b kettle.DeviceID) int {
 }
 
 const (
-	// Rows are inserted in id order (the caller sorts), like every lock we take.
-	// The NOT EXISTS pre-check makes the common case (all known) a read:
-	// an index probe is much cheaper than a speculative insertion.
+	// Rows are inserted in id order (the caller sorts; ORDER BY keeps it
+	// whatever join the planner picks), like every lock we take. The NOT
+	// EXISTS pre-check makes the common case (all known) a read: an index
+	// probe is much cheaper than a speculative insertion.
 	sqlRegister = `INSERT INTO devices (id, registered_at)
 		SELECT u, $2::timestamptz FROM unnest($1::uuid[]) u WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.id = u)
+		ORDER BY u
 		ON CONFLICT DO NOTHING`
 	// The ctid of a row we hold locked cannot change until we update it:
 	// the update finds the row by ctid (a TID scan), no second index probe.
@@ -200,11 +202,13 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 		var pgErr *pgconn.PgError
 		switch {
 		case isNoPartition(err):
+			s.partitionRetries.Add(1)
 			s.forgetPartitions()
 			if err := s.loadPartitions(ctx); err != nil {
 				return writeResult{}, err
 			}
 		case errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001"):
+			s.conflictRetries.Add(1)
 			// Deadlock or serialization failure: run it again after a
 			// jittered pause, so writers that collided do not collide again
 			// in lockstep.
@@ -268,90 +272,81 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		}
 	}()
 
-	// Round trip 1: begin, lock the batch's devices in id order (so that two
-	// nodes writing overlapping devices queue instead of deadlocking) and read
-	// their state; live writes also set the savepoint the optimistic COPY
-	// returns to when a row is already stored.
+	// Round trip 1: begin, lock the batch's devices and read their state;
+	// live writes also set the savepoint the optimistic COPY returns to when
+	// a row is already stored.
 	//
-	// A small batch (what a trickle of single readings makes) does all of
-	// it in this round trip: register unknown devices, lock, and INSERT … ON
-	// CONFLICT DO NOTHING from arrays, RETURNING the new keys. Its cost is
-	// round trips and the commit, not rows.
+	// The lock order. Every write transaction takes its locks in one global
+	// order: first the registration of the batch's unknown devices (an
+	// uncommitted INSERT holds the new row: whoever inserts the same id
+	// waits for our commit), in id order; then the batch's devices FOR
+	// UPDATE, in id order; then measurements of those devices only; then
+	// last_seen_counts, rollups and hours_of_day rows in key order; last the
+	// totals row. Registering after the lock breaks that order: a writer
+	// that holds device b and then inserts device a waits for the writer
+	// that inserted a first, which may itself wait for b (seen as
+	// "deadlock detected" between kettle_lock and kettle_register in the
+	// server log). So a batch whose devices are not all registered rolls
+	// back, releasing its locks, and starts again registering first.
+	//
+	// A small batch (what a trickle of single readings makes) always
+	// registers, and does everything in this round trip: register, lock,
+	// and INSERT … ON CONFLICT DO NOTHING from arrays, RETURNING the new
+	// keys. Its cost is round trips and the commit, not rows. A larger batch
+	// skips the registration in the common case, every device known:
+	// registering costs an index probe per device.
 	devs := make(map[kettle.DeviceID]*devState, len(ids))
 	idArr := uuidArray(ids)
 	small := !bulk && len(rows) <= smallBatchRows
 	res.inserted = make([]bool, len(rows))
-	var newDevs int64
-	var b pgconn.Batch
-	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	if small {
-		b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
-	}
-	b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
-	if small {
-		b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
-	} else if !bulk {
-		b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
-	}
 	if idx == nil && small {
 		idx = indexRows(rows)
 	}
-	if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
-		switch {
-		case small && i == 1:
-			tag, err := rr.Close()
-			newDevs = tag.RowsAffected()
-			return err
-		case small && i == 2, !small && i == 1:
-			return readLocked(rr, devs)
-		case small && i == 3:
-			return readInserted(rr, idx, res.inserted)
-		}
-		_, err := rr.Close()
-		return err
-	}); err != nil {
-		if small {
-			return res, fmt.Errorf("register and lock devices, insert measurements: %w", err)
-		}
-		return res, fmt.Errorf("lock devices: %w", err)
-	}
-	// Unknown devices (rare: a device's first batch) are registered, then
-	// locked. Registering costs an index probe per device, so the common
-	// case, every device known, skips it.
-	if len(devs) < len(ids) {
-		if small {
-			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
-		}
-		missing := make([]kettle.DeviceID, 0, len(ids)-len(devs))
-		for _, id := range ids {
-			if devs[id] == nil {
-				missing = append(missing, id)
-			}
-		}
-		mArr := uuidArray(missing)
+	var newDevs int64
+	for register := small; ; register = true {
 		var b pgconn.Batch
-		b.ExecPrepared("kettle_register", [][]byte{mArr, timestamptzBin(at)}, bin(2), nil)
-		b.ExecPrepared("kettle_lock", [][]byte{mArr}, bin(1), bin(12))
-		if !bulk {
-			// again, after the registration: the COPY's fallback must not
-			// roll it back (the newest savepoint of a name is the one used)
+		b.ExecParams("BEGIN", nil, nil, nil, nil)
+		iReg, iLock, iIns := -1, 1, -1
+		if register {
+			b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
+			iReg, iLock = 1, 2
+		}
+		b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
+		if small {
+			b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
+			iIns = iLock + 1
+		} else if !bulk {
 			b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
 		}
 		if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
-			if i == 1 {
-				return readLocked(rr, devs)
-			}
-			tag, err := rr.Close()
-			if i == 0 {
+			switch i {
+			case iReg:
+				tag, err := rr.Close()
 				newDevs = tag.RowsAffected()
+				return err
+			case iLock:
+				return readLocked(rr, devs)
+			case iIns:
+				return readInserted(rr, idx, res.inserted)
 			}
+			_, err := rr.Close()
 			return err
 		}); err != nil {
-			return res, fmt.Errorf("register devices: %w", err)
+			if register {
+				return res, fmt.Errorf("register and lock devices: %w", err)
+			}
+			return res, fmt.Errorf("lock devices: %w", err)
 		}
-		if len(devs) < len(ids) {
+		if len(devs) == len(ids) {
+			break
+		}
+		if register {
 			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
 		}
+		if err := pg.Exec(ctx, "ROLLBACK").Close(); err != nil {
+			return res, fmt.Errorf("roll back to register devices: %w", err)
+		}
+		clear(devs)
 	}
 
 	switch {
@@ -408,7 +403,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// (hot rows last, so they stay locked only until the commit that follows
 	// in the same round trip) and COMMIT. Rows of each table are locked in
 	// key order, tables in this order, by every writer.
-	b = pgconn.Batch{}
+	var b pgconn.Batch
 	if res.n > 0 || newDevs > 0 {
 		var u devUpdate
 		u.grow(len(ids))
