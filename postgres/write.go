@@ -292,12 +292,13 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// server log). So a batch whose devices are not all registered rolls
 	// back, releasing its locks, and starts again registering first.
 	//
-	// A small batch (what a trickle of single readings makes) always
-	// registers, and does everything in this round trip: register, lock,
-	// and INSERT … ON CONFLICT DO NOTHING from arrays, RETURNING the new
-	// keys. Its cost is round trips and the commit, not rows. A larger batch
-	// skips the registration in the common case, every device known:
-	// registering costs an index probe per device.
+	// The first attempt skips the registration, the common case being every
+	// device known: registering costs a statement and an index probe per
+	// device. A small batch (what a trickle of single readings makes) does
+	// everything in this round trip: lock, and INSERT … ON CONFLICT DO
+	// NOTHING from arrays, RETURNING the new keys (rolled back with the rest
+	// if a device turns out unregistered). Its cost is round trips and the
+	// commit, not rows.
 	devs := make(map[kettle.DeviceID]*devState, len(ids))
 	idArr := uuidArray(ids)
 	small := !bulk && len(rows) <= smallBatchRows
@@ -306,7 +307,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		idx = indexRows(rows)
 	}
 	var newDevs int64
-	for register := small; ; register = true {
+	for register := false; ; register = true {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
 		iReg, iLock, iIns := -1, 1, -1
@@ -350,6 +351,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			return res, fmt.Errorf("roll back to register devices: %w", err)
 		}
 		clear(devs)
+		clear(res.inserted)
 	}
 
 	switch {
