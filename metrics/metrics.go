@@ -353,10 +353,19 @@ type StagedMerger interface {
 	MergeStats() (staged int64, merges, errors uint64, seconds float64)
 }
 
+// WriteRetrier is implemented by the PostgreSQL store: write transactions
+// run again after a deadlock or serialization failure (conflict), or after
+// a measurement partition was found dropped (partition).
+type WriteRetrier interface {
+	ConflictRetries() uint64
+	PartitionRetries() uint64
+}
+
 // RegisterStore registers what the store exposes: SQLite's busy retries when
 // store implements BusyRetrier, its staging table when it implements
-// StagedMerger. (PostgreSQL's pool: RegisterPool.) Call it once; a store
-// with nothing to expose registers nothing.
+// StagedMerger, PostgreSQL's write retries when it implements WriteRetrier.
+// (PostgreSQL's pool: RegisterPool.) Call it once; a store with nothing to
+// expose registers nothing.
 func (m *Server) RegisterStore(store any) {
 	if sm, ok := store.(StagedMerger); ok {
 		stat := func(f func(staged int64, merges, errs uint64, secs float64) float64) func() float64 {
@@ -379,6 +388,15 @@ func (m *Server) RegisterStore(store any) {
 				Name: "kettle_sqlite_merge_seconds_total",
 				Help: "Time spent merging, during which ingest batches wait for the writer.",
 			}, stat(func(_ int64, _, _ uint64, s float64) float64 { return s })),
+		)
+	}
+	if r, ok := store.(WriteRetrier); ok {
+		const help = "PostgreSQL write transactions run again, by reason: conflict (deadlock or serialization failure: kettle's writers lock in one order, so another client of the database locks the same rows in another; the server log's deadlock DETAIL names the statements), partition (a measurement partition was dropped behind the store's back and re-created)."
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_pg_write_retries_total", Help: help,
+				ConstLabels: prometheus.Labels{"reason": "conflict"}}, func() float64 { return float64(r.ConflictRetries()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_pg_write_retries_total", Help: help,
+				ConstLabels: prometheus.Labels{"reason": "partition"}}, func() float64 { return float64(r.PartitionRetries()) }),
 		)
 	}
 	if b, ok := store.(BusyRetrier); ok {

@@ -371,6 +371,11 @@ type busy struct{}
 
 func (busy) BusyRetries() uint64 { return 4 }
 
+type retrier struct{}
+
+func (retrier) ConflictRetries() uint64  { return 2 }
+func (retrier) PartitionRetries() uint64 { return 1 }
+
 func TestStoreAndListenerGauges(t *testing.T) {
 	m := metrics.New(prometheus.NewRegistry())
 	m.RegisterConns(conns{})
@@ -396,6 +401,15 @@ func TestStoreAndListenerGauges(t *testing.T) {
 	f("kettle_pg_pool_empty_acquires_total", 7)
 	f("kettle_pg_pool_acquire_wait_seconds_total", 1.5)
 	f("kettle_pg_pool_canceled_acquires_total", 1)
+
+	m3 := metrics.New(prometheus.NewRegistry())
+	m3.RegisterStore(retrier{})
+	mfs3 := gather(t, m3.Registry())
+	for reason, want := range map[string]float64{"conflict": 2, "partition": 1} {
+		if v := value(t, mfs3, "kettle_pg_write_retries_total", "reason", reason); v != want {
+			t.Errorf("kettle_pg_write_retries_total{reason=%q} = %v, want %v", reason, v, want)
+		}
+	}
 
 	// A store with nothing to expose registers nothing.
 	m2 := metrics.New(prometheus.NewRegistry())

@@ -1,5 +1,7 @@
 package postgres
 
+import "context"
+
 // SetSmallBatchRows sets the largest batch written by INSERT from arrays
 // and returns a function that restores it. Not for parallel tests.
 func SetSmallBatchRows(n int) (restore func()) {
@@ -7,3 +9,6 @@ func SetSmallBatchRows(n int) (restore func()) {
 	smallBatchRows = n
 	return func() { smallBatchRows = old }
 }
+
+// CompactSeen folds last_seen_moves into last_seen_counts now.
+func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ctx) }

@@ -9,7 +9,10 @@
 // … ON CONFLICT from arrays in the first round trip instead. The devices'
 // latest state, the hourly rollups and the fleet totals are updated in the
 // same transaction, four round trips in all (two for a small batch). The
-// schema is migrated at Open.
+// rows every batch would update (totals, the current hour's rollups) are
+// sharded per connection, and the counts of devices per last_seen value are
+// appended and folded in the background, so concurrent writers do not queue
+// behind each other's commit (migration 4). The schema is migrated at Open.
 package postgres
 
 import (
@@ -24,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +45,7 @@ var migrations embed.FS
 const (
 	lockMigrate   int64 = 0x6b65_7474_6c65_0001 // "kettle" 1
 	lockPartition int64 = 0x6b65_7474_6c65_0002
+	lockSeen      int64 = 0x6b65_7474_6c65_0003 // compactSeen
 )
 
 // Options tune the store. The zero value is usable.
@@ -65,6 +70,11 @@ type Options struct {
 	// Now is the clock used to choose the partitions created at Open; nil
 	// means time.Now.
 	Now func() time.Time
+	// CompactEvery is how often the changes writers append to
+	// last_seen_moves are folded into last_seen_counts (the statistic adds
+	// both up, so this bounds the rows it reads, not its correctness).
+	// 0 means 1s.
+	CompactEvery time.Duration
 }
 
 // Store is kettle.Store on PostgreSQL. It is safe for concurrent use, also by
@@ -75,6 +85,18 @@ type Store struct {
 
 	partMu sync.Mutex
 	parts  map[int]bool // months (year*12+month-1) whose partition exists
+
+	// shard of the hot rows (migration 4) each open connection writes
+	shardMu    sync.Mutex
+	shards     map[*pgconn.PgConn]int16
+	shardConns [numShards]int // open connections per shard
+
+	stopCompact chan struct{} // closed by Close
+	compactDone chan struct{} // closed when the compactor returned
+
+	// write transactions run again after a deadlock or serialization
+	// failure, and after a partition was found missing (see Store.write)
+	conflictRetries, partitionRetries atomic.Uint64
 }
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
@@ -97,6 +119,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.CompactEvery <= 0 {
+		opts.CompactEvery = time.Second
+	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = min(opts.MinConns, opts.MaxConns)
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
@@ -108,15 +133,20 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
+	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if _, err := c.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS stage (LIKE measurements) ON COMMIT DELETE ROWS`); err != nil {
 			return err
 		}
-		return prepareWrite(ctx, c.PgConn())
+		if err := prepareWrite(ctx, c.PgConn()); err != nil {
+			return err
+		}
+		s.assignShard(c.PgConn())
+		return nil
 	}
-	s := &Store{opts: opts, parts: map[int]bool{}}
+	cfg.BeforeClose = func(c *pgx.Conn) { s.releaseShard(c.PgConn()) }
 	// Migrate on a plain connection first: AfterConnect needs the schema.
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
@@ -141,7 +171,71 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.pool.Close()
 		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
 	}
+	s.stopCompact, s.compactDone = make(chan struct{}), make(chan struct{})
+	go s.compactor()
 	return s, nil
+}
+
+// compactor runs compactSeen every Options.CompactEvery until Close. A
+// failure (the database is down) is retried at the next tick: until then the
+// statistic just reads more rows.
+func (s *Store) compactor() {
+	defer close(s.compactDone)
+	t := time.NewTicker(s.opts.CompactEvery)
+	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.stopCompact
+		cancel()
+	}()
+	for {
+		select {
+		case <-s.stopCompact:
+			return
+		case <-t.C:
+			s.compactSeen(ctx)
+		}
+	}
+}
+
+// compactSeen folds last_seen_moves (what writers append: changes in how
+// many devices have each last_seen value) into last_seen_counts, and drops
+// the values no device has any more, in one transaction. Writers never
+// touch last_seen_counts, so this waits for none of them; a second node
+// compacting at the same time skips (advisory lock). Rows a writer appends
+// meanwhile are not in this snapshot and stay for the next round.
+func (s *Store) compactSeen(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var got bool
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lockSeen).Scan(&got); err != nil || !got {
+			return err
+		}
+		rows, _ := tx.Query(ctx, `WITH m AS (DELETE FROM last_seen_moves RETURNING at, n)
+			INSERT INTO last_seen_counts AS c (at, n) SELECT at, sum(n) FROM m GROUP BY at HAVING sum(n) <> 0 ORDER BY at
+			ON CONFLICT (at) DO UPDATE SET n = c.n + excluded.n
+			RETURNING at, n`)
+		var zero []time.Time
+		for rows.Next() {
+			var at time.Time
+			var n int64
+			if err := rows.Scan(&at, &n); err != nil {
+				return err
+			}
+			if n == 0 {
+				zero = append(zero, at)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("compact last_seen_moves: %w", err)
+		}
+		if len(zero) > 0 {
+			if _, err := tx.Exec(ctx, "DELETE FROM last_seen_counts WHERE at = ANY($1) AND n = 0", zero); err != nil {
+				return fmt.Errorf("compact last_seen_moves: %w", err)
+			}
+		}
+		return nil
+	})
 }
 
 // migrate applies, in order and each in its own transaction, the embedded
@@ -204,8 +298,14 @@ func migrate(ctx context.Context, conn *pgx.Conn) (err error) {
 	return nil
 }
 
-// Close closes every connection of the pool.
+// Close stops the compactor and closes every connection of the pool.
 func (s *Store) Close() error {
+	select {
+	case <-s.stopCompact:
+	default:
+		close(s.stopCompact)
+	}
+	<-s.compactDone
 	s.pool.Close()
 	return nil
 }
@@ -251,6 +351,57 @@ func (s *Store) PoolStats() PoolStats {
 		CanceledAcquireCount: st.CanceledAcquireCount(),
 	}
 }
+
+// numShards is the number of shards of the hot rows: totals, rollups and
+// hours_of_day rows, one shard per connection (migration 4).
+const numShards = 16
+
+// assignShard gives a new connection the shard fewest open connections
+// write, so that the pool's connections (up to 16) update different hot
+// rows and concurrent write transactions do not queue behind each other's
+// commit. Other nodes sharing the database may pick the same shards: that
+// costs waiting, never correctness.
+func (s *Store) assignShard(c *pgconn.PgConn) {
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	best := 0
+	for i, n := range s.shardConns {
+		if n < s.shardConns[best] {
+			best = i
+		}
+	}
+	s.shardConns[best]++
+	s.shards[c] = int16(best)
+}
+
+func (s *Store) releaseShard(c *pgconn.PgConn) {
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	if sh, ok := s.shards[c]; ok {
+		s.shardConns[sh]--
+		delete(s.shards, c)
+	}
+}
+
+// shard returns the shard connection c writes.
+func (s *Store) shard(c *pgconn.PgConn) int16 {
+	s.shardMu.Lock()
+	defer s.shardMu.Unlock()
+	return s.shards[c]
+}
+
+// ConflictRetries is how many times a write transaction lost a deadlock or
+// a serialization conflict and was run again. Our own writers take their
+// locks in one global order, so this stays 0 unless another client of the
+// database locks the same rows in another order; rising, it names that
+// client's lock order as the problem (the server log's deadlock DETAIL says
+// which statements collided).
+func (s *Store) ConflictRetries() uint64 { return s.conflictRetries.Load() }
+
+// PartitionRetries is how many times a write transaction found a
+// measurement partition missing (dropped behind the store's back) and was
+// run again after re-creating it.
+func (s *Store) PartitionRetries() uint64 { return s.partitionRetries.Load() }
 
 // unavailable wraps a database failure as EUnavailable when it looks like the
 // database is unreachable or the request timed out, EInternal otherwise, with

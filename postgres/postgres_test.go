@@ -12,11 +12,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/storetest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The write retries reach /metrics, and the conformance suite's concurrency
+// cases check that there were none.
+var (
+	_ metrics.WriteRetrier      = (*postgres.Store)(nil)
+	_ storetest.ConflictRetrier = (*postgres.Store)(nil)
+)
 
 func open(t testing.TB, dsn string) *postgres.Store {
 	t.Helper()
@@ -87,7 +95,9 @@ func naive(t *testing.T, dsn string) recompute {
 		t.Fatal(err)
 	}
 	// last_seen_counts must equal the devices' last_seen values, counted.
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM last_seen_counts c
+	// (last_seen_counts plus the changes not yet folded into it)
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT at, sum(n) AS n FROM
+			(SELECT at, n FROM last_seen_counts UNION ALL SELECT at, n FROM last_seen_moves) x GROUP BY at HAVING sum(n) <> 0) c
 		FULL JOIN (SELECT last_seen AS at, count(*) AS n FROM devices WHERE last_seen IS NOT NULL GROUP BY 1) d USING (at)
 		WHERE c.n IS DISTINCT FROM d.n`).Scan(&r.seenMismatches)
 	if err != nil {
@@ -109,12 +119,61 @@ func naive(t *testing.T, dsn string) recompute {
 	return r
 }
 
+// checkExact compares the statistics with the recompute, then folds
+// last_seen_moves into last_seen_counts (as the store's compactor does every
+// second) and compares again: the fold changes no answer.
 func checkExact(t *testing.T, s *postgres.Store, dsn string) {
+	t.Helper()
+	before := checkExactOnce(t, s, dsn)
+	if err := s.CompactSeen(context.Background()); err != nil {
+		t.Fatalf("CompactSeen: %v", err)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var moves, zeros int64
+	if err := conn.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM last_seen_moves), (SELECT count(*) FROM last_seen_counts WHERE n <= 0)`).Scan(&moves, &zeros); err != nil {
+		t.Fatal(err)
+	}
+	if moves != 0 || zeros != 0 {
+		t.Errorf("after CompactSeen: %d rows left in last_seen_moves, %d last_seen_counts rows ≤ 0; want none", moves, zeros)
+	}
+	after := checkExactOnce(t, s, dsn)
+	for i := range before {
+		if before[i] != after[i] {
+			t.Errorf("devices reporting (query %d) %d before folding last_seen_moves, %d after", i, before[i], after[i])
+		}
+	}
+}
+
+// checkExactOnce compares the statistics with the recompute and returns the
+// devices reporting ever and in the last minute of the devices' last_seen.
+func checkExactOnce(t *testing.T, s *postgres.Store, dsn string) [2]int64 {
 	t.Helper()
 	want := naive(t, dsn)
 	st, err := s.Statistics(context.Background(), kettle.StatsQuery{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var reporting [2]int64
+	reporting[0] = st.DevicesReporting
+	var newest time.Time
+	if err := s.Scan(context.Background(), func(d kettle.DeviceState) error {
+		if d.LastSeen.After(newest) {
+			newest = d.LastSeen
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !newest.IsZero() {
+		st2, err := s.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: newest.Add(-time.Minute)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reporting[1] = st2.DevicesReporting
 	}
 	if st.MeasurementCount != want.n {
 		t.Errorf("MeasurementCount = %d, stored rows = %d", st.MeasurementCount, want.n)
@@ -137,6 +196,7 @@ func checkExact(t *testing.T, s *postgres.Store, dsn string) {
 		}
 		f(fmt.Sprintf("hour %d water mean", h), st.ByHour[h].Water.Mean, want.hourWaterMean[h])
 	}
+	return reporting
 }
 
 // TestBackdatedPartition writes into months that have no partition yet,
@@ -423,8 +483,8 @@ func BenchmarkStatistics(b *testing.B) {
 	b.Run("counts-sum", query(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts WHERE at >= $1`))
 }
 
-// TestMigrateLastSeenCounts: migration 3 backfills last_seen_counts from a
-// database written without it.
+// TestMigrateLastSeenCounts: migrations 3 and 4 backfill last_seen_counts
+// from a database written without it.
 func TestMigrateLastSeenCounts(t *testing.T) {
 	dsn := pgtest.Start(t)
 	s := open(t, dsn)
@@ -448,7 +508,7 @@ func TestMigrateLastSeenCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version = 3"); err != nil {
+	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version IN (3, 4)"); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)

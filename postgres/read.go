@@ -11,10 +11,11 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// Statistics reads the totals row, counts the reporting devices and merges
+// Statistics reads the totals rows, counts the reporting devices and merges
 // the rollups of the range by hour of day, in one round trip and one
-// REPEATABLE READ snapshot. An open range reads the 24 hour-of-day rows; a
-// bounded one reads one row per hour in the range. Neither reads history.
+// REPEATABLE READ snapshot. An open range reads the 24 hour-of-day rows of
+// each shard in use; a bounded one reads one row per hour in the range and
+// shard. Neither reads history.
 func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Statistics, error) {
 	var st kettle.Statistics
 	for h := range st.ByHour {
@@ -31,17 +32,37 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 		defer conn.Release() // left in a transaction after an error: closed, not reused
 		b := &pgx.Batch{}
 		b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
-		b.Queue(`SELECT measurements, devices, charge + charge_c, level + level_c, potential + potential_c FROM totals WHERE id = 1`).
-			QueryRow(func(r pgx.Row) error {
-				return r.Scan(&st.MeasurementCount, &st.DevicesRegistered, &st.TotalChargeMWh, &st.TotalWaterML, &st.TotalPotentialCmL)
+		// The totals' shards (migration 4), added up with compensation.
+		b.Queue(`SELECT measurements, devices, charge, charge_c, level, level_c, potential, potential_c FROM totals ORDER BY id`).
+			Query(func(rows pgx.Rows) error {
+				defer rows.Close()
+				var sums [3]ksum
+				for rows.Next() {
+					var n, d int64
+					var v [6]float64
+					if err := rows.Scan(&n, &d, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]); err != nil {
+						return err
+					}
+					st.MeasurementCount += n
+					st.DevicesRegistered += d
+					for i := range sums {
+						sums[i].add(v[2*i])
+						sums[i].add(v[2*i+1])
+					}
+				}
+				st.TotalChargeMWh, st.TotalWaterML, st.TotalPotentialCmL = sums[0].s+sums[0].c, sums[1].s+sums[1].c, sums[2].s+sums[2].c
+				return rows.Err()
 			})
-		// From last_seen_counts (migration 3), a handful of rows, not a scan
-		// of devices.
-		if q.ReportingSince.IsZero() {
-			b.Queue(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts`).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
-		} else {
-			b.Queue(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts WHERE at >= $1`, q.ReportingSince.UTC()).QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
+		// From last_seen_counts (migration 3) and the changes not yet folded
+		// into it (last_seen_moves, migration 4): a handful of rows, not a
+		// scan of devices.
+		since := time.Time{}
+		if !q.ReportingSince.IsZero() {
+			since = q.ReportingSince.UTC()
 		}
+		b.Queue(`SELECT (SELECT coalesce(sum(n), 0) FROM last_seen_counts WHERE at >= $1)::int8
+			+ (SELECT coalesce(sum(n), 0) FROM last_seen_moves WHERE at >= $1)::int8`, since).
+			QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
 		merge := func(rows pgx.Rows, hod func(k time.Time, h int16) int) error {
 			defer rows.Close()
 			for rows.Next() {
@@ -71,7 +92,7 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 			return rows.Err()
 		}
 		if open {
-			b.Queue(`SELECT hod, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM hours_of_day ORDER BY hod`).
+			b.Queue(`SELECT hod, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM hours_of_day ORDER BY hod, shard`).
 				Query(func(rows pgx.Rows) error { return merge(rows, func(_ time.Time, h int16) int { return int(h) }) })
 		} else {
 			var conds []string
@@ -84,7 +105,7 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 				args = append(args, q.To.UTC().Truncate(time.Hour))
 				conds = append(conds, fmt.Sprintf("hour < $%d", len(args)))
 			}
-			b.Queue(`SELECT hour, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups WHERE `+strings.Join(conds, " AND ")+` ORDER BY hour`, args...).
+			b.Queue(`SELECT hour, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups WHERE `+strings.Join(conds, " AND ")+` ORDER BY hour, shard`, args...).
 				Query(func(rows pgx.Rows) error {
 					return merge(rows, func(t time.Time, _ int16) int { return t.UTC().Hour() })
 				})

@@ -22,15 +22,14 @@ import (
 // Statements of the write path, prepared on every connection of the pool
 // (see prepareWrite) and executed by name.
 var writeStmts = map[string]string{
-	"kettle_lock":      sqlLock,
-	"kettle_register":  sqlRegister,
-	"kettle_insert":    sqlInsertArrays,
-	"kettle_devs":      sqlUpdateDevs,
-	"kettle_rollups":   sqlMergeRollups,
-	"kettle_hods":      sqlMergeHods,
-	"kettle_totals":    sqlAddTotals,
-	"kettle_seen":      sqlMoveSeen,
-	"kettle_seen_drop": sqlDropSeen,
+	"kettle_lock":     sqlLock,
+	"kettle_register": sqlRegister,
+	"kettle_insert":   sqlInsertArrays,
+	"kettle_devs":     sqlUpdateDevs,
+	"kettle_rollups":  sqlMergeRollups,
+	"kettle_hods":     sqlMergeHods,
+	"kettle_totals":   sqlAddTotals,
+	"kettle_seen":     sqlMoveSeen,
 }
 
 func prepareWrite(ctx context.Context, c *pgconn.PgConn) error {

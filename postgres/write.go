@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -27,12 +28,18 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 		return nil
 	}
 	sorted := sortedUnique(ids)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return unavailable(fmt.Sprintf("postgres register %d devices", len(ids)), err)
+	}
+	defer pc.Release()
+	shard := s.shard(pc.Conn().PgConn())
+	err = pgx.BeginFunc(ctx, pc.Conn(), func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, sqlRegister, sorted, at.UTC())
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, sqlAddTotals, 0, tag.RowsAffected(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+		_, err = tx.Exec(ctx, sqlAddTotals, 0, tag.RowsAffected(), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, shard)
 		return err
 	})
 	if err != nil {
@@ -60,11 +67,13 @@ func bytesCompare(a, b kettle.DeviceID) int {
 }
 
 const (
-	// Rows are inserted in id order (the caller sorts), like every lock we take.
-	// The NOT EXISTS pre-check makes the common case (all known) a read:
-	// an index probe is much cheaper than a speculative insertion.
+	// Rows are inserted in id order (the caller sorts; ORDER BY keeps it
+	// whatever join the planner picks), like every lock we take. The NOT
+	// EXISTS pre-check makes the common case (all known) a read: an index
+	// probe is much cheaper than a speculative insertion.
 	sqlRegister = `INSERT INTO devices (id, registered_at)
 		SELECT u, $2::timestamptz FROM unnest($1::uuid[]) u WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.id = u)
+		ORDER BY u
 		ON CONFLICT DO NOTHING`
 	// The ctid of a row we hold locked cannot change until we update it:
 	// the update finds the row by ctid (a TID scan), no second index probe.
@@ -81,21 +90,12 @@ const (
 			$6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::float8[])
 			AS u(tid, n, cap, seen, t, c, f, r, a, w, l)
 		WHERE d.ctid = u.tid`
-	// sqlMoveSeen adds a batch's changes in how many devices have each
+	// sqlMoveSeen appends a batch's changes in how many devices have each
 	// last_seen value (−1 at a device's old value, +1 at its new one, summed
-	// per value; no value twice) to last_seen_counts. One statement, bucket
-	// rows locked in order of at, so that concurrent writers queue instead
-	// of deadlocking. A negative change never inserts: the devices that move
-	// away from a value are locked by this transaction and counted in its
-	// row, so the row exists and stays (see sqlDropSeen) until we commit.
-	sqlMoveSeen = `INSERT INTO last_seen_counts AS c (at, n)
-		SELECT * FROM unnest($1::timestamptz[], $2::int8[]) AS d(at, n) ORDER BY at
-		ON CONFLICT (at) DO UPDATE SET n = c.n + excluded.n`
-	// sqlDropSeen deletes the values sqlMoveSeen brought to 0. Their rows are
-	// locked by this transaction, so no other writer changes them between
-	// the two statements; one that increments a deleted value after our
-	// commit inserts it again (ON CONFLICT retries on a deleted row).
-	sqlDropSeen = `DELETE FROM last_seen_counts WHERE at = ANY($1::timestamptz[]) AND n = 0`
+	// per value; no value twice) to last_seen_moves (migration 4): plain
+	// inserts, no row another writer could hold. compactSeen folds them into
+	// last_seen_counts.
+	sqlMoveSeen = `INSERT INTO last_seen_moves (at, n) SELECT * FROM unnest($1::timestamptz[], $2::int8[])`
 	// The merge is kettle.Moments.Merge, operation for operation, so every
 	// store computes bit-identical moments from the same partial aggregates.
 	mergeMoments = `n = r.n + excluded.n,
@@ -103,14 +103,17 @@ const (
 		water_m2 = r.water_m2 + excluded.water_m2 + (excluded.water_mean - r.water_mean) * (excluded.water_mean - r.water_mean) * r.n::float8 * excluded.n::float8 / (r.n + excluded.n)::float8,
 		ambient_mean = r.ambient_mean + (excluded.ambient_mean - r.ambient_mean) * excluded.n::float8 / (r.n + excluded.n)::float8,
 		ambient_m2 = r.ambient_m2 + excluded.ambient_m2 + (excluded.ambient_mean - r.ambient_mean) * (excluded.ambient_mean - r.ambient_mean) * r.n::float8 * excluded.n::float8 / (r.n + excluded.n)::float8`
-	sqlMergeRollups = `INSERT INTO rollups AS r (hour, n, water_mean, water_m2, ambient_mean, ambient_m2)
-		SELECT * FROM unnest($1::timestamptz[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
-		ON CONFLICT (hour) DO UPDATE SET ` + mergeMoments
-	sqlMergeHods = `INSERT INTO hours_of_day AS r (hod, n, water_mean, water_m2, ambient_mean, ambient_m2)
-		SELECT * FROM unnest($1::int2[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
-		ON CONFLICT (hod) DO UPDATE SET ` + mergeMoments
+	// The rollups and hours of day go into the connection's shard ($7,
+	// migration 4): concurrent writers of the same hour touch different rows.
+	sqlMergeRollups = `INSERT INTO rollups AS r (hour, n, water_mean, water_m2, ambient_mean, ambient_m2, shard)
+		SELECT *, $7::int2 FROM unnest($1::timestamptz[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+		ON CONFLICT (hour, shard) DO UPDATE SET ` + mergeMoments
+	sqlMergeHods = `INSERT INTO hours_of_day AS r (hod, n, water_mean, water_m2, ambient_mean, ambient_m2, shard)
+		SELECT *, $7::int2 FROM unnest($1::int2[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+		ON CONFLICT (hod, shard) DO UPDATE SET ` + mergeMoments
 	// sqlAddTotals adds a batch's counts and its three compensated sums
-	// (sum, compensation: see ksum) to the totals row: one Neumaier step for
+	// (sum, compensation: see ksum) to the connection's totals row (its
+	// shard, $9): one Neumaier step for
 	// the sum, plus the batch's own compensation. One plain UPDATE, so the
 	// hot row is locked only from here to commit. (The PL/pgSQL
 	// kettle_add_totals of migration 1 looped over every term on the server.)
@@ -124,7 +127,7 @@ const (
 		potential = potential + $7::float8,
 		potential_c = potential_c + CASE WHEN abs(potential) >= abs($7::float8) THEN (potential - (potential + $7::float8)) + $7::float8
 			ELSE ($7::float8 - (potential + $7::float8)) + potential END + $8::float8
-		WHERE id = 1`
+		WHERE id = $9::int2`
 )
 
 // Write stores batch in one transaction and returns per row whether it was a
@@ -136,9 +139,10 @@ const (
 // nodes writing overlapping devices queue instead of deadlocking) and
 // INSERT … ON CONFLICT DO NOTHING RETURNING the keys that were new; then,
 // aggregated in Go over the new rows and again in one round trip, the
-// devices' new state, the counts of devices per last_seen value
-// (last_seen_counts), the hourly and hour-of-day rollups and, last, the
-// totals row; then COMMIT.
+// devices' new state, the changes in the counts of devices per last_seen
+// value (appended to last_seen_moves), the hourly and hour-of-day rollups
+// and, last, the totals row (those three in the connection's shard); then
+// COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
 	dup := make([]bool, len(batch))
 	if len(batch) == 0 {
@@ -200,11 +204,13 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 		var pgErr *pgconn.PgError
 		switch {
 		case isNoPartition(err):
+			s.partitionRetries.Add(1)
 			s.forgetPartitions()
 			if err := s.loadPartitions(ctx); err != nil {
 				return writeResult{}, err
 			}
 		case errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001"):
+			s.conflictRetries.Add(1)
 			// Deadlock or serialization failure: run it again after a
 			// jittered pause, so writers that collided do not collide again
 			// in lockstep.
@@ -268,90 +274,84 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		}
 	}()
 
-	// Round trip 1: begin, lock the batch's devices in id order (so that two
-	// nodes writing overlapping devices queue instead of deadlocking) and read
-	// their state; live writes also set the savepoint the optimistic COPY
-	// returns to when a row is already stored.
+	// Round trip 1: begin, lock the batch's devices and read their state;
+	// live writes also set the savepoint the optimistic COPY returns to when
+	// a row is already stored.
 	//
-	// A small batch (what a trickle of single readings makes) does all of
-	// it in this round trip: register unknown devices, lock, and INSERT … ON
-	// CONFLICT DO NOTHING from arrays, RETURNING the new keys. Its cost is
-	// round trips and the commit, not rows.
+	// The lock order. Every write transaction takes its locks in one global
+	// order: first the registration of the batch's unknown devices (an
+	// uncommitted INSERT holds the new row: whoever inserts the same id
+	// waits for our commit), in id order; then the batch's devices FOR
+	// UPDATE, in id order; then measurements of those devices only; then
+	// rollups and hours_of_day rows of the connection's shard in key order;
+	// last the shard's totals row (last_seen_moves is only appended to).
+	// Registering after the lock breaks that order: a writer
+	// that holds device b and then inserts device a waits for the writer
+	// that inserted a first, which may itself wait for b (seen as
+	// "deadlock detected" between kettle_lock and kettle_register in the
+	// server log). So a batch whose devices are not all registered rolls
+	// back, releasing its locks, and starts again registering first.
+	//
+	// The first attempt skips the registration, the common case being every
+	// device known: registering costs a statement and an index probe per
+	// device. A small batch (what a trickle of single readings makes) does
+	// everything in this round trip: lock, and INSERT … ON CONFLICT DO
+	// NOTHING from arrays, RETURNING the new keys (rolled back with the rest
+	// if a device turns out unregistered). Its cost is round trips and the
+	// commit, not rows.
 	devs := make(map[kettle.DeviceID]*devState, len(ids))
 	idArr := uuidArray(ids)
 	small := !bulk && len(rows) <= smallBatchRows
 	res.inserted = make([]bool, len(rows))
-	var newDevs int64
-	var b pgconn.Batch
-	b.ExecParams("BEGIN", nil, nil, nil, nil)
-	if small {
-		b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
-	}
-	b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
-	if small {
-		b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
-	} else if !bulk {
-		b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
-	}
 	if idx == nil && small {
 		idx = indexRows(rows)
 	}
-	if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
-		switch {
-		case small && i == 1:
-			tag, err := rr.Close()
-			newDevs = tag.RowsAffected()
-			return err
-		case small && i == 2, !small && i == 1:
-			return readLocked(rr, devs)
-		case small && i == 3:
-			return readInserted(rr, idx, res.inserted)
-		}
-		_, err := rr.Close()
-		return err
-	}); err != nil {
-		if small {
-			return res, fmt.Errorf("register and lock devices, insert measurements: %w", err)
-		}
-		return res, fmt.Errorf("lock devices: %w", err)
-	}
-	// Unknown devices (rare: a device's first batch) are registered, then
-	// locked. Registering costs an index probe per device, so the common
-	// case, every device known, skips it.
-	if len(devs) < len(ids) {
-		if small {
-			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
-		}
-		missing := make([]kettle.DeviceID, 0, len(ids)-len(devs))
-		for _, id := range ids {
-			if devs[id] == nil {
-				missing = append(missing, id)
-			}
-		}
-		mArr := uuidArray(missing)
+	var newDevs int64
+	for register := false; ; register = true {
 		var b pgconn.Batch
-		b.ExecPrepared("kettle_register", [][]byte{mArr, timestamptzBin(at)}, bin(2), nil)
-		b.ExecPrepared("kettle_lock", [][]byte{mArr}, bin(1), bin(12))
-		if !bulk {
-			// again, after the registration: the COPY's fallback must not
-			// roll it back (the newest savepoint of a name is the one used)
+		b.ExecParams("BEGIN", nil, nil, nil, nil)
+		iReg, iLock, iIns := -1, 1, -1
+		if register {
+			b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
+			iReg, iLock = 1, 2
+		}
+		b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
+		if small {
+			b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
+			iIns = iLock + 1
+		} else if !bulk {
 			b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
 		}
 		if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
-			if i == 1 {
-				return readLocked(rr, devs)
-			}
-			tag, err := rr.Close()
-			if i == 0 {
+			switch i {
+			case iReg:
+				tag, err := rr.Close()
 				newDevs = tag.RowsAffected()
+				return err
+			case iLock:
+				return readLocked(rr, devs)
+			case iIns:
+				return readInserted(rr, idx, res.inserted)
 			}
+			_, err := rr.Close()
 			return err
 		}); err != nil {
-			return res, fmt.Errorf("register devices: %w", err)
+			if register {
+				return res, fmt.Errorf("register and lock devices: %w", err)
+			}
+			return res, fmt.Errorf("lock devices: %w", err)
 		}
-		if len(devs) < len(ids) {
+		if len(devs) == len(ids) {
+			break
+		}
+		if register {
 			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
 		}
+		if err := pg.Exec(ctx, "ROLLBACK").Close(); err != nil {
+			return res, fmt.Errorf("roll back to register devices: %w", err)
+		}
+		clear(devs)
+		clear(res.inserted)
 	}
 
 	switch {
@@ -404,12 +404,15 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	}
 
 	// Last round trip: the devices' new state, the moves of their last_seen
-	// in last_seen_counts, the hourly and hour-of-day rollups, the totals row
-	// (hot rows last, so they stay locked only until the commit that follows
-	// in the same round trip) and COMMIT. Rows of each table are locked in
-	// key order, tables in this order, by every writer.
-	b = pgconn.Batch{}
+	// (appended to last_seen_moves), the hourly and hour-of-day rollups, the
+	// totals row (hot rows last, so they stay locked only until the commit
+	// that follows in the same round trip; and in the connection's shard,
+	// so that other writers do not wait for that commit) and COMMIT. Rows of
+	// each table are locked in key order, tables in this order, by every
+	// writer.
+	var b pgconn.Batch
 	if res.n > 0 || newDevs > 0 {
+		shardBin := binary.BigEndian.AppendUint16(nil, uint16(s.shard(pg)))
 		var u devUpdate
 		u.grow(len(ids))
 		var sums [3]ksum                      // charge, level, potential: −old, +new per changed latest
@@ -439,7 +442,8 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 				}
 			}
 			u.add(d.tid, d.n, d.capML, seen, latest)
-			// last_seen_counts follows the devices' last_seen exactly: the
+			// last_seen_counts + last_seen_moves follow the devices'
+			// last_seen exactly: the
 			// same µs values that go into (and came from) the devices rows.
 			if d.lastSeen == nil || d.lastSeen.UnixMicro() != seen.UnixMicro() {
 				if d.lastSeen != nil {
@@ -454,12 +458,8 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 				float8Array(u.r), float8Array(u.a), float8Array(u.w), float8Array(u.l)}, bin(11), nil)
 		}
 		if len(seenDelta) > 0 {
-			ats, ns, dropped := seenChanges(seenDelta)
-			if len(ats) > 0 {
+			if ats, ns := seenChanges(seenDelta); len(ats) > 0 {
 				b.ExecPrepared("kettle_seen", [][]byte{timestampsMicroArray(ats), int8Array(ns)}, bin(2), nil)
-			}
-			if len(dropped) > 0 {
-				b.ExecPrepared("kettle_seen_drop", [][]byte{timestampsMicroArray(dropped)}, bin(1), nil)
 			}
 		}
 		if len(hours) > 0 {
@@ -468,7 +468,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			for i, h := range hours {
 				hourTimes[i] = time.UnixMicro(h.hour * int64(time.Hour/time.Microsecond)).UTC()
 			}
-			b.ExecPrepared("kettle_rollups", momentParams(timestamptzArray(hourTimes), hours), bin(6), nil)
+			b.ExecPrepared("kettle_rollups", append(momentParams(timestamptzArray(hourTimes), hours), shardBin), bin(7), nil)
 		}
 		var hodList []hourAgg
 		for _, h := range hods {
@@ -481,11 +481,11 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			for i, h := range hodList {
 				hodNums[i] = int16(h.hour)
 			}
-			b.ExecPrepared("kettle_hods", momentParams(int2Array(hodNums), hodList), bin(6), nil)
+			b.ExecPrepared("kettle_hods", append(momentParams(int2Array(hodNums), hodList), shardBin), bin(7), nil)
 		}
 		b.ExecPrepared("kettle_totals", [][]byte{int8Bin(res.n), int8Bin(newDevs),
 			float8Bin(sums[0].s), float8Bin(sums[0].c), float8Bin(sums[1].s), float8Bin(sums[1].c),
-			float8Bin(sums[2].s), float8Bin(sums[2].c)}, bin(8), nil)
+			float8Bin(sums[2].s), float8Bin(sums[2].c), shardBin}, bin(9), nil)
 	}
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
 	if err := execBatch(ctx, pg, &b, nil); err != nil {
@@ -681,10 +681,8 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 }
 
 // seenChanges returns the nonzero changes of delta (last_seen in unix µs →
-// change in its device count) in increasing order of last_seen, the order
-// sqlMoveSeen locks their rows in, and the values that lost devices (which
-// may have reached 0).
-func seenChanges(delta map[int64]int64) (ats, ns, lost []int64) {
+// change in its device count) in increasing order of last_seen.
+func seenChanges(delta map[int64]int64) (ats, ns []int64) {
 	ats = make([]int64, 0, len(delta))
 	for at, n := range delta {
 		if n != 0 {
@@ -695,9 +693,6 @@ func seenChanges(delta map[int64]int64) (ats, ns, lost []int64) {
 	ns = make([]int64, len(ats))
 	for i, at := range ats {
 		ns[i] = delta[at]
-		if ns[i] < 0 {
-			lost = append(lost, at)
-		}
 	}
-	return ats, ns, lost
+	return ats, ns
 }

@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"Statistics", testStatistics},
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},
+		{"ConcurrentRegistration", testConcurrentRegistration},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}

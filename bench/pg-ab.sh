@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# A/B of two kettle binaries on PostgreSQL, interleaved in one run on one
+# throwaway cluster, so that a shared or noisy machine loads both alike:
+# ROUNDS × (A, B) of
+#   single: acknowledged case-study POST /measurement req/s (wrk +
+#           bench/measurement.lua, as bench/pg-ingest.sh benchmark 3);
+#   v1:     acknowledged rows/s of POST /v1/measurements, batches of 500
+#           (pgbench ingest, as bench/pg-ingest.sh benchmark 2),
+# each on a fresh database, with the CPU seconds of kettle serve and of the
+# cluster per request / row. Prints every round and the median ratio B/A.
+#
+#   bench/pg-ab.sh OLD_KETTLE_BIN NEW_KETTLE_BIN
+#   ROUNDS=5 DURATION=20s SERVE_ARGS="--writers 8" bench/pg-ab.sh bin/kettle.old bin/kettle
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# = 2 ] || { echo "usage: $0 A_KETTLE_BIN B_KETTLE_BIN" >&2; exit 2; }
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-15s}
+CONNS=${CONNS:-64}
+V1_CONNS=${V1_CONNS:-16}
+NDEV=${DEVICES:-2000}
+command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-pgab-XXXXXX)
+cp "$1" "$work/A"; cp "$2" "$work/B"
+kpid=
+cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
+trap cleanup EXIT
+echo "rerun: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
+echo "A=$1 ($(sha256sum "$1" | cut -c1-12))  B=$2 ($(sha256sum "$2" | cut -c1-12))"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
+	for p in $pm $(ps --ppid "$pm" -o pid=); do
+		f=($(sed 's/.*) //' /proc/$p/stat 2>/dev/null)) || continue; [ ${#f[@]} -gt 15 ] || continue
+		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
+	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
+proc_cpu() { local f; f=($(sed 's/.*) //' /proc/$1/stat)); awk -v t=$((f[11] + f[12])) -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
+serve() { # serve BIN DB: start kettle serve on a fresh database
+	local port; port=$(free_port)
+	"$work/$1" serve --addr 127.0.0.1:$port --db "$(pg_db "$2")" --data-dir "$work/data-$2" --access-log-sample 1 ${SERVE_ARGS:-} 2>"$work/serve-$2.log" &
+	kpid=$!; url=http://127.0.0.1:$port
+	for _ in $(seq 300); do curl -sf "$url/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	echo "not up: $url"; cat "$work/serve-$2.log"; exit 1
+}
+stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
+for r in $(seq "$ROUNDS"); do
+	for v in A B; do
+		serve $v single_${v,,}_$r
+		"$work/pgbench" login --url "$url" -n "$NDEV" >"$work/devices.txt"
+		export DEVICES="$work/devices.txt" BASE_EPOCH=$(( $(date +%s) - 7200 ))
+		k0=$(proc_cpu $kpid); s0=$(pg_cpu)
+		out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "$url" | grep RESULT)
+		k1=$(proc_cpu $kpid); s1=$(pg_cpu)
+		echo "$out" | awk -v r=$r -v v=$v -v k=$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}') -v p=$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}') \
+			'{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+			   printf "AB single round=%d bin=%s rps=%s p50_ms=%s p99_ms=%s non2xx=%s kettle_cpu_us_per_req=%.0f postgres_cpu_us_per_req=%.0f load=%s\n",
+			   r, v, x["rps"], x["p50_ms"], x["p99_ms"], x["errors_status"], k / x["requests"] * 1e6, p / x["requests"] * 1e6, "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
+		stop
+		serve $v v1_${v,,}_$r
+		k0=$(proc_cpu $kpid); s0=$(pg_cpu)
+		out=$("$work/pgbench" ingest --url "$url" --data-dir "$work/data-v1_${v,,}_$r" --devices "$NDEV" --batch 500 --conns "$V1_CONNS" --duration "$DURATION" --warmup 2s | grep RESULT)
+		k1=$(proc_cpu $kpid); s1=$(pg_cpu)
+		echo "$out" | awk -v r=$r -v v=$v -v k=$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}') -v p=$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}') \
+			'{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+			   printf "AB v1 round=%d bin=%s rows_per_s=%s p50_ms=%s p99_ms=%s errors=%s kettle_cpu_us_per_row=%.2f postgres_cpu_us_per_row=%.2f load=%s\n",
+			   r, v, x["rows_per_s"], x["p50_ms"], x["p99_ms"], x["errors"], k / x["stored"] * 1e6, p / x["stored"] * 1e6, "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
+		stop
+	done
+done | tee "$work/ab.txt"
+# (CPU per row includes the 2 s warm-up's work in the numerator: an overestimate, alike for A and B.)
+median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
+ratios() { # ratios KIND FIELD: B/A per round, one a line
+	awk -v kind="$1" -v f="$2" '$2 == kind { split($3, r, "="); split($4, b, "="); for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
+		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
+echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"\
+"; v1 rows/s $(ratios v1 rows_per_s | median) (rounds: $(ratios v1 rows_per_s | tr '\n' ' '))"
