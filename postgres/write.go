@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -227,6 +228,22 @@ func (s *Store) write(ctx context.Context, rows []kettle.Measurement, idx map[ke
 	return writeResult{}, unavailable(fmt.Sprintf("write (%d attempts)", writeAttempts), lastErr)
 }
 
+// byKey returns rows sorted by (device, time), copied if not sorted already.
+func byKey(rows []kettle.Measurement) []kettle.Measurement {
+	cmp := func(a, b kettle.Measurement) int {
+		if c := bytes.Compare(a.Device[:], b.Device[:]); c != 0 {
+			return c
+		}
+		return a.Time.Compare(b.Time)
+	}
+	if slices.IsSortedFunc(rows, cmp) {
+		return rows
+	}
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, cmp)
+	return sorted
+}
+
 // writeAttempts bounds the retries of a batch that lost a deadlock or a
 // serialization conflict.
 const writeAttempts = 10
@@ -317,7 +334,14 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		}
 		b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
 		if small {
-			b.ExecPrepared("kettle_insert", insertParams(rows), bin(8), bin(2))
+			// In key order: this insert runs before the batch knows that
+			// all its devices are locked (a device not registered yet is
+			// not), so two writers may insert rows of the same new device
+			// at once; in one key order, one waits for the other instead
+			// of each waiting for a key the other holds ("deadlock
+			// detected … while inserting index tuple", seen in
+			// ConcurrentRegistration).
+			b.ExecPrepared("kettle_insert", insertParams(byKey(rows)), bin(8), bin(2))
 			iIns = iLock + 1
 		} else if !bulk {
 			b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
