@@ -126,6 +126,13 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		return nil, err
 	}
 	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns), panics: &b.counters.Malformed}
+	b.ln.closeAll = func() {
+		for _, cl := range b.srv.Clients.GetAll() { // one read lock (see listener.closeAll)
+			if cl.Net.Listener == b.ln.id && !cl.Closed() {
+				_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+			}
+		}
+	}
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}

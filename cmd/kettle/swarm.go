@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -103,6 +104,7 @@ type swarmFlags struct {
 	serverPID   int
 	postgresPID int
 	metricsAddr string
+	debugAddr   string // pprof (kettle swarm only)
 	report      bool
 	log         io.Writer // where progress and notes go (run sets it)
 }
@@ -150,8 +152,16 @@ func runSwarm(ctx context.Context, args []string) error {
 	var f swarmFlags
 	f.register(fs, 1000, time.Minute, 0, "per-device")
 	f.registerTarget(fs)
+	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve Go's pprof profiles of the swarm itself on this address, e.g. 127.0.0.1:6062 (empty: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if f.debugAddr != "" {
+		stop, err := serveDebug(f.debugAddr, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if err := f.resolve(); err != nil {
 		return err
