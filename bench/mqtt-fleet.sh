@@ -34,8 +34,8 @@ NODE_CAP=${NODE_CAP:-17500}        # --mqtt-max-conns per node (< open-file limi
 INTERVAL=${INTERVAL:-30}           # seconds between a kettle's readings
 RAMP=${RAMP:-$((3 * INTERVAL))}    # seconds over which the kettles connect (hatch rate = DEVICES/RAMP)
 HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connected
-MEM_CAP_MIB=${MEM_CAP_MIB:-12288}  # all our processes together (RSS); over it: abort
-GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-1536}
+MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
+GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
 # Each node commits what arrived within BATCH_WAIT in one transaction (at
 # ~550 readings/s per node, 20 ms → ~10 rows per commit instead of 1-2: most
 # of PostgreSQL's cost is per commit). CACHE_REFRESH: each node rescans every

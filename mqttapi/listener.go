@@ -152,6 +152,8 @@ type conn struct {
 
 	mu  sync.Mutex // orders a Write's deadline against cut's
 	cut bool       // the session is being taken over: writes get takeoverGrace
+
+	ack *acker // pipelined QoS 1 PUBACKs (ack.go); set on the read goroutine at the first one
 }
 
 // takeoverGrace is how long the connection of a session being taken over may
