@@ -20,9 +20,10 @@ import (
 //
 // Bounded twice: a connection has at most Config.ConnWindow messages
 // waiting (then its reader blocks: per-connection backpressure, as before),
-// and the whole listener at most Config.MaxPending (then every reader that
-// needs another slot blocks). So the goroutines and decoded readings held
-// are at most MaxPending, whatever the number of connections.
+// and the whole listener at most Config.MaxPendingRows readings (then every
+// reader that needs more blocks until a commit frees some). So the
+// goroutines and decoded readings held are at most MaxPendingRows, whatever
+// the number of connections.
 
 // acker orders one connection's PUBACKs.
 type acker struct {
@@ -34,6 +35,7 @@ type acker struct {
 // pendingAck is one QoS 1 message awaiting its PUBACK.
 type pendingAck struct {
 	pid  uint16
+	rows int // of the listener-wide budget
 	code packets.Code
 	done bool // outcome known
 	skip bool // no PUBACK: given up (client gone, shutdown); it redelivers
@@ -48,42 +50,107 @@ func (c *conn) acker(window int) *acker {
 	return c.ack
 }
 
-// acquire takes a per-connection and a listener-wide slot for one message,
-// blocking (and so not reading the connection) while either is exhausted.
-// It fails when the broker shuts down or the client is gone.
-func (b *Broker) acquire(cl *mqtt.Client, a *acker) bool {
-	for _, ch := range []chan struct{}{a.slots, b.pending} {
-		select {
-		case ch <- struct{}{}:
-			continue
-		default:
-		}
-		t := time.NewTicker(250 * time.Millisecond)
-	wait:
-		for {
+// acquire takes a per-connection slot and n rows of the listener-wide
+// budget for one message, blocking (and so not reading the connection)
+// while either is exhausted. It fails when the broker shuts down or the
+// client is gone.
+func (b *Broker) acquire(cl *mqtt.Client, a *acker, n int) bool {
+	select {
+	case a.slots <- struct{}{}:
+	default:
+		if !b.wait(cl, func() bool {
 			select {
-			case ch <- struct{}{}:
-				break wait
-			case <-b.ctx.Done():
-			case <-t.C:
-				if !cl.Closed() {
-					continue
-				}
+			case a.slots <- struct{}{}:
+				return true
+			default:
+				return false
 			}
-			t.Stop()
-			if ch == b.pending { // the connection slot was taken
-				<-a.slots
-			}
+		}, nil) {
 			return false
 		}
-		t.Stop()
+	}
+	if !b.rows.tryAcquire(n) {
+		b.counters.Withheld.Add(1) // its PUBACK waits for room, as for a full ingest queue
+		if !b.wait(cl, func() bool { return b.rows.tryAcquire(n) }, b.rows.changed) {
+			<-a.slots
+			return false
+		}
 	}
 	return true
 }
 
+// wait retries try until it succeeds (true), the broker shuts down or the
+// client is gone (false); changed, if set, says when to try again sooner.
+func (b *Broker) wait(cl *mqtt.Client, try func() bool, changed func() <-chan struct{}) bool {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var ch <-chan struct{}
+		if changed != nil {
+			ch = changed()
+		}
+		if try() {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			if cl.Closed() {
+				return false
+			}
+		case <-b.ctx.Done():
+			return false
+		}
+	}
+}
+
+// rowBudget is a weighted semaphore of readings waiting for their commit.
+// It is kept below the ingest queue's capacity so that messages seldom meet
+// a full queue (whose retries sleep): a connection waits here instead, and
+// is woken as soon as a commit frees room.
+type rowBudget struct {
+	mu    sync.Mutex
+	used  int
+	limit int
+	ch    chan struct{} // closed and replaced when rows are released
+}
+
+func newRowBudget(limit int) *rowBudget {
+	return &rowBudget{limit: max(limit, 1), ch: make(chan struct{})}
+}
+
+// tryAcquire takes n rows (a message larger than the whole budget takes
+// all of it).
+func (r *rowBudget) tryAcquire(n int) bool {
+	n = min(n, r.limit)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.used+n > r.limit {
+		return false
+	}
+	r.used += n
+	return true
+}
+
+func (r *rowBudget) release(n int) {
+	n = min(n, r.limit)
+	r.mu.Lock()
+	r.used -= n
+	close(r.ch)
+	r.ch = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// changed is closed at the next release.
+func (r *rowBudget) changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ch
+}
+
 // enqueue appends a message to the connection's PUBACK order.
-func (a *acker) enqueue(pid uint16) *pendingAck {
-	p := &pendingAck{pid: pid}
+func (a *acker) enqueue(pid uint16, rows int) *pendingAck {
+	p := &pendingAck{pid: pid, rows: rows}
 	a.mu.Lock()
 	a.q = append(a.q, p)
 	a.mu.Unlock()
@@ -109,7 +176,7 @@ func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets
 		a.q[n] = nil
 		n++
 		<-a.slots
-		<-b.pending
+		b.rows.release(h.rows)
 	}
 	if n > 0 {
 		a.q = append(a.q[:0], a.q[n:]...)

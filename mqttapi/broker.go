@@ -50,10 +50,11 @@ type Config struct {
 	// their commit at once (0: 16); past it the connection is not read.
 	// At most the Receive Maximum we announce (32).
 	ConnWindow int
-	// MaxPending caps QoS 1 messages waiting for their commit over all
-	// connections (0: 16,384); past it no connection that needs another is
-	// read. Each holds a goroutine and its decoded readings.
-	MaxPending int
+	// MaxPendingRows caps the readings of QoS 1 messages waiting for their
+	// commit over all connections (0: half the ingest queue); past it no
+	// connection that needs more is read until a commit frees some. Each
+	// message holds a goroutine and its decoded readings.
+	MaxPendingRows int
 }
 
 func (c *Config) defaults() {
@@ -81,9 +82,7 @@ func (c *Config) defaults() {
 	if c.ConnWindow <= 0 || c.ConnWindow > receiveMaximum {
 		c.ConnWindow = min(16, receiveMaximum)
 	}
-	if c.MaxPending <= 0 {
-		c.MaxPending = 16384
-	}
+
 }
 
 // receiveMaximum is the Receive Maximum announced to MQTT 5 kettles.
@@ -99,9 +98,9 @@ type Broker struct {
 	log      *slog.Logger
 	ctx      context.Context
 	cancel   context.CancelFunc
-	// pending holds one token per QoS 1 message waiting for its commit
-	// (Config.MaxPending); inflight counts their goroutines.
-	pending  chan struct{}
+	// rows is the budget of readings waiting for their commit
+	// (Config.MaxPendingRows); inflight counts their goroutines.
+	rows     *rowBudget
 	inflight sync.WaitGroup
 }
 
@@ -127,7 +126,10 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	caps.SharedSubAvailable = 0
 	caps.SubIDAvailable = 0
 
-	b := &Broker{cfg: cfg, counters: new(Counters), log: log, pending: make(chan struct{}, cfg.MaxPending)}
+	if cfg.MaxPendingRows <= 0 {
+		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
+	}
+	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows)}
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
@@ -430,10 +432,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		// Its PUBACK still waits for those of earlier messages.
 		a := c.acker(h.b.cfg.ConnWindow)
-		if !h.b.acquire(cl, a) {
+		if !h.b.acquire(cl, a, 1) {
 			return pk, packets.ErrRejectPacket
 		}
-		h.b.complete(cl, a, a.enqueue(pk.PacketID), packets.Code{Code: code.Code, Reason: code.Reason}, false)
+		h.b.complete(cl, a, a.enqueue(pk.PacketID, 1), packets.Code{Code: code.Code, Reason: code.Reason}, false)
 		return pk, packets.ErrRejectPacket
 	}
 	if !pipelined {
@@ -446,11 +448,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	// arrival order after the commit; this connection is read on meanwhile,
 	// within its window.
 	a := c.acker(h.b.cfg.ConnWindow)
-	if !h.b.acquire(cl, a) {
+	if !h.b.acquire(cl, a, len(ms)) {
 		h.b.counters.Unacked.Add(1)
 		return pk, packets.ErrRejectPacket // shutting down or gone: no PUBACK, the client redelivers
 	}
-	p := a.enqueue(pk.PacketID)
+	p := a.enqueue(pk.PacketID, len(ms))
 	h.b.inflight.Add(1)
 	go func() {
 		defer h.b.inflight.Done()

@@ -10,10 +10,10 @@
 // and handed to fleet.Service.Ingest. A QoS 1 PUBACK is written only after
 // Ingest returned, i.e. after the commit, in the order the PUBLISHes came
 // (ack.go): a connection is read on while up to Config.ConnWindow of its
-// messages wait for their commit (at most Config.MaxPending over all
+// messages wait for their commit (at most Config.MaxPendingRows readings over all
 // connections), and past that it is not read at all. Memory is therefore
 // bounded by one packet per connection (Config.MaxPacketBytes) plus
-// MaxPending decoded messages, and a full queue is backpressure, not a
+// MaxPendingRows decoded readings, and a full queue is backpressure, not a
 // buffer. QoS 0 is ingested on the read goroutine. Invalid payloads are answered PUBACK 0x99
 // (payload format invalid) with a reason string naming the field on MQTT 5;
 // on 3.1.1, which has no error PUBACK, they are dropped, counted and logged,
