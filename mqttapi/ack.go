@@ -36,6 +36,7 @@ type acker struct {
 type pendingAck struct {
 	pid  uint16
 	rows int // of the listener-wide budget
+	user []packets.UserProperty // echoed on the PUBACK, as mochi's own acks do
 	code packets.Code
 	done bool // outcome known
 	skip bool // no PUBACK: given up (client gone, shutdown); it redelivers
@@ -58,20 +59,20 @@ func (b *Broker) acquire(cl *mqtt.Client, a *acker, n int) bool {
 	select {
 	case a.slots <- struct{}{}:
 	default:
-		if !b.wait(cl, func() bool {
+		if !b.wait(cl, func(abort <-chan struct{}) bool {
 			select {
 			case a.slots <- struct{}{}:
 				return true
-			default:
+			case <-abort:
 				return false
 			}
-		}, nil) {
+		}) {
 			return false
 		}
 	}
 	if !b.rows.tryAcquire(n) {
 		b.counters.Withheld.Add(1) // its PUBACK waits for room, as for a full ingest queue
-		if !b.wait(cl, func() bool { return b.rows.tryAcquire(n) }, b.rows.changed) {
+		if !b.wait(cl, func(abort <-chan struct{}) bool { return b.rows.acquire(n, abort) }) {
 			<-a.slots
 			return false
 		}
@@ -79,78 +80,126 @@ func (b *Broker) acquire(cl *mqtt.Client, a *acker, n int) bool {
 	return true
 }
 
-// wait retries try until it succeeds (true), the broker shuts down or the
-// client is gone (false); changed, if set, says when to try again sooner.
-func (b *Broker) wait(cl *mqtt.Client, try func() bool, changed func() <-chan struct{}) bool {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		var ch <-chan struct{}
-		if changed != nil {
-			ch = changed()
-		}
-		if try() {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-t.C:
-			if cl.Closed() {
-				return false
+// wait runs get, which blocks until it has what it waits for (true) or
+// abort is closed (false); abort is closed when the broker shuts down or
+// the client is gone.
+func (b *Broker) wait(cl *mqtt.Client, get func(abort <-chan struct{}) bool) bool {
+	abort := make(chan struct{})
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-b.ctx.Done():
+			case <-t.C:
+				if !cl.Closed() {
+					continue
+				}
 			}
-		case <-b.ctx.Done():
-			return false
+			close(abort)
+			return
 		}
-	}
+	}()
+	return get(abort)
 }
 
-// rowBudget is a weighted semaphore of readings waiting for their commit.
-// It is kept below the ingest queue's capacity so that messages seldom meet
-// a full queue (whose retries sleep): a connection waits here instead, and
-// is woken as soon as a commit frees room.
+// rowBudget is a fair (first come, first served) weighted semaphore of
+// readings waiting for their commit. It is kept below the ingest queue's
+// capacity so that messages seldom meet a full queue (whose retries
+// sleep): a connection waits here instead, and the first in line is handed
+// its rows as soon as a commit frees them (no herd of waiters retrying).
 type rowBudget struct {
-	mu    sync.Mutex
-	used  int
-	limit int
-	ch    chan struct{} // closed and replaced when rows are released
+	mu      sync.Mutex
+	used    int
+	limit   int
+	waiters []*rowWaiter
 }
 
-func newRowBudget(limit int) *rowBudget {
-	return &rowBudget{limit: max(limit, 1), ch: make(chan struct{})}
+type rowWaiter struct {
+	n     int
+	ready chan struct{} // closed when the rows are granted
 }
 
-// tryAcquire takes n rows (a message larger than the whole budget takes
-// all of it).
+func newRowBudget(limit int) *rowBudget { return &rowBudget{limit: max(limit, 1)} }
+
+// tryAcquire takes n rows if they are free and nobody waits (a message
+// larger than the whole budget takes all of it).
 func (r *rowBudget) tryAcquire(n int) bool {
 	n = min(n, r.limit)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.used+n > r.limit {
+	if len(r.waiters) > 0 || r.used+n > r.limit {
 		return false
 	}
 	r.used += n
 	return true
 }
 
+// acquire waits in line for n rows, or until abort is closed.
+func (r *rowBudget) acquire(n int, abort <-chan struct{}) bool {
+	n = min(n, r.limit)
+	r.mu.Lock()
+	if len(r.waiters) == 0 && r.used+n <= r.limit {
+		r.used += n
+		r.mu.Unlock()
+		return true
+	}
+	w := &rowWaiter{n: n, ready: make(chan struct{})}
+	r.waiters = append(r.waiters, w)
+	r.mu.Unlock()
+	select {
+	case <-w.ready:
+		return true
+	case <-abort:
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-w.ready: // granted meanwhile: give the rows back
+		r.used -= n
+		r.grant()
+		return false
+	default:
+	}
+	for i, x := range r.waiters {
+		if x == w {
+			r.waiters = append(r.waiters[:i], r.waiters[i+1:]...)
+			break
+		}
+	}
+	r.grant() // the head may have changed
+	return false
+}
+
 func (r *rowBudget) release(n int) {
 	n = min(n, r.limit)
 	r.mu.Lock()
 	r.used -= n
-	close(r.ch)
-	r.ch = make(chan struct{})
+	r.grant()
 	r.mu.Unlock()
 }
 
-// changed is closed at the next release.
-func (r *rowBudget) changed() <-chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ch
+// grant hands free rows to the waiters in line. r.mu held.
+func (r *rowBudget) grant() {
+	k := 0
+	for k < len(r.waiters) && r.used+r.waiters[k].n <= r.limit {
+		r.used += r.waiters[k].n
+		close(r.waiters[k].ready)
+		r.waiters[k] = nil
+		k++
+	}
+	if k > 0 {
+		r.waiters = append(r.waiters[:0], r.waiters[k:]...)
+	}
 }
 
 // enqueue appends a message to the connection's PUBACK order.
-func (a *acker) enqueue(pid uint16, rows int) *pendingAck {
-	p := &pendingAck{pid: pid, rows: rows}
+func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pendingAck {
+	p := &pendingAck{pid: pid, rows: rows, user: user}
 	a.mu.Lock()
 	a.q = append(a.q, p)
 	a.mu.Unlock()
@@ -168,6 +217,7 @@ func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets
 		h := a.q[n]
 		if !h.skip {
 			ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: h.pid, ReasonCode: h.code.Code}
+			ack.Properties.User = h.user
 			if h.code.Code >= packets.ErrUnspecifiedError.Code {
 				ack.Properties.ReasonString = h.code.Reason // MQTT 5 only; dropped if the client asked for no problem info
 			}

@@ -435,7 +435,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if !h.b.acquire(cl, a, 1) {
 			return pk, packets.ErrRejectPacket
 		}
-		h.b.complete(cl, a, a.enqueue(pk.PacketID, 1), packets.Code{Code: code.Code, Reason: code.Reason}, false)
+		h.b.complete(cl, a, a.enqueue(pk.PacketID, 1, pk.Properties.User), packets.Code{Code: code.Code, Reason: code.Reason}, false)
 		return pk, packets.ErrRejectPacket
 	}
 	if !pipelined {
@@ -452,7 +452,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		h.b.counters.Unacked.Add(1)
 		return pk, packets.ErrRejectPacket // shutting down or gone: no PUBACK, the client redelivers
 	}
-	p := a.enqueue(pk.PacketID, len(ms))
+	p := a.enqueue(pk.PacketID, len(ms), pk.Properties.User)
 	h.b.inflight.Add(1)
 	go func() {
 		defer h.b.inflight.Done()
