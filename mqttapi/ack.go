@@ -27,15 +27,17 @@ import (
 
 // acker orders one connection's PUBACKs.
 type acker struct {
-	mu    sync.Mutex
-	q     []*pendingAck // arrival order; the head is the next PUBACK to write
-	slots chan struct{} // one per message waiting (ConnWindow)
+	mu       sync.Mutex
+	q        []*pendingAck // arrival order; the head is the next PUBACK to write
+	slots    chan struct{} // one per message waiting (ConnWindow)
+	flushing bool          // a goroutine is writing PUBACKs (complete)
+	due      []*pendingAck // the flusher's scratch
 }
 
 // pendingAck is one QoS 1 message awaiting its PUBACK.
 type pendingAck struct {
 	pid  uint16
-	rows int // of the listener-wide budget
+	rows int                    // of the listener-wide budget
 	user []packets.UserProperty // echoed on the PUBACK, as mochi's own acks do
 	code packets.Code
 	done bool // outcome known
@@ -207,15 +209,73 @@ func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pend
 }
 
 // complete records p's outcome and writes every PUBACK now due, in order,
-// releasing their slots.
+// releasing their slots. One goroutine at a time writes a connection's
+// PUBACKs (the flusher); acks that become due meanwhile are picked up by
+// its next round, so a commit that completes several of a connection's
+// messages costs one write, not one each.
 func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets.Code, skip bool) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	p.code, p.skip, p.done = code, skip, true
-	n := 0
-	for n < len(a.q) && a.q[n].done {
-		h := a.q[n]
-		if !h.skip {
+	if a.flushing {
+		a.mu.Unlock()
+		return
+	}
+	a.flushing = true
+	for {
+		n := 0
+		for n < len(a.q) && a.q[n].done {
+			n++
+		}
+		if n == 0 {
+			a.flushing = false
+			a.mu.Unlock()
+			return
+		}
+		due := append(a.due[:0], a.q[:n]...)
+		clear(a.q[:n])
+		a.q = append(a.q[:0], a.q[n:]...)
+		if cap(a.q) > 64 && len(a.q) < 8 {
+			a.q = append([]*pendingAck(nil), a.q...) // do not keep a burst's backing array
+		}
+		a.mu.Unlock()
+		writeAcks(cl, due)
+		for i, h := range due {
+			<-a.slots
+			b.rows.release(h.rows)
+			due[i] = nil
+		}
+		if cap(due) <= 64 {
+			a.due = due[:0]
+		}
+		a.mu.Lock()
+	}
+}
+
+// writeAcks writes PUBACKs in order. A plain success PUBACK (no reason
+// string, no user property) is the same 4 bytes in MQTT 3.1.1 and 5; runs
+// of them go out in one write under the client's lock (as mochi's
+// WritePacket writes), anything else through WritePacket.
+func writeAcks(cl *mqtt.Client, due []*pendingAck) {
+	var buf [256]byte
+	raw := buf[:0]
+	flush := func() {
+		if len(raw) == 0 {
+			return
+		}
+		cl.Lock()
+		if !cl.Closed() && cl.Net.Conn != nil {
+			_, _ = cl.Net.Conn.Write(raw) // a failed write closes the connection; the client redelivers
+		}
+		cl.Unlock()
+		raw = raw[:0]
+	}
+	for _, h := range due {
+		switch {
+		case h.skip:
+		case h.code.Code < packets.ErrUnspecifiedError.Code && len(h.user) == 0:
+			raw = append(raw, packets.Puback<<4, 2, byte(h.pid>>8), byte(h.pid))
+		default:
+			flush()
 			ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: h.pid, ReasonCode: h.code.Code}
 			ack.Properties.User = h.user
 			if h.code.Code >= packets.ErrUnspecifiedError.Code {
@@ -223,15 +283,6 @@ func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets
 			}
 			_ = cl.WritePacket(ack) // a failed write closes the connection; the client redelivers
 		}
-		a.q[n] = nil
-		n++
-		<-a.slots
-		b.rows.release(h.rows)
 	}
-	if n > 0 {
-		a.q = append(a.q[:0], a.q[n:]...)
-		if cap(a.q) > 64 && len(a.q) < 8 {
-			a.q = append([]*pendingAck(nil), a.q...) // do not keep a burst's backing array
-		}
-	}
+	flush()
 }
