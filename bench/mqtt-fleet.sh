@@ -154,6 +154,7 @@ for i in $(seq 0 $((NODES - 1))); do
 	pids+=("$!")
 done
 echo "${node_pids[*]} ${swarm_pids[*]}" >"$work/pids"
+swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold must end before
 echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + NODES))"
 
 metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
@@ -168,7 +169,7 @@ conns_all() { # sum over the nodes that answer; a node that does not is reported
 	((miss > 0)) && echo "  ($miss node(s) did not answer /metrics within 10 s)" >&2
 	echo "$s"
 }
-cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo -1; }
 pg_ticks() { local s=0 p; for p in $PG_PID $(pgrep -P "$PG_PID" 2>/dev/null); do s=$((s + $(cpu_ticks "$p"))); done; echo "$s"; }
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 alive() { local p; for p in "${swarm_pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
@@ -183,7 +184,7 @@ while :; do
 	el=$(($(date +%s) - t_ramp))
 	echo "  ramp +${el}s: $c of $DEVICES connected; load $(cut -d' ' -f1 /proc/loadavg); RSS nodes+swarms $(($(for p in $(cat "$work/pids"); do rss_kib "$p"; done | paste -sd+ | bc) / 1024)) MiB"
 	((c >= DEVICES)) && break
-	((el >= CONNECT_WAIT)) && { echo "  not all connected after ${CONNECT_WAIT}s: holding with $c"; break; }
+	((el >= CONNECT_WAIT || $(date +%s) + 60 >= swarm_end)) && { echo "  not all connected after ${el}s: holding with $c"; break; }
 	alive || { echo "every swarm ended during the ramp"; tail -3 "$work"/swarm*.log; exit 1; }
 done
 echo "all connected after $(($(date +%s) - t_ramp))s (connects ramped at $HATCH/s)"
@@ -209,7 +210,9 @@ R0=("${R[@]}") W0=("${W[@]}") U0=("${U[@]}") X0=("${X[@]}") TN0=("${TN[@]}") TS0
 h0=$(date +%s)
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 minc=$c
-while (($(date +%s) - h0 < HOLD)); do
+hold_end=$((h0 + HOLD))
+((hold_end > swarm_end - 20)) && { hold_end=$((swarm_end - 20)); echo "  (hold shortened to $((hold_end - h0))s: the swarms end at their --duration)"; }
+while (($(date +%s) < hold_end)); do
 	sleep 10
 	[ -e "$work/aborted" ] && exit 1
 	c=$(conns_all)
@@ -243,6 +246,7 @@ printf "%-6s %9s %9s %10s\n" swarm CPU% RSS_MiB KiB/kettle
 for i in $(seq 0 $((NODES - 1))); do
 	rss=$(rss_kib "${swarm_pids[i]}")
 	srss=$((srss + rss))
+	((TS[i] < 0)) && echo "s$i exited before the end of the hold (see its log)"
 	printf "%-6s %9.1f %9d %10.1f\n" "s$i" "$(awk -v t=$((TS[i] - TS0[i])) -v w=$win -v k="$tck" 'BEGIN{print 100*t/k/w}')" $((rss / 1024)) \
 		"$(awk -v r="$rss" -v c="$per" 'BEGIN{print r/c}')"
 done
