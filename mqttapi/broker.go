@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -45,6 +46,15 @@ type Config struct {
 	// CommandTick is how often due time-driven command changes are checked
 	// (0: 1 s).
 	CommandTick time.Duration
+	// ConnWindow is how many QoS 1 messages of one connection may wait for
+	// their commit at once (0: 16); past it the connection is not read.
+	// At most the Receive Maximum we announce (32).
+	ConnWindow int
+	// MaxPendingRows caps the readings of QoS 1 messages waiting for their
+	// commit over all connections (0: half the ingest queue); past it no
+	// connection that needs more is read until a commit frees some. Each
+	// message holds a goroutine and its decoded readings.
+	MaxPendingRows int
 }
 
 func (c *Config) defaults() {
@@ -69,7 +79,14 @@ func (c *Config) defaults() {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
+	if c.ConnWindow <= 0 || c.ConnWindow > receiveMaximum {
+		c.ConnWindow = min(16, receiveMaximum)
+	}
+
 }
+
+// receiveMaximum is the Receive Maximum announced to MQTT 5 kettles.
+const receiveMaximum = 32
 
 // Broker is the running embedded MQTT listener.
 type Broker struct {
@@ -81,6 +98,10 @@ type Broker struct {
 	log      *slog.Logger
 	ctx      context.Context
 	cancel   context.CancelFunc
+	// rows is the budget of readings waiting for their commit
+	// (Config.MaxPendingRows); inflight counts their goroutines.
+	rows     *rowBudget
+	inflight sync.WaitGroup
 }
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
@@ -99,13 +120,16 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	// QoS ≤ 1 in, QoS 0 out (commands): no message ever stays in a
 	// client's inflight map, which mochi v2.7.9 can deadlock (doc.go).
 	caps.MaximumQos = 1
-	caps.ReceiveMaximum = 32
+	caps.ReceiveMaximum = receiveMaximum
 	caps.TopicAliasMaximum = 4
 	caps.WildcardSubAvailable = 0
 	caps.SharedSubAvailable = 0
 	caps.SubIDAvailable = 0
 
-	b := &Broker{cfg: cfg, counters: new(Counters), log: log}
+	if cfg.MaxPendingRows <= 0 {
+		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
+	}
+	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows)}
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
@@ -126,6 +150,13 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		return nil, err
 	}
 	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns), panics: &b.counters.Malformed}
+	b.ln.closeAll = func() {
+		for _, cl := range b.srv.Clients.GetAll() { // one read lock (see listener.closeAll)
+			if cl.Net.Listener == b.ln.id && !cl.Closed() {
+				_ = b.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+			}
+		}
+	}
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
@@ -154,6 +185,15 @@ func (b *Broker) Close() error {
 	err := b.srv.Close()
 	if !b.ln.wait(b.cfg.ShutdownTimeout) {
 		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
+	}
+	// Messages handed to ingest: their commits finish (b.ctx only stops
+	// the retries of messages still waiting for room).
+	done := make(chan struct{})
+	go func() { b.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(b.cfg.ShutdownTimeout):
+		b.log.Warn("mqtt: messages still waiting for their commit after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
 	}
 	<-b.push.done
 	b.log.Info("mqtt listener stopped", "counters", b.counters.Snapshot())
@@ -377,15 +417,56 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if err != nil { // cannot happen after OnConnect
 		return pk, packets.ErrRejectPacket
 	}
+	c, _ := cl.Net.Conn.(*conn)
+	pipelined := qos > 0 && c != nil
 	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Now())
 	if err != nil {
 		h.b.counters.Invalid.Add(1)
 		h.b.log.Warn("mqtt: invalid measurement payload", "device", id, "qos", qos, "protocol", cl.Properties.ProtocolVersion, "err", err.Error())
+		code := packets.CodeSuccessIgnore // 3.1.1: acknowledged (QoS ≥ 1) and dropped
 		if cl.Properties.ProtocolVersion == 5 && qos > 0 {
-			return pk, packets.Code{Code: packets.ErrPayloadFormatInvalid.Code, Reason: truncate(err.Error(), 256)}
+			code = packets.Code{Code: packets.ErrPayloadFormatInvalid.Code, Reason: truncate(err.Error(), 256)}
 		}
-		return pk, packets.CodeSuccessIgnore // 3.1.1: acknowledged (QoS ≥ 1) and dropped
+		if !pipelined {
+			return pk, code
+		}
+		// Its PUBACK still waits for those of earlier messages.
+		a := c.acker(h.b.cfg.ConnWindow)
+		if !h.b.acquire(cl, a, 1) {
+			return pk, packets.ErrRejectPacket
+		}
+		h.b.complete(cl, a, a.enqueue(pk.PacketID, 1, pk.Properties.User), packets.Code{Code: code.Code, Reason: code.Reason}, false)
+		return pk, packets.ErrRejectPacket
 	}
+	if !pipelined {
+		if !h.ingest(cl, ms, qos) {
+			return pk, packets.ErrRejectPacket
+		}
+		return pk, packets.CodeSuccessIgnore // committed; mochi writes the PUBACK (QoS ≥ 1)
+	}
+	// QoS 1, pipelined (ack.go): ingest on its own goroutine, PUBACK in
+	// arrival order after the commit; this connection is read on meanwhile,
+	// within its window.
+	a := c.acker(h.b.cfg.ConnWindow)
+	if !h.b.acquire(cl, a, len(ms)) {
+		h.b.counters.Unacked.Add(1)
+		return pk, packets.ErrRejectPacket // shutting down or gone: no PUBACK, the client redelivers
+	}
+	p := a.enqueue(pk.PacketID, len(ms), pk.Properties.User)
+	h.b.inflight.Add(1)
+	go func() {
+		defer h.b.inflight.Done()
+		ok := h.ingest(cl, ms, qos)
+		h.b.complete(cl, a, p, packets.CodeSuccess, !ok)
+	}()
+	return pk, packets.ErrRejectPacket // mochi writes nothing; complete does
+}
+
+// ingest hands readings to the fleet service and returns once they are
+// committed (true), retrying with jittered backoff while ingest is
+// unavailable (queue full, store down) for QoS ≥ 1; false: not committed
+// (QoS 0 dropped, or given up at shutdown or when the client left).
+func (h *hook) ingest(cl *mqtt.Client, ms []kettle.Measurement, qos byte) bool {
 	withheld := false
 	backoff := 20 * time.Millisecond
 	for {
@@ -395,7 +476,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		if qos == 0 {
 			h.b.counters.Dropped.Add(1)
-			return pk, packets.ErrRejectPacket
+			return false
 		}
 		if !withheld {
 			withheld = true
@@ -414,23 +495,15 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		case <-h.b.ctx.Done():
 			t.Stop()
 			h.b.counters.Unacked.Add(1)
-			return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the client redelivers elsewhere
+			return false // shutting down: no PUBACK, the client redelivers elsewhere
 		}
 		if cl.Closed() {
 			h.b.counters.Unacked.Add(1)
-			return pk, packets.ErrRejectPacket // client gone: it redelivers on reconnect
+			return false // client gone: it redelivers on reconnect
 		}
 	}
 	h.b.counters.Readings.Add(int64(len(ms)))
-	if withheld && cl.Net.Conn != nil {
-		// The wait may have outlived the read/write deadline set before it.
-		if ka := cl.State.Keepalive; ka > 0 {
-			_ = cl.Net.Conn.SetDeadline(time.Now().Add(time.Duration(ka+ka/2) * time.Second))
-		}
-	}
-	// Committed: mochi writes the PUBACK; Ignore skips retain and fan-out
-	// (nobody may subscribe to measurements).
-	return pk, packets.CodeSuccessIgnore
+	return true
 }
 
 func truncate(s string, n int) string {

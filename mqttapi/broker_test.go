@@ -299,3 +299,55 @@ func TestBackpressure(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelinedPubacks: a kettle's connection is read on while its QoS 1
+// messages wait for their commit (a PINGREQ is answered meanwhile), no
+// PUBACK precedes the commit, and the PUBACKs come in the order the
+// PUBLISHes did — an invalid payload's too, behind a valid one's commit.
+func TestPipelinedPubacks(t *testing.T) {
+	for _, version := range []byte{4, 5} {
+		e := start(t, fleet.Config{})
+		db, err := sql.Open("sqlite3", e.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		lock, err := db.Conn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lock.Close()
+		if _, err := lock.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+			t.Fatal(err)
+		}
+		r, id := kettleConn(t, e.broker.Addr(), version, uuid.Nil)
+		topic := mqttapi.MeasurementTopic(id)
+		at := time.Now().Add(-time.Minute).Truncate(time.Second)
+		r.publish(topic, 1, 1, false, reading(at, 1))
+		r.publish(topic, 1, 2, false, []byte(`{"time":"nope"}`))
+		r.publish(topic, 1, 3, false, reading(at.Add(time.Second), 3))
+		r.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+		if pk := r.must(packets.Pingresp); pk.FixedHeader.Type != packets.Pingresp {
+			t.Fatal("no PINGRESP")
+		}
+		if pk, err := r.read(500 * time.Millisecond); err == nil {
+			t.Fatalf("v%d: packet before the commit: %+v", version, pk)
+		}
+		if _, err := lock.ExecContext(t.Context(), "ROLLBACK"); err != nil {
+			t.Fatal(err)
+		}
+		want := []byte{0, 0, 0}
+		if version == 5 {
+			want[1] = packets.ErrPayloadFormatInvalid.Code
+		}
+		for i, code := range want {
+			ack := r.must(packets.Puback)
+			if ack.PacketID != uint16(i+1) || ack.ReasonCode != code {
+				t.Errorf("v%d: PUBACK %d: id %d code 0x%02x, want id %d code 0x%02x", version, i, ack.PacketID, ack.ReasonCode, i+1, code)
+			}
+		}
+		if h := e.history(t, id); len(h) != 2 {
+			t.Errorf("v%d: %d rows stored, want 2", version, len(h))
+		}
+	}
+}

@@ -7,12 +7,14 @@
 // publish only to kettles/{id}/measurements and subscribe only to
 // kettles/{id}/command. A measurement payload is the v1 JSON body (one
 // reading or an array of up to kettle.MaxBatch), decoded by httpapi.DecodeV1
-// and handed to fleet.Service.Ingest on the connection's own read goroutine:
-// the QoS 1 PUBACK is written only after Ingest returned, i.e. after the
-// commit, and while a message waits for its commit (or for room in a full
-// ingest queue) that connection is not read at all. Memory per connection is
-// therefore bounded by one packet (Config.MaxPacketBytes), and a full queue
-// is backpressure, not a buffer. Invalid payloads are answered PUBACK 0x99
+// and handed to fleet.Service.Ingest. A QoS 1 PUBACK is written only after
+// Ingest returned, i.e. after the commit, in the order the PUBLISHes came
+// (ack.go): a connection is read on while up to Config.ConnWindow of its
+// messages wait for their commit (at most Config.MaxPendingRows readings over all
+// connections), and past that it is not read at all. Memory is therefore
+// bounded by one packet per connection (Config.MaxPacketBytes) plus
+// MaxPendingRows decoded readings, and a full queue is backpressure, not a
+// buffer. QoS 0 is ingested on the read goroutine. Invalid payloads are answered PUBACK 0x99
 // (payload format invalid) with a reason string naming the field on MQTT 5;
 // on 3.1.1, which has no error PUBACK, they are dropped, counted and logged,
 // and acknowledged so that the client does not redeliver a message that can

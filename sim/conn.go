@@ -3,12 +3,14 @@ package sim
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -240,17 +242,14 @@ func errKind(err error) string {
 }
 
 // dialer returns a dial function for a loopback target, spreading
-// connections over n source addresses 127.0.0.1..n (each has its own ~28,000
-// ephemeral ports toward one server port).
-func dialer(addr string, n int, timeout time.Duration) func() (net.Conn, error) {
-	host, _, _ := net.SplitHostPort(addr)
-	ip := net.ParseIP(host)
+// connections round-robin over the source addresses src (each has its own
+// ~28,000 ephemeral ports toward one server port); none: the kernel picks.
+func dialer(addr string, src []net.IP, timeout time.Duration) func() (net.Conn, error) {
 	var next atomic.Uint32
 	return func() (net.Conn, error) {
 		d := net.Dialer{Timeout: timeout, KeepAlive: -1}
-		if n > 1 && ip != nil && ip.To4() != nil {
-			j := next.Add(1)%uint32(n) + 1
-			d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, byte(j>>16), byte(j>>8), byte(j))}
+		if len(src) > 0 {
+			d.LocalAddr = &net.TCPAddr{IP: src[next.Add(1)%uint32(len(src))]}
 		}
 		c, err := d.DialContext(context.Background(), "tcp", addr)
 		if err != nil {
@@ -258,4 +257,55 @@ func dialer(addr string, n int, timeout time.Duration) func() (net.Conn, error) 
 		}
 		return c, nil
 	}
+}
+
+// sourceAddrs is the list of source addresses a run dials from: cfg.SourceAddrs
+// if given, else 127.0.0.1..SourceIPs when SourceIPs > 1 and the target is
+// IPv4, else none.
+func sourceAddrs(cfg *Config, addr string) []net.IP {
+	if len(cfg.SourceAddrs) > 0 {
+		return cfg.SourceAddrs
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	ip := net.ParseIP(host)
+	if cfg.SourceIPs <= 1 || ip == nil || ip.To4() == nil {
+		return nil
+	}
+	out := make([]net.IP, cfg.SourceIPs)
+	for j := range out {
+		n := j + 1
+		out[j] = net.IPv4(127, byte(n>>16), byte(n>>8), byte(n))
+	}
+	return out
+}
+
+// ParseSourceAddrs parses --source-addrs: comma-separated loopback IPv4
+// addresses or ranges (127.0.0.11-127.0.0.13).
+func ParseSourceAddrs(s string) ([]net.IP, error) {
+	var out []net.IP
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(f, "-")
+		a, b := net.ParseIP(lo).To4(), net.ParseIP(lo).To4()
+		if isRange {
+			b = net.ParseIP(hi).To4()
+		}
+		if a == nil || b == nil || !a.IsLoopback() || !b.IsLoopback() {
+			return nil, fmt.Errorf("--source-addrs %q: want loopback IPv4 addresses or ranges, e.g. 127.0.0.11,127.0.0.20-127.0.0.22", s)
+		}
+		x, y := binary.BigEndian.Uint32(a), binary.BigEndian.Uint32(b)
+		if y < x || y-x >= 1<<16 {
+			return nil, fmt.Errorf("--source-addrs: range %q is empty or too large", f)
+		}
+		for v := x; v <= y; v++ {
+			out = append(out, net.IPv4(byte(v>>24), byte(v>>16), byte(v>>8), byte(v)))
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--source-addrs %q: no address", s)
+	}
+	return out, nil
 }

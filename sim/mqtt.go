@@ -464,10 +464,11 @@ func (s *Swarm) mqttSetup(budget int) (int, error) {
 			"run several swarm processes of at most %d kettles, against several kettle serve processes (each holds at most --mqtt-max-conns)",
 			cfg.Devices, budget, cfg.ReserveFDs, budget)
 	}
-	if cfg.Devices > 28000*cfg.SourceIPs {
-		fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", cfg.Devices, cfg.Devices/28000+1)
+	src := sourceAddrs(cfg, addr)
+	if cfg.Devices > 28000*max(len(src), 1) {
+		fmt.Fprintf(cfg.Log, "swarm: %d connections need more than %d source address(es) (~28,000 ephemeral ports each); consider --source-ips %d or more --source-addrs\n", cfg.Devices, max(len(src), 1), cfg.Devices/28000+1)
 	}
-	s.mqDial = dialer(addr, cfg.SourceIPs, cfg.Timeout)
+	s.mqDial = dialer(addr, src, cfg.Timeout)
 	s.pool = newPool(0, false, nil) // only its open/dials counters
 	return cfg.Devices, nil
 }

@@ -50,25 +50,26 @@ type Results struct {
 
 // Params are the run's parameters, as used (after defaults and caps).
 type Params struct {
-	Target        string  `json:"target"`
-	API           string  `json:"api"`
-	Protocol      string  `json:"protocol,omitempty"`      // "http" (default) or "mqtt"
-	MQTTTarget    string  `json:"mqtt_target,omitempty"`   // host:port of the MQTT listener
-	MQTTInflight  int     `json:"mqtt_inflight,omitempty"` // publishes a kettle may have awaiting PUBACK
-	Devices       int     `json:"devices"`
-	IntervalS     float64 `json:"interval_s"`
-	JitterS       float64 `json:"jitter_s"`
-	HatchRate     float64 `json:"hatch_rate"` // kettles started per second; 0 = all at once
-	DurationS     float64 `json:"duration_s"`
-	Batch         int     `json:"batch"`
-	ConnMode      string  `json:"conn_mode"` // "per-device" or "shared"
-	Conns         int     `json:"conns"`     // connection slots after the fd cap
-	SourceIPs     int     `json:"source_ips"`
-	TimeoutS      float64 `json:"timeout_s"`
-	Seed          uint64  `json:"seed"`
-	Provisioning  string  `json:"provisioning"` // "login" (v0), "secret" or "operator" (v1)
-	GOMAXPROCS    int     `json:"gomaxprocs"`
-	InProcessNote string  `json:"in_process_note,omitempty"` // e.g. "server runs in this process (demo)"
+	Target        string   `json:"target"`
+	API           string   `json:"api"`
+	Protocol      string   `json:"protocol,omitempty"`      // "http" (default) or "mqtt"
+	MQTTTarget    string   `json:"mqtt_target,omitempty"`   // host:port of the MQTT listener
+	MQTTInflight  int      `json:"mqtt_inflight,omitempty"` // publishes a kettle may have awaiting PUBACK
+	Devices       int      `json:"devices"`
+	IntervalS     float64  `json:"interval_s"`
+	JitterS       float64  `json:"jitter_s"`
+	HatchRate     float64  `json:"hatch_rate"` // kettles started per second; 0 = all at once
+	DurationS     float64  `json:"duration_s"`
+	Batch         int      `json:"batch"`
+	ConnMode      string   `json:"conn_mode"` // "per-device" or "shared"
+	Conns         int      `json:"conns"`     // connection slots after the fd cap
+	SourceIPs     int      `json:"source_ips"`
+	SourceAddrs   []string `json:"source_addrs,omitempty"` // explicit source addresses (--source-addrs)
+	TimeoutS      float64  `json:"timeout_s"`
+	Seed          uint64   `json:"seed"`
+	Provisioning  string   `json:"provisioning"` // "login" (v0), "secret" or "operator" (v1)
+	GOMAXPROCS    int      `json:"gomaxprocs"`
+	InProcessNote string   `json:"in_process_note,omitempty"` // e.g. "server runs in this process (demo)"
 	// The run's service-level objective, as judged (0: none given).
 	SLOP99Ms     float64 `json:"slo_p99_ms,omitempty"`
 	MaxErrorRate float64 `json:"max_error_rate,omitempty"`

@@ -40,13 +40,17 @@ type Config struct {
 	Batch        int    // v1: readings per upload (a kettle uploads when it has Batch buffered)
 	// Conns is the number of shared connections; 0 means one keep-alive
 	// connection per kettle. Both are capped by the fd budget (see FDBudget).
-	Conns      int
-	SourceIPs  int           // spread connections over 127.0.0.1..N (IPv4 loopback targets)
-	Timeout    time.Duration // per request, dial included
-	Seed       uint64        // the kettles' physics and phases derive from it
-	Secret     []byte        // v1: derive device tokens offline
-	Operator   string        // operator token: v1 provisioning (without Secret) and the audit
-	ReserveFDs int           // file descriptors to leave to others (an in-process server)
+	Conns     int
+	SourceIPs int // spread connections over 127.0.0.1..N (IPv4 loopback targets)
+	// SourceAddrs, if set, are the source addresses to spread connections
+	// over instead (e.g. one per swarm process when several share the
+	// machine: each address has its own ephemeral ports).
+	SourceAddrs []net.IP
+	Timeout     time.Duration // per request, dial included
+	Seed        uint64        // the kettles' physics and phases derive from it
+	Secret      []byte        // v1: derive device tokens offline
+	Operator    string        // operator token: v1 provisioning (without Secret) and the audit
+	ReserveFDs  int           // file descriptors to leave to others (an in-process server)
 	// Progress receives a live line every ProgressEvery (nil: none).
 	Progress      io.Writer
 	ProgressEvery time.Duration
@@ -135,6 +139,14 @@ func CheckLoopback(target string) (*url.URL, error) {
 		return nil, fmt.Errorf("refusing --target %s: the swarm only loads this machine (127.0.0.0/8, ::1 or localhost)", target)
 	}
 	return u, nil
+}
+
+func ipStrings(ips []net.IP) []string {
+	var s []string
+	for _, ip := range ips {
+		s = append(s, ip.String())
+	}
+	return s
 }
 
 // FDBudget is how many connections the swarm may open: the fd limit less a
@@ -340,16 +352,16 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			}
 			n = budget
 		}
-		if n > 28000*cfg.SourceIPs {
+		if n > 28000*max(len(sourceAddrs(&cfg, addr)), 1) {
 			fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", n, n/28000+1)
 		}
-		s.pool = newPool(n, perDevice, dialer(addr, cfg.SourceIPs, cfg.Timeout))
+		s.pool = newPool(n, perDevice, dialer(addr, sourceAddrs(&cfg, addr), cfg.Timeout))
 	}
 
 	s.params = Params{
 		Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
 		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(),
-		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, TimeoutS: cfg.Timeout.Seconds(),
+		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, SourceAddrs: ipStrings(cfg.SourceAddrs), TimeoutS: cfg.Timeout.Seconds(),
 		Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0), InProcessNote: cfg.InProcessNote,
 		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0),
 	}

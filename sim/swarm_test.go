@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -498,5 +499,56 @@ func TestSwarmObserverAndOffered(t *testing.T) {
 	}
 	if o.active != cfg.Devices || o.lagCalls < len(res.Seconds) {
 		t.Errorf("active %d (want %d), lag set %d times for %d seconds", o.active, cfg.Devices, o.lagCalls, len(res.Seconds))
+	}
+}
+
+func TestParseSourceAddrs(t *testing.T) {
+	f := func(in, want string) {
+		t.Helper()
+		ips, err := ParseSourceAddrs(in)
+		got := strings.Join(ipStrings(ips), ",")
+		if err != nil {
+			got = "error"
+		}
+		if got != want {
+			t.Errorf("ParseSourceAddrs(%q) = %s, want %s (err %v)", in, got, want, err)
+		}
+	}
+	f("127.0.0.11", "127.0.0.11")
+	f("127.0.0.11,127.0.0.12", "127.0.0.11,127.0.0.12")
+	f("127.0.0.254-127.0.1.1", "127.0.0.254,127.0.0.255,127.0.1.0,127.0.1.1")
+	f(" 127.0.0.2 , ", "127.0.0.2")
+	f("10.0.0.1", "error")
+	f("127.0.0.3-127.0.0.2", "error")
+	f("::1", "error")
+	f("", "error")
+}
+
+// TestDialerSourceAddrs: connections leave from the given source addresses,
+// round-robin (a real listener sees them).
+func TestDialerSourceAddrs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	src, _ := ParseSourceAddrs("127.0.0.21-127.0.0.22")
+	dial := dialer(ln.Addr().String(), src, 5*time.Second)
+	seen := map[string]int{}
+	for range 4 {
+		c, err := dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[sc.RemoteAddr().(*net.TCPAddr).IP.String()]++
+		sc.Close()
+		c.Close()
+	}
+	if seen["127.0.0.21"] != 2 || seen["127.0.0.22"] != 2 {
+		t.Errorf("source addresses seen %v, want 127.0.0.21 and 127.0.0.22 twice each", seen)
 	}
 }

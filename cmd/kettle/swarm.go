@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -89,6 +90,7 @@ const (
 type swarmFlags struct {
 	cfg          sim.Config
 	conns        string
+	sourceAddrs  string
 	out          string
 	sloP99       time.Duration
 	maxErrorRate float64
@@ -102,6 +104,7 @@ type swarmFlags struct {
 	serverPID   int
 	postgresPID int
 	metricsAddr string
+	debugAddr   string // pprof (kettle swarm only)
 	report      bool
 	log         io.Writer // where progress and notes go (run sets it)
 }
@@ -118,6 +121,7 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 	fs.IntVar(&c.Batch, "batch", 1, "v1: readings a kettle buffers and uploads in one request (1..1000)")
 	fs.StringVar(&f.conns, "conns", conns, "per-device (one keep-alive connection per kettle) or N shared connections; capped by the fd limit")
 	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~28,000 connections to one port)")
+	fs.StringVar(&f.sourceAddrs, "source-addrs", "", "spread connections over these loopback source addresses instead of --source-ips, e.g. 127.0.0.11 or 127.0.0.11-127.0.0.12 (one set per swarm process when several run at once)")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per request; a timed-out reading is retried")
 	f.seed = fs.Uint64("seed", 1, "seed of the kettles' physics, phases and jitter")
 	fs.StringVar(&f.out, "out", "", "directory to write results.json to (empty: none)")
@@ -148,8 +152,16 @@ func runSwarm(ctx context.Context, args []string) error {
 	var f swarmFlags
 	f.register(fs, 1000, time.Minute, 0, "per-device")
 	f.registerTarget(fs)
+	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve Go's pprof profiles of the swarm itself on this address, e.g. 127.0.0.1:6062 (empty: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if f.debugAddr != "" {
+		stop, err := serveDebug(f.debugAddr, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if err := f.resolve(); err != nil {
 		return err
@@ -174,6 +186,13 @@ func (f *swarmFlags) resolve() error {
 			return fmt.Errorf("--conns %q: want per-device or a positive number", f.conns)
 		}
 		c.Conns = n
+	}
+	if f.sourceAddrs != "" {
+		ips, err := sim.ParseSourceAddrs(f.sourceAddrs)
+		if err != nil {
+			return err
+		}
+		c.SourceAddrs = ips
 	}
 	switch c.Protocol {
 	case sim.ProtocolHTTP, "":

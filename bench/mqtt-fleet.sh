@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Issue 7: 100,000 MQTT kettles held at their 30 s cadence, QoS 1, PUBACK
+# after the commit, commands by subscription, on this machine.
+#
+# One process holds at most ~19,800 sockets here (open files: 20,000, hard),
+# so the fleet is split: NODES kettle serve processes on ONE throwaway
+# PostgreSQL (each reloads its device cache from the store, --cache-refresh),
+# each with its own embedded MQTT listener capped at NODE_CAP connections,
+# and NODES kettle swarm --protocol mqtt processes, swarm i → node i, each from
+# its own source address 127.0.0.(11+i). Devices are provisioned through the
+# operator API (POST /v1/devices, by each swarm on its node). Connects are
+# ramped over RAMP seconds (3 intervals: an even cadence after); once every kettle is
+# connected the fleet is held for HOLD seconds, and that window is measured:
+#   connections per node, readings/s acknowledged vs DEVICES/interval,
+#   PUBACK p50/p99 (the swarms' histograms merged), RSS (KiB per connection)
+#   and CPU of every node, swarm and PostgreSQL, errors and reconnects;
+# then each swarm audits its kettles (acked = stored, lost 0, duplicated 0).
+#
+#   bench/mqtt-fleet.sh                          # 100,000 kettles, 6+6 processes, hold 180 s
+#   DEVICES=4000 NODES=2 RAMP=30 HOLD=60 bench/mqtt-fleet.sh   # a small rehearsal
+#   OUT=results/mqtt-fleet bench/mqtt-fleet.sh   # keep logs and results.json
+#
+# Bounded: every Go process gets GOMEMLIMIT (soft) and a watchdog aborts the
+# run (killing everything it started) if their RSS together passes MEM_CAP_MIB
+# (PostgreSQL is bounded by its own settings: shared_buffers, work_mem);
+# the swarms stop by themselves (--duration), the script kills whatever is
+# still running after DEADLINE seconds, and the EXIT trap stops every process
+# it started and the database. Traffic goes to 127.0.0.x only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICES=${DEVICES:-100000}
+NODES=${NODES:-6}
+NODE_CAP=${NODE_CAP:-17500}        # --mqtt-max-conns per node (< open-file limit)
+INTERVAL=${INTERVAL:-30}           # seconds between a kettle's readings
+RAMP=${RAMP:-$((3 * INTERVAL))}    # seconds over which the kettles connect (hatch rate = DEVICES/RAMP)
+HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connected
+MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
+GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
+GOGC_PCT=${GOGC_PCT:-100}          # GOGC: higher means fewer GCs (each scans ~2 goroutine stacks per connection) but more RSS (400 passed MEM_CAP at 100,000)
+# Each node commits what arrived within BATCH_WAIT in one transaction (at
+# ~550 readings/s per node, 20 ms → ~10 rows per commit instead of 1-2: most
+# of PostgreSQL's cost is per commit). CACHE_REFRESH: each node rescans every
+# device (all 100,000) this often to see what the other nodes committed; an
+# MQTT kettle's commands come from the node it is connected to, which
+# commits its readings, so only other nodes' overrides wait for it.
+BATCH_WAIT=${BATCH_WAIT:-20ms}
+CACHE_REFRESH=${CACHE_REFRESH:-30s}
+SERVE_ARGS=${SERVE_ARGS:-}
+SWARM_ARGS=${SWARM_ARGS:-}
+OUT=${OUT:-}
+per=$(((DEVICES + NODES - 1) / NODES))
+fdmax=$(ulimit -Hn)
+((per <= NODE_CAP)) || { echo "DEVICES/NODES = $per > NODE_CAP $NODE_CAP: raise NODES"; exit 1; }
+((NODE_CAP + 300 <= fdmax)) || { echo "NODE_CAP $NODE_CAP too close to the open-file limit $fdmax"; exit 1; }
+# A kettle's first reading is due when it connects, so connects spread over
+# a whole number of intervals give an even cadence afterwards; a hold of a
+# whole number of intervals sees every kettle the same number of times.
+((RAMP % INTERVAL == 0 && HOLD % INTERVAL == 0)) || echo "note: RAMP and HOLD are not multiples of INTERVAL: readings/s in the hold will not be DEVICES/INTERVAL exactly"
+rate=$(awk -v p="$per" -v r="$RAMP" 'BEGIN{printf "%.2f", p/r}')
+ramp=$RAMP
+HATCH=$(awk -v r="$rate" -v n="$NODES" 'BEGIN{printf "%.0f", r*n}')
+CONNECT_WAIT=${CONNECT_WAIT:-$((ramp + 90))} # give up waiting for "all connected" after this
+dur=$((CONNECT_WAIT + HOLD + 30))           # each swarm's --duration (it stops by itself)
+DEADLINE=${DEADLINE:-$((dur + 900))}        # whole run incl. provisioning and audit; then kill
+expect=$(awk -v d="$DEVICES" -v i="$INTERVAL" 'BEGIN{printf "%.1f", d/i}')
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-mqttfleet-XXXXXX)
+pids=()
+cleanup() {
+	set +e
+	local p t
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	for t in $(seq 60); do # a node drains and disconnects its kettles: give it 30 s, then SIGKILL
+		alive=0
+		for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+		((alive)) || break
+		((t == 60)) && for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null && echo "cleanup: pid $p did not stop in 30 s: killed"; done
+		sleep 0.5
+	done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+	pg_stop
+	if [ -n "$OUT" ]; then mkdir -p "$OUT" && cp -r "$work"/*.log "$work"/s* "$OUT"/ 2>/dev/null || true; fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+t_start=$(date +%s)
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL BATCH_WAIT=$BATCH_WAIT CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
+echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
+go build -o "$work/kettle" ./cmd/kettle
+go build -o "$work/mqttfleet" ./bench/mqttfleet
+pg_start
+pg_settings
+PG_PID=$(head -1 "$PG_DIR/data/postmaster.pid")
+SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+OPTOK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export GOMEMLIMIT="${GOMEMLIMIT_MIB}MiB" GOGC="$GOGC_PCT"
+
+# --- nodes ----------------------------------------------------------------------
+node_pids=() http=() mq=()
+for i in $(seq 0 $((NODES - 1))); do
+	http[i]=$(free_port) mq[i]=$(free_port)
+	"$work/kettle" serve --db "$PG_DSN" --data-dir "$work/n$i" --addr "127.0.0.1:${http[i]}" \
+		--secret "$SECRET" --operator-token "$OPTOK" --max-conns 256 \
+		--mqtt-addr "127.0.0.1:${mq[i]}" --mqtt-max-conns "$NODE_CAP" \
+		--pg-pool 4 --writers 2 --batch-wait "$BATCH_WAIT" --cache-refresh "$CACHE_REFRESH" --access-log-sample 0 --log-level warn $SERVE_ARGS >"$work/node$i.log" 2>&1 &
+	node_pids[i]=$!
+	pids+=("$!")
+done
+for i in $(seq 0 $((NODES - 1))); do
+	for _ in $(seq 150); do curl -fsS "http://127.0.0.1:${http[i]}/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+	curl -fsS "http://127.0.0.1:${http[i]}/readyz" >/dev/null || { echo "node $i did not start:"; tail -5 "$work/node$i.log"; exit 1; }
+done
+base_rss=()
+for i in $(seq 0 $((NODES - 1))); do base_rss[i]=$(awk '/VmRSS/{print $2}' "/proc/${node_pids[i]}/status"); done
+echo "nodes: $(for i in $(seq 0 $((NODES - 1))); do printf 'n%d pid %d mqtt :%d  ' "$i" "${node_pids[i]}" "${mq[i]}"; done)"
+
+# --- watchdog: bound the memory of everything we started --------------------------
+rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+pg_rss_kib() { # postmaster and its children (shared buffers counted once per process that touched them: an upper bound)
+	local s=0 p
+	for p in $PG_PID $(pgrep -P "$PG_PID" 2>/dev/null); do s=$((s + $(rss_kib "$p"))); done
+	echo "$s"
+}
+(
+	while sleep 2; do
+		tot=0
+		for p in $(cat "$work/pids" 2>/dev/null); do tot=$((tot + $(rss_kib "$p"))); done
+		if ((tot > MEM_CAP_MIB * 1024)); then
+			echo "WATCHDOG: our processes hold $((tot / 1024)) MiB RSS > MEM_CAP_MIB $MEM_CAP_MIB: aborting the run" | tee "$work/aborted"
+			for p in $(cat "$work/pids"); do [ "$p" != "$PG_PID" ] && kill "$p" 2>/dev/null; done
+			exit 0
+		fi
+	done
+) &
+WD=$!
+pids+=("$WD")
+echo "${node_pids[*]}" >"$work/pids"
+
+# --- swarms -----------------------------------------------------------------------
+swarm_pids=()
+left=$DEVICES
+for i in $(seq 0 $((NODES - 1))); do
+	n=$((left < per ? left : per))
+	left=$((left - n))
+	"$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
+		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
+		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
+		$SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
+	swarm_pids[i]=$!
+	pids+=("$!")
+done
+echo "${node_pids[*]} ${swarm_pids[*]}" >"$work/pids"
+swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold must end before
+echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + NODES))"
+
+metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
+	curl -fsS --max-time 10 "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v n="$2" '$1==n{printf "%d", $2+0; f=1} END{if(!f) printf "-1"}'
+}
+conns_all() { # sum over the nodes that answer; a node that does not is reported, not counted as 0 connections
+	local s=0 i v miss=0
+	for i in $(seq 0 $((NODES - 1))); do
+		v=$(metric "${http[i]}" kettle_mqtt_connections)
+		if ((v < 0)); then miss=$((miss + 1)); else s=$((s + v)); fi
+	done
+	((miss > 0)) && echo "  ($miss node(s) did not answer /metrics within 10 s)" >&2
+	echo "$s"
+}
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo -1; }
+pg_ticks() { local s=0 p; for p in $PG_PID $(pgrep -P "$PG_PID" 2>/dev/null); do s=$((s + $(cpu_ticks "$p"))); done; echo "$s"; }
+machine() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
+alive() { local p; for p in "${swarm_pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+
+# --- ramp: wait until every kettle is connected ------------------------------------
+t_ramp=$(date +%s)
+c=0
+while :; do
+	sleep 5
+	[ -e "$work/aborted" ] && exit 1
+	c=$(conns_all)
+	el=$(($(date +%s) - t_ramp))
+	echo "  ramp +${el}s: $c of $DEVICES connected; load $(cut -d' ' -f1 /proc/loadavg); RSS nodes+swarms $(($(for p in $(cat "$work/pids"); do rss_kib "$p"; done | paste -sd+ | bc) / 1024)) MiB"
+	((c >= DEVICES)) && break
+	((el >= CONNECT_WAIT || $(date +%s) + 60 >= swarm_end)) && { echo "  not all connected after ${el}s: holding with $c"; break; }
+	alive || { echo "every swarm ended during the ramp"; tail -3 "$work"/swarm*.log; exit 1; }
+done
+echo "all connected after $(($(date +%s) - t_ramp))s (connects ramped at $HATCH/s)"
+
+# --- hold: measure the steady fleet ------------------------------------------------
+snap() { # → arrays: R (readings_total), W (withheld), U (unacked), X (refused), C (conns) per node; T (cpu ticks) per pid
+	local i
+	for i in $(seq 0 $((NODES - 1))); do
+		R[i]=$(metric "${http[i]}" kettle_mqtt_readings_total)
+		W[i]=$(metric "${http[i]}" kettle_mqtt_puback_withheld_total)
+		U[i]=$(metric "${http[i]}" kettle_mqtt_unacked_total)
+		X[i]=$(metric "${http[i]}" kettle_mqtt_connects_refused_total)
+		C[i]=$(metric "${http[i]}" kettle_mqtt_connections)
+		TN[i]=$(cpu_ticks "${node_pids[i]}")
+		TS[i]=$(cpu_ticks "${swarm_pids[i]}")
+	done
+	TP=$(pg_ticks)
+	M=$(machine)
+}
+declare -a R W U X C TN TS
+snap
+R0=("${R[@]}") W0=("${W[@]}") U0=("${U[@]}") X0=("${X[@]}") TN0=("${TN[@]}") TS0=("${TS[@]}") TP0=$TP M0=$M
+h0=$(date +%s)
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+minc=$c
+hold_end=$((h0 + HOLD))
+((hold_end > swarm_end - 20)) && { hold_end=$((swarm_end - 20)); echo "  (hold shortened to $((hold_end - h0))s: the swarms end at their --duration)"; }
+while (($(date +%s) < hold_end)); do
+	sleep 10
+	[ -e "$work/aborted" ] && exit 1
+	c=$(conns_all)
+	((c < minc)) && minc=$c
+	(((($(date +%s) - h0) % 30) < 10)) && echo "  hold +$(($(date +%s) - h0))s: $c connected; load $(cut -d' ' -f1 /proc/loadavg)"
+done
+h1=$(date +%s)
+snap
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+win=$((h1 - h0))
+echo
+echo "=== hold window ${win}s (load average at start $load0, at end $load1) ==="
+read -r mb0 mt0 <<<"$M0"
+read -r mb1 mt1 <<<"$M"
+echo "machine busy $(awk -v a=$((mb1 - mb0)) -v b=$((mt1 - mt0)) 'BEGIN{printf "%.0f", 100*a/b}')% of $(nproc) cores (everyone's load, ours included)"
+tck=$(getconf CLK_TCK)
+tr=0 tw=0 tu=0 tx=0 tc=0 nrss=0 srss=0
+printf "%-6s %8s %10s %9s %9s %10s %10s %8s %8s %8s\n" node conns readings/s CPU% RSS_MiB KiB/conn +KiB/conn withheld unacked refused
+for i in $(seq 0 $((NODES - 1))); do
+	r=$((R[i] - R0[i])) w=$((W[i] - W0[i])) u=$((U[i] - U0[i])) x=$((X[i] - X0[i]))
+	rss=$(rss_kib "${node_pids[i]}")
+	printf "%-6s %8d %10.1f %9.1f %9d %10.1f %10.1f %8d %8d %8d\n" "n$i" "${C[i]}" "$(awk -v r=$r -v w=$win 'BEGIN{print r/w}')" \
+		"$(awk -v t=$((TN[i] - TN0[i])) -v w=$win -v k="$tck" 'BEGIN{print 100*t/k/w}')" $((rss / 1024)) \
+		"$(awk -v r="$rss" -v c="${C[i]}" 'BEGIN{print (c>0 ? r/c : 0)}')" \
+		"$(awk -v r="$rss" -v b="${base_rss[i]}" -v c="${C[i]}" 'BEGIN{print (c>0 ? (r-b)/c : 0)}')" $w $u $x
+	tr=$((tr + r)) tw=$((tw + w)) tu=$((tu + u)) tx=$((tx + x)) tc=$((tc + C[i])) nrss=$((nrss + rss))
+done
+echo "(KiB/conn: RSS over connections; +KiB/conn: growth since the node was idle, over connections)"
+echo "nodes: $tc connections (lowest during the hold $minc), $(awk -v r=$tr -v w=$win 'BEGIN{printf "%.1f", r/w}') readings/s committed+acked (expected $expect/s), RSS $((nrss / 1024)) MiB = $(awk -v r=$nrss -v c=$tc 'BEGIN{printf "%.1f", (c>0?r/c:0)}') KiB per connection; withheld $tw unacked $tu refused $tx"
+printf "%-6s %9s %9s %10s\n" swarm CPU% RSS_MiB KiB/kettle
+for i in $(seq 0 $((NODES - 1))); do
+	rss=$(rss_kib "${swarm_pids[i]}")
+	srss=$((srss + rss))
+	((TS[i] < 0)) && echo "s$i exited before the end of the hold (see its log)"
+	printf "%-6s %9.1f %9d %10.1f\n" "s$i" "$(awk -v t=$((TS[i] - TS0[i])) -v w=$win -v k="$tck" 'BEGIN{print 100*t/k/w}')" $((rss / 1024)) \
+		"$(awk -v r="$rss" -v c="$per" 'BEGIN{print r/c}')"
+done
+echo "swarms: RSS $((srss / 1024)) MiB = $(awk -v r=$srss -v c="$DEVICES" 'BEGIN{printf "%.1f", r/c}') KiB per kettle"
+echo "postgres: CPU $(awk -v t=$((TP - TP0)) -v w=$win -v k="$tck" 'BEGIN{printf "%.1f", 100*t/k/w}')%, RSS (sum over its processes, shared memory counted in each) $(($(pg_rss_kib) / 1024)) MiB"
+echo "all nodes CPU $(awk -v a="${TN[*]}" -v b="${TN0[*]}" -v w=$win -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];printf "%.1f", 100*s/k/w}')%, all swarms CPU $(awk -v a="${TS[*]}" -v b="${TS0[*]}" -v w=$win -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];printf "%.1f", 100*s/k/w}')% (100% = one core)"
+
+# --- the swarms finish by themselves, then audit ------------------------------------
+echo
+echo "waiting for the swarms to end (--duration ${dur}s) and audit…"
+while alive; do
+	[ -e "$work/aborted" ] && exit 1
+	(($(date +%s) - t_start > DEADLINE)) && { echo "DEADLINE ${DEADLINE}s passed: killing the swarms"; kill "${swarm_pids[@]}" 2>/dev/null || true; break; }
+	sleep 5
+done
+rc=()
+for i in $(seq 0 $((NODES - 1))); do
+	set +e
+	wait "${swarm_pids[i]}"
+	rc[i]=$?
+	set -e
+done
+echo "swarm exit codes: ${rc[*]} (0 ok, 3 lost, 4 duplicated, 5 SLO)"
+for i in $(seq 0 $((NODES - 1))); do
+	echo "--- swarm $i"
+	grep -E '^  (mqtt_|requests|readings|simulator|mqtt:|process|audit)|^swarm: [^0-9]' "$work/swarm$i.log" | grep -v '^swarm: .*MQTT kettles' || tail -3 "$work/swarm$i.log"
+done
+echo
+set +e
+"$work/mqttfleet" -from "$h0" -to "$h1" -expect "$expect" "$work"/s*/results.json
+frc=$?
+set -e
+errs=$(cat "$work"/node*.log | grep -ci '"level":"error"' || true)
+echo "node log lines at ERROR: $errs$( ((errs > 0)) && echo "; first: $(grep -hi '"level":"error"' "$work"/node*.log | head -1 | cut -c1-300)")"
+echo "run took $(($(date +%s) - t_start))s"
+exit $frc
