@@ -30,7 +30,7 @@ Every reading is validated, queued (bounded: a full queue answers 503 with
 Retry-After), committed in a batch transaction together with the latest state
 and statistics rollups, and only then acknowledged. Command polls are answered
 from memory. Under overload uploads are refused before their body is read:
-when the queue is full, or when the CPU is saturated (--shed-latency; then with a long Retry-After, so kettles
+when the queue is full, or, if --shed-latency is set, when the CPU is saturated (then with a long Retry-After, so kettles
 send their readings later in one request), and polls keep being answered.
 SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
 
@@ -69,7 +69,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "reload the device cache from the store this often, for several nodes on one PostgreSQL (0: 5s on PostgreSQL, never on SQLite)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
-	fs.DurationVar(&cfg.ShedLatency, "shed-latency", 20*time.Millisecond, "while goroutines wait longer than this for a CPU (p99 of three 100 ms windows in a row, 64 or more waiting, uploads ≥ 10% of requests), ingest is answered 503 + Retry-After before its body is read, so polls stay fast; negative: never")
+	fs.DurationVar(&cfg.ShedLatency, "shed-latency", 0, "0: off (the default). Else: while goroutines wait longer than this for a CPU (p99 of three 100 ms windows in a row, 64 or more waiting, uploads ≥ 10% of requests), ingest is answered 503 + Retry-After before its body is read, so polls stay fast at the cost of acknowledged readings; e.g. 20ms")
 	fs.DurationVar(&cfg.ShedRetryAfter, "shed-retry-after", 10*time.Second, "Retry-After told to ingest shed for CPU (jittered ±50%); long enough that kettles batch their readings instead of retrying each second")
 	fs.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to send request headers (slowloris bound)")
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", 15*time.Second, "time allowed to send a whole request")

@@ -37,7 +37,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		perRowKiB    = 1
 		perDeviceKiB = 1
 	)
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d, other flags default) under kettle swarm: %d v1 kettles every %s "+
+	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 20ms, other flags default) under kettle swarm: %d v1 kettles every %s "+
 		"for %s over %d shared connections = 10× the request rate of the 20,000-kettle/30 s fleet (≈6,700 req/s per endpoint offered; 200,000 real connections would exceed the fd limit). "+
 		"VmRSS sampled each second; probes on their own connections: GET /v1/command 20/s, POST /v1/measurements 20/s; server-side latency from /metrics. "+
 		"Then a normal swarm (1,000 kettles every 2 s, 30 s) must meet p99 ≤ 100 ms, ≤ 0.1%% errors and a clean audit.",
@@ -51,7 +51,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		return r.fail("%v", err)
 	}
 	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
-		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue))
+		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue), "--shed-latency", "20ms")
 	if err != nil {
 		return r.fail("%v", err)
 	}
