@@ -28,7 +28,7 @@ wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; s
 
 "$work/bare" --addr 127.0.0.1:$PORT_B 2>"$work/bare.log" & pids+=($!)
 "$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
-	--access-log-sample "${ACCESS_LOG_SAMPLE:-1}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
+	--access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
 wait_up "http://127.0.0.1:$PORT_K/healthz"
 
 echo "registering $NDEV devices through POST /login ..."

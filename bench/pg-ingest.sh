@@ -63,7 +63,7 @@ echo "--- ceiling (before): raw binary COPY of pgbench ingest's rows ($CEIL_ROWS
 c1=$(ceiling); echo "$c1"
 
 "$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$dsn" --data-dir "$work/data" \
-	--access-log-sample "${ACCESS_LOG_SAMPLE:-1}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
+	--access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
 wait_up "http://127.0.0.1:$PORT_K/readyz"
 echo "--- POST /v1/measurements, batches of 500 readings of one device, $V1_CONNS connections, $V1_DEVICES devices, $DURATION; kettle serve --db postgres ${SERVE_ARGS:-} ---"
 kpid=${pids[-1]}; k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)

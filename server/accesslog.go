@@ -34,7 +34,12 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// accessLog logs a sampled JSON line per request: route template (never the
+// slowRequest is how long a request takes before the access log keeps it
+// whatever the sample.
+const slowRequest = time.Second
+
+// accessLog logs a JSON line for every failed (status ≥ 400) or slow
+// request and for the sampled fraction of the others: route template (never the
 // raw path), method, status, numeric duration_ms, bytes, device, remote.
 func accessLog(next http.Handler, log *slog.Logger, sample float64) http.Handler {
 	if sample <= 0 {
@@ -44,7 +49,8 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64) http.Handler
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
-		if sample <= 0 || (sample < 1 && rand.Float64() >= sample) {
+		// Every failure and every slow request; a sample of the rest.
+		if sw.status < 400 && time.Since(start) < slowRequest && sample < 1 && rand.Float64() >= sample {
 			return
 		}
 		dev := r.Header.Get("servant-auth-cookie")

@@ -59,7 +59,8 @@ type Config struct {
 	ShedLatency    time.Duration
 	ShedRetryAfter time.Duration // 0: 10 s
 
-	// AccessLogSample is the fraction of requests logged (0 = none, 1 = all).
+	// AccessLogSample is the fraction of successful requests logged; failed
+	// and slow ones are all logged (0 = no access log, 1 = all requests).
 	AccessLogSample float64
 
 	Store StoreOptions
