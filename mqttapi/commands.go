@@ -12,6 +12,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/minheap"
 )
 
 // CommandTopic is where device id's command is published.
@@ -75,7 +76,7 @@ type pusher struct {
 	// dues holds (due time, id) for targets, lazily: an entry whose time
 	// is no longer its target's due (re-evaluated, untracked) is skipped
 	// when popped; compacted when stale entries outnumber live ones.
-	dues dueHeap
+	dues minheap.Heap[dueEntry]
 	wake chan struct{}
 	tick time.Duration
 	done chan struct{}
@@ -165,12 +166,12 @@ func (p *pusher) dropped(id kettle.DeviceID, owner any) {
 
 // schedule records tg's due time in the heap. p.mu held.
 func (p *pusher) schedule(id kettle.DeviceID, tg *pushTarget) {
-	p.dues.push(dueEntry{at: tg.due.UnixNano(), id: id})
+	p.dues.Push(dueEntry{at: tg.due.UnixNano(), id: id})
 	if n := len(p.dues); n > 2*len(p.targets)+1024 {
 		// Mostly stale entries: rebuild from the live targets.
 		p.dues = p.dues[:0]
 		for id, tg := range p.targets {
-			p.dues.push(dueEntry{at: tg.due.UnixNano(), id: id})
+			p.dues.Push(dueEntry{at: tg.due.UnixNano(), id: id})
 		}
 	}
 }
@@ -181,46 +182,8 @@ type dueEntry struct {
 	id kettle.DeviceID
 }
 
-// dueHeap is a min-heap on at.
-type dueHeap []dueEntry
-
-func (h *dueHeap) push(e dueEntry) {
-	*h = append(*h, e)
-	a := *h
-	for i := len(a) - 1; i > 0; {
-		up := (i - 1) / 2
-		if a[up].at <= a[i].at {
-			break
-		}
-		a[up], a[i] = a[i], a[up]
-		i = up
-	}
-}
-
-func (h *dueHeap) pop() dueEntry {
-	a := *h
-	top := a[0]
-	n := len(a) - 1
-	a[0] = a[n]
-	a = a[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && a[r].at < a[l].at {
-			m = r
-		}
-		if a[i].at <= a[m].at {
-			break
-		}
-		a[i], a[m] = a[m], a[i]
-		i = m
-	}
-	*h = a
-	return top
-}
+// When orders the scheduler's heap.
+func (e dueEntry) When() int64 { return e.at }
 
 // tracked is the number of devices whose command is being watched.
 func (p *pusher) tracked() int {
@@ -250,7 +213,7 @@ func (p *pusher) run(ctx context.Context) {
 		}
 		clear(p.dirty)
 		for nowNs := now.UnixNano(); len(p.dues) > 0 && p.dues[0].at <= nowNs; {
-			e := p.dues.pop()
+			e := p.dues.Pop()
 			if tg, ok := p.targets[e.id]; ok && tg.due.UnixNano() == e.at {
 				ids = append(ids, e.id) // may repeat a dirty id: harmless, the hash decides
 			}

@@ -304,7 +304,7 @@ func (s *Swarm) reconnectLater(i int, k *kettleState) {
 	// The dispatcher never holds heapMu while taking a kettle's lock, so
 	// taking heapMu under k.mu cannot deadlock.
 	s.heapMu.Lock()
-	s.heap.push(event{at: at, k: int32(i), kind: evConnect})
+	s.heap.Push(event{at: at, k: int32(i), kind: evConnect})
 	s.heapMu.Unlock()
 }
 
@@ -404,7 +404,7 @@ func (s *Swarm) publish(i int, k *kettleState, cl *paho.Client, gen uint32, batc
 	k.mu.Unlock()
 	if retryAt > 0 {
 		s.heapMu.Lock()
-		s.heap.push(event{at: retryAt, k: int32(i), kind: evRetry})
+		s.heap.Push(event{at: retryAt, k: int32(i), kind: evRetry})
 		s.heapMu.Unlock()
 	}
 }

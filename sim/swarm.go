@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/minheap"
 )
 
 // Config is one swarm run.
@@ -184,49 +185,8 @@ type event struct {
 	kind uint8
 }
 
-// evHeap is a min-heap on at; hand-rolled to avoid interface calls on the
-// dispatcher's hot path.
-type evHeap []event
-
-func (h *evHeap) push(e event) {
-	*h = append(*h, e)
-	a := *h
-	i := len(a) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if a[p].at <= a[i].at {
-			break
-		}
-		a[p], a[i] = a[i], a[p]
-		i = p
-	}
-}
-
-func (h *evHeap) pop() event {
-	a := *h
-	top := a[0]
-	n := len(a) - 1
-	a[0] = a[n]
-	a = a[:n]
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && a[r].at < a[l].at {
-			m = r
-		}
-		if a[i].at <= a[m].at {
-			break
-		}
-		a[i], a[m] = a[m], a[i]
-		i = m
-	}
-	*h = a
-	return top
-}
+// When orders the scheduler's heap.
+func (e event) When() int64 { return e.at }
 
 // pcg is a kettle's own seeded random source (16 bytes, no allocation).
 type pcg struct{ rand.PCG }
@@ -279,7 +239,7 @@ type Swarm struct {
 	start   time.Time
 	endAt   int64
 	heapMu  sync.Mutex
-	heap    evHeap
+	heap    minheap.Heap[event]
 	wg      sync.WaitGroup
 	stop    atomic.Bool
 	st      *stats
@@ -420,9 +380,9 @@ func (s *Swarm) setup(ctx context.Context) error {
 		}
 	}
 	// The schedule: every kettle's first tick.
-	s.heap = make(evHeap, 0, cfg.Devices+cfg.Devices/8)
+	s.heap = make(minheap.Heap[event], 0, cfg.Devices+cfg.Devices/8)
 	for i := range s.kettles {
-		s.heap.push(event{at: s.kettles[i].phase, k: int32(i)})
+		s.heap.Push(event{at: s.kettles[i].phase, k: int32(i)})
 	}
 	// The run clock starts now: phases are relative to it.
 	s.start = time.Now()
@@ -486,7 +446,7 @@ func (s *Swarm) dispatch(ctx context.Context) {
 		due = due[:0]
 		s.heapMu.Lock()
 		for len(s.heap) > 0 && s.heap[0].at <= now && s.heap[0].at < s.endAt {
-			due = append(due, s.heap.pop())
+			due = append(due, s.heap.Pop())
 		}
 		wait := 50 * time.Millisecond
 		if len(s.heap) > 0 {
@@ -504,7 +464,7 @@ func (s *Swarm) dispatch(ctx context.Context) {
 		if len(next) > 0 {
 			s.heapMu.Lock()
 			for _, n := range next {
-				s.heap.push(n)
+				s.heap.Push(n)
 			}
 			s.heapMu.Unlock()
 		}
@@ -626,7 +586,7 @@ func (s *Swarm) retryLater(i int, k *kettleState, retryAfter time.Duration) {
 	k.retryAt = at
 	k.mu.Unlock()
 	s.heapMu.Lock()
-	s.heap.push(event{at: at, k: int32(i), kind: evRetry})
+	s.heap.Push(event{at: at, k: int32(i), kind: evRetry})
 	s.heapMu.Unlock()
 }
 
