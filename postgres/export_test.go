@@ -11,4 +11,4 @@ func SetSmallBatchRows(n int) (restore func()) {
 }
 
 // CompactSeen folds last_seen_moves into last_seen_counts now.
-func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ctx) }
+func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ctx, true) }

@@ -194,7 +194,7 @@ func (s *Store) compactor() {
 		case <-s.stopCompact:
 			return
 		case <-t.C:
-			s.compactSeen(ctx)
+			s.compactSeen(ctx, false)
 		}
 	}
 }
@@ -205,11 +205,21 @@ func (s *Store) compactor() {
 // touch last_seen_counts, so this waits for none of them; a second node
 // compacting at the same time skips (advisory lock). Rows a writer appends
 // meanwhile are not in this snapshot and stay for the next round.
-func (s *Store) compactSeen(ctx context.Context) error {
+//
+// With wait false it skips the run when another node's compactor holds the
+// lock (the background loop); with wait true it waits for that one (tests,
+// which then expect last_seen_moves empty).
+func (s *Store) compactSeen(ctx context.Context, wait bool) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var got bool
-		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lockSeen).Scan(&got); err != nil || !got {
-			return err
+		if wait {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockSeen); err != nil {
+				return err
+			}
+		} else {
+			var got bool
+			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lockSeen).Scan(&got); err != nil || !got {
+				return err
+			}
 		}
 		rows, _ := tx.Query(ctx, `WITH m AS (DELETE FROM last_seen_moves RETURNING at, n)
 			INSERT INTO last_seen_counts AS c (at, n) SELECT at, sum(n) FROM m GROUP BY at HAVING sum(n) <> 0 ORDER BY at
