@@ -378,7 +378,7 @@ func (m *Server) RegisterStore(store any) {
 			}, stat(func(st int64, _, _ uint64, _ float64) float64 { return float64(st) })),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "kettle_sqlite_merges_total",
-				Help: "Merges of a bucket of the staging table (1/16 of it) into measurements committed.",
+				Help: "Merges of a bucket of the staging table (1/64 of it) into measurements committed.",
 			}, stat(func(_ int64, n, _ uint64, _ float64) float64 { return float64(n) })),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "kettle_sqlite_merge_errors_total",

@@ -39,7 +39,7 @@ import (
 
 // stageBuckets is how many buckets staged is cut into, by the first byte of
 // the device id (uniform for random UUIDs).
-const stageBuckets = 16
+const stageBuckets = 64
 
 // bucketOf is the staged bucket of device id.
 func bucketOf(id kettle.DeviceID) int { return int(id[0]) * stageBuckets / 256 }

@@ -1,6 +1,6 @@
 -- Staging table: every measurement is stored either in measurements or
 -- here, never in both. A write transaction appends its new rows here, keyed
--- by bucket (the first byte of the device id / 16) then device time, so a
+-- by bucket (the first byte of the device id / 4: 64 buckets) then device time, so a
 -- batch of readings from many kettles lands on a few pages at the right
 -- edge of each bucket instead of one page per kettle in measurements (keyed
 -- by device first, for history reads). When this table holds enough rows,
@@ -13,7 +13,7 @@
 -- top by every read. recv (the server receive time) is what last_seen is
 -- rebuilt from.
 CREATE TABLE staged (
-	b          INTEGER NOT NULL, -- bucket: first byte of device * 16 / 256
+	b          INTEGER NOT NULL, -- bucket: first byte of device * 64 / 256
 	t          INTEGER NOT NULL,
 	device     BLOB    NOT NULL,
 	charge_mwh REAL    NOT NULL,
