@@ -79,16 +79,5 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		}
 		return nil
 	}
-	if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
-		return fmt.Errorf("copy into staging table: %w", err)
-	}
-	if idx == nil {
-		idx = indexRows(rows)
-	}
-	br := c.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
-	if err := markInserted(br, idx, inserted); err != nil {
-		br.Close()
-		return fmt.Errorf("insert measurements: %w", err)
-	}
-	return br.Close()
+	return insertViaStage(ctx, c, rows, idx, inserted)
 }

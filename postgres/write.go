@@ -690,7 +690,14 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_copy"); err != nil {
 		return err
 	}
-	if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
+	return insertViaStage(ctx, c, rows, idx, inserted)
+}
+
+// insertViaStage copies rows into the staging table, inserts them into
+// measurements skipping keys already stored, and marks in inserted those
+// that were new (idx maps keys to rows; nil: built here).
+func insertViaStage(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, inserted []bool) error {
+	if _, err := c.PgConn().CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
 		return fmt.Errorf("copy into staging table: %w", err)
 	}
 	if idx == nil {
