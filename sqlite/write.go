@@ -534,9 +534,15 @@ func floorMod(a, b int64) int64 { return a - floorDiv(a, b)*b }
 
 // SetOverride stores o for device id, or returns ENotFound.
 func (s *Store) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Override) error {
-	err := s.tx(ctx, "set override", func(tx *sql.Tx) error {
-		res, err := tx.StmtContext(ctx, s.setOv).ExecContext(ctx,
-			nullBool(o.Charge), nullBool(o.Fill), nullFloat(o.FlushMLPerS), o.ExpiresAt.UnixMicro(), o.SetAt.UnixMicro(), id[:])
+	return s.updateDevice(ctx, "set override of", id, s.setOv,
+		nullBool(o.Charge), nullBool(o.Fill), nullFloat(o.FlushMLPerS), o.ExpiresAt.UnixMicro(), o.SetAt.UnixMicro(), id[:])
+}
+
+// updateDevice runs st (an UPDATE of device id's row) with args in its own
+// transaction: ENotFound when no row changed.
+func (s *Store) updateDevice(ctx context.Context, what string, id kettle.DeviceID, st *sql.Stmt, args ...any) error {
+	err := s.tx(ctx, what, func(tx *sql.Tx) error {
+		res, err := tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 		if err != nil {
 			return err
 		}
@@ -548,7 +554,7 @@ func (s *Store) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Ov
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("sqlite set override of %s: %w", id, err)
+		return fmt.Errorf("sqlite %s %s: %w", what, id, err)
 	}
 	return nil
 }
@@ -569,22 +575,7 @@ func (s *Store) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 // Revoke marks device id revoked at at (ENotFound for an unknown device);
 // revoking again keeps the first time. Its history stays.
 func (s *Store) Revoke(ctx context.Context, id kettle.DeviceID, at time.Time) error {
-	err := s.tx(ctx, "revoke", func(tx *sql.Tx) error {
-		res, err := tx.StmtContext(ctx, s.revoke).ExecContext(ctx, at.UnixMicro(), id[:])
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return notFound(id)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("sqlite revoke %s: %w", id, err)
-	}
-	return nil
+	return s.updateDevice(ctx, "revoke", id, s.revoke, at.UnixMicro(), id[:])
 }
 
 func notFound(id kettle.DeviceID) error {
