@@ -48,6 +48,9 @@ CACHE_REFRESH=${CACHE_REFRESH:-30s}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
 OUT=${OUT:-}
+# PROFILE=S: take an S-second CPU profile of node 0 and swarm 0 from the
+# middle of the hold (their --debug-addr), into OUT (or the work dir).
+PROFILE=${PROFILE:-0}
 per=$(((DEVICES + NODES - 1) / NODES))
 fdmax=$(ulimit -Hn)
 ((per <= NODE_CAP)) || { echo "DEVICES/NODES = $per > NODE_CAP $NODE_CAP: raise NODES"; exit 1; }
@@ -87,7 +90,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL BATCH_WAIT=$BATCH_WAIT CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -100,13 +103,18 @@ OPTOK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export GOMEMLIMIT="${GOMEMLIMIT_MIB}MiB" GOGC="$GOGC_PCT"
 
 # --- nodes ----------------------------------------------------------------------
-node_pids=() http=() mq=()
+node_pids=() http=() mq=() ndbg=() sdbg=()
 for i in $(seq 0 $((NODES - 1))); do
 	http[i]=$(free_port) mq[i]=$(free_port)
+	dbg=
+	if ((PROFILE > 0 && i == 0)); then
+		ndbg[i]=$(free_port) sdbg[i]=$(free_port)
+		dbg="--debug-addr 127.0.0.1:${ndbg[i]}"
+	fi
 	"$work/kettle" serve --db "$PG_DSN" --data-dir "$work/n$i" --addr "127.0.0.1:${http[i]}" \
 		--secret "$SECRET" --operator-token "$OPTOK" --max-conns 256 \
 		--mqtt-addr "127.0.0.1:${mq[i]}" --mqtt-max-conns "$NODE_CAP" \
-		--pg-pool 4 --writers 2 --batch-wait "$BATCH_WAIT" --cache-refresh "$CACHE_REFRESH" --access-log-sample 0 --log-level warn $SERVE_ARGS >"$work/node$i.log" 2>&1 &
+		--pg-pool 4 --writers 2 --batch-wait "$BATCH_WAIT" --cache-refresh "$CACHE_REFRESH" --access-log-sample 0 --log-level warn $dbg $SERVE_ARGS >"$work/node$i.log" 2>&1 &
 	node_pids[i]=$!
 	pids+=("$!")
 done
@@ -146,10 +154,12 @@ left=$DEVICES
 for i in $(seq 0 $((NODES - 1))); do
 	n=$((left < per ? left : per))
 	left=$((left - n))
+	dbg=
+	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[i]}"
 	"$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
 		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
 		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
-		$SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
+		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
 	swarm_pids[i]=$!
 	pids+=("$!")
 done
@@ -212,6 +222,16 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 minc=$c
 hold_end=$((h0 + HOLD))
 ((hold_end > swarm_end - 20)) && { hold_end=$((swarm_end - 20)); echo "  (hold shortened to $((hold_end - h0))s: the swarms end at their --duration)"; }
+if ((PROFILE > 0)); then # from the middle of the hold, in the background
+	pdir=${OUT:-$work}
+	mkdir -p "$pdir"
+	pstart=$(((hold_end - h0 - PROFILE) / 2))
+	( sleep $((pstart > 0 ? pstart : 0))
+	  curl -fsS --max-time $((PROFILE + 30)) -o "$pdir/node0.cpu.pprof" "http://127.0.0.1:${ndbg[0]}/debug/pprof/profile?seconds=$PROFILE" &
+	  curl -fsS --max-time $((PROFILE + 30)) -o "$pdir/swarm0.cpu.pprof" "http://127.0.0.1:${sdbg[0]}/debug/pprof/profile?seconds=$PROFILE" &
+	  wait ) &
+	echo "  profiling node 0 and swarm 0 for ${PROFILE}s from hold +${pstart}s into $pdir/{node0,swarm0}.cpu.pprof"
+fi
 while (($(date +%s) < hold_end)); do
 	sleep 10
 	[ -e "$work/aborted" ] && exit 1
@@ -252,6 +272,9 @@ for i in $(seq 0 $((NODES - 1))); do
 done
 echo "swarms: RSS $((srss / 1024)) MiB = $(awk -v r=$srss -v c="$DEVICES" 'BEGIN{printf "%.1f", r/c}') KiB per kettle"
 echo "postgres: CPU $(awk -v t=$((TP - TP0)) -v w=$win -v k="$tck" 'BEGIN{printf "%.1f", 100*t/k/w}')%, RSS (sum over its processes, shared memory counted in each) $(($(pg_rss_kib) / 1024)) MiB"
+ncpu=$(awk -v a="${TN[*]}" -v b="${TN0[*]}" -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];print s/k}')
+scpu=$(awk -v a="${TS[*]}" -v b="${TS0[*]}" -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];print s/k}')
+echo "cost per connected kettle: nodes $(awk -v c="$ncpu" -v n="$tc" -v w=$win 'BEGIN{printf "%.2f", (n>0 ? 1000*c/n/(w/60) : 0)}') CPU-ms/min, swarms $(awk -v c="$scpu" -v n="$tc" -v w=$win 'BEGIN{printf "%.2f", (n>0 ? 1000*c/n/(w/60) : 0)}') CPU-ms/min (100,000 kettles at that cost: nodes $(awk -v c="$ncpu" -v n="$tc" -v w=$win 'BEGIN{printf "%.2f", (n>0 ? c/n/w*100000 : 0)}') + swarms $(awk -v c="$scpu" -v n="$tc" -v w=$win 'BEGIN{printf "%.2f", (n>0 ? c/n/w*100000 : 0)}') cores)"
 echo "all nodes CPU $(awk -v a="${TN[*]}" -v b="${TN0[*]}" -v w=$win -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];printf "%.1f", 100*s/k/w}')%, all swarms CPU $(awk -v a="${TS[*]}" -v b="${TS0[*]}" -v w=$win -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];printf "%.1f", 100*s/k/w}')% (100% = one core)"
 
 # --- the swarms finish by themselves, then audit ------------------------------------
