@@ -3,6 +3,7 @@ package mqttapi_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -215,8 +216,10 @@ func TestCommands(t *testing.T) {
 			t.Errorf("v%d: pushed %v, want charge false by override", version, cmd)
 		}
 
-		// A committed reading that changes the policy's answer: pushed.
-		r.publish(mqttapi.MeasurementTopic(id), 1, 2, false, reading(time.Now().Add(-time.Second), 100))
+		// Committed readings that change the policy's answer (a capacity of
+		// 1000 mL, then a level of 100 mL: fill): pushed.
+		r.publish(mqttapi.MeasurementTopic(id), 1, 2, false, fmt.Appendf(nil, "[%s,%s]",
+			reading(time.Now().Add(-2*time.Second), 1000), reading(time.Now().Add(-time.Second), 100)))
 		// The push may come before or after the PUBACK: both must come.
 		var got map[string]any
 		acked := false
@@ -240,6 +243,45 @@ func TestCommands(t *testing.T) {
 		if pk, err := r.read(700 * time.Millisecond); err == nil {
 			t.Errorf("v%d: unexpected packet without a change: %+v", version, pk)
 		}
+
+		// Readings that change only the reason's prose (level 200 mL, still
+		// fill) are not pushed; one that changes what the kettle does
+		// (level 990 mL: it becomes the capacity, stop filling) is.
+		f := func(pid uint16, at time.Time, level float64, wantPush bool) {
+			t.Helper()
+			r.publish(mqttapi.MeasurementTopic(id), 1, pid, false, reading(at, level))
+			var push *packets.Packet
+			for acked := false; !acked || (wantPush && push == nil); {
+				pk, err := r.read(5 * time.Second)
+				if err != nil {
+					t.Fatalf("v%d level %g: waiting for PUBACK (push %v): %v", version, level, wantPush, err)
+				}
+				switch pk.FixedHeader.Type {
+				case packets.Puback:
+					acked = true
+				case packets.Publish:
+					push = &pk
+				}
+			}
+			if !wantPush {
+				// The push, if any, comes after the commit; give it time.
+				if pk, err := r.read(500 * time.Millisecond); err == nil && push == nil {
+					push = &pk
+				}
+			}
+			switch {
+			case wantPush && push == nil:
+				t.Errorf("v%d level %g: command changed, nothing pushed", version, level)
+			case !wantPush && push != nil:
+				t.Errorf("v%d level %g: only the reason changed, but pushed %s", version, level, push.Payload)
+			case wantPush && !strings.Contains(string(push.Payload), `"fill":false`):
+				t.Errorf("v%d level %g: pushed %s, want fill false", version, level, push.Payload)
+			}
+		}
+		now := time.Now()
+		f(3, now.Add(-900*time.Millisecond), 200, false)
+		f(4, now.Add(-800*time.Millisecond), 300, false)
+		f(5, now.Add(-700*time.Millisecond), 990, true)
 	}
 }
 

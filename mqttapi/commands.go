@@ -23,26 +23,41 @@ func MeasurementTopic(id kettle.DeviceID) string {
 	return "kettles/" + id.String() + "/measurements"
 }
 
-// commandJSON renders a device's command exactly as GET /v1/command does and
-// hashes the fields that make it a different command (the HTTP ETag's:
-// poll_after_s alone counting down is not a change). next is when the
-// time-driven part of the policy may change the answer by itself.
-func commandJSON(svc *fleet.Service, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
-	c, next := svc.Command(id)
+// commandHash hashes what a kettle acts on: charge, fill and flush. The
+// reason is prose that quotes the latest reading ("battery 57%", "level
+// 812 mL"), so it changes with almost every reading; hashing it (as the
+// HTTP ETag does) published a retained command after nearly every reading,
+// as many publishes out as readings in. A change of reason alone is not a
+// new command: the kettle gets the current reason with the next change, on
+// subscribe, or by polling.
+func commandHash(c kettle.Command) uint64 {
+	var buf [64]byte
+	b := strconv.AppendBool(buf[:0], c.Charge)
+	b = append(b, '|')
+	b = strconv.AppendBool(b, c.Fill)
+	b = append(b, '|')
+	b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
 	h := fnv.New64a()
-	h.Write(strconv.AppendBool(nil, c.Charge))
-	h.Write([]byte{'|'})
-	h.Write(strconv.AppendBool(nil, c.Fill))
-	h.Write([]byte{'|'})
-	h.Write(strconv.AppendFloat(nil, c.FlushMLPerS, 'g', -1, 64))
-	h.Write([]byte{'|'})
-	h.Write([]byte(c.Reason))
+	h.Write(b)
+	return h.Sum64() | 1 // | 1: 0 means "nothing published yet"
+}
+
+// commandBody renders a command exactly as GET /v1/command does; next is
+// when the time-driven part of the policy may change the answer by itself.
+func commandBody(c kettle.Command, next time.Duration) []byte {
 	poll := int((next + time.Second - 1) / time.Second)
 	if poll < 1 {
 		poll = 1
 	}
-	body, _ = json.Marshal(httpapi.CommandJSON{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS, Reason: c.Reason, PollAfterS: poll})
-	return body, h.Sum64() | 1, next // | 1: 0 means "nothing published yet"
+	body, _ := json.Marshal(httpapi.CommandJSON{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS, Reason: c.Reason, PollAfterS: poll})
+	return body
+}
+
+// commandJSON is a device's current command: its body, its commandHash and
+// when the time-driven part of the policy may change it by itself.
+func commandJSON(svc *fleet.Service, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
+	c, next := svc.Command(id)
+	return commandBody(c, next), commandHash(c), next
 }
 
 // pushTarget is what the pusher knows of one device: the hash of the
@@ -229,8 +244,11 @@ func (p *pusher) run(ctx context.Context) {
 }
 
 // evaluate publishes id's command if it differs from the one last published.
+// The body is rendered only then: most evaluations (one per committed
+// reading) find the command unchanged.
 func (p *pusher) evaluate(id kettle.DeviceID) {
-	body, h, next := commandJSON(p.svc, id)
+	c, next := p.svc.Command(id)
+	h := commandHash(c)
 	due := p.svc.Now().Add(next)
 	p.mu.Lock()
 	tg, ok := p.targets[id]
@@ -251,7 +269,7 @@ func (p *pusher) evaluate(id kettle.DeviceID) {
 	old := tg.hash
 	tg.hash = h
 	p.mu.Unlock()
-	if err := p.publish(id, body); err != nil {
+	if err := p.publish(id, commandBody(c, next)); err != nil {
 		p.log.Warn("mqtt: command publish failed; retried when due", "device", id, "err", err)
 		p.mu.Lock()
 		if tg2, ok := p.targets[id]; ok && tg2 == tg && tg.hash == h {

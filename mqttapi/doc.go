@@ -26,10 +26,13 @@
 // override (fleet.Service.OnChange, handed to one worker through a coalescing
 // set of dirty ids) and when the time-driven part of the policy is due (tea
 // windows, override expiry: kettle.NextChange, re-checked at least every
-// fleet PollInterval). A push happens only when charge, fill, flush or reason
-// changed (the same fields as the HTTP ETag; poll_after_s alone does not
-// count). Only subscribed devices are tracked (device id → hash, next due
-// time, connection).
+// fleet PollInterval). A push happens only when charge, fill or flush
+// changed: what the kettle acts on. Not the reason, whose prose quotes the
+// latest reading and so changes with nearly every one (hashing it, as the
+// HTTP ETag does, pushed a command after almost every reading), nor
+// poll_after_s. An override that leaves all three as they were is
+// therefore not pushed either. Only subscribed devices are tracked (device
+// id → hash, next due time, connection).
 //
 // Commands go out at QoS 0, whatever QoS the kettle subscribed with: a
 // command is state, not an event — only the latest matters, and it is
