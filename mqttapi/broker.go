@@ -139,6 +139,9 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		InlineClient:             true,
 		Logger:                   slog.New(minLevel{log.Handler(), slog.LevelError}),
 	})
+	if err := slowHousekeeping(b.srv); err != nil {
+		log.Warn("mqtt: could not slow mochi's once-a-second scans of every client; they cost CPU per connection", "err", err)
+	}
 	b.push = newPusher(svc, log, b.counters, cfg.CommandTick, false, func(id kettle.DeviceID, body []byte) error {
 		// QoS 0: queued on the kettle's connection without blocking and
 		// without touching its inflight map or its lock; a full queue
