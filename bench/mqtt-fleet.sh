@@ -42,13 +42,25 @@ GOGC_PCT=${GOGC_PCT:-100}          # GOGC: higher means fewer GCs (each scans ~2
 # wake-ups (10,000 kettles, 2+2 processes: per kettle, nodes 1.14 → 0.96
 # CPU-ms/min and swarms 0.85 → 0.68 with 1).
 MAXPROCS=${MAXPROCS:-1}
-# Each node commits what arrived within BATCH_WAIT in one transaction (at
-# ~550 readings/s per node, 20 ms → ~10 rows per commit instead of 1-2: most
-# of PostgreSQL's cost is per commit). CACHE_REFRESH: each node rescans every
+# Each node commits what arrived within BATCH_WAIT in one transaction, with
+# WRITERS transactions at once. At a kettle's cadence the fleet's rate is
+# low (~550 readings/s per node at 100,000) and most of the cost, ours and
+# PostgreSQL's, is per commit: 100 ms and one writer → ~55 rows per commit
+# instead of a few (10,000 kettles, 2+2 processes, side by side with 20 ms
+# and 2 writers: per kettle, nodes 0.88 → 0.56 CPU-ms/min, PostgreSQL
+# 15.7% → 3.8% of a core) for at most 100 ms more PUBACK latency.
+# CACHE_REFRESH: each node rescans every
 # device (all 100,000) this often to see what the other nodes committed; an
 # MQTT kettle's commands come from the node it is connected to, which
 # commits its readings, so only other nodes' overrides wait for it.
-BATCH_WAIT=${BATCH_WAIT:-20ms}
+BATCH_WAIT=${BATCH_WAIT:-100ms}
+WRITERS=${WRITERS:-1}
+# GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
+# at the size it grew to. Otherwise every GC shrinks the stacks of idle
+# connections (two goroutines each in a node, three in a swarm) and the next
+# message grows them again: copies both ways, and more RSS, not less
+# (10,000 kettles: nodes 84 → 62 KiB per connection).
+GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
 CACHE_REFRESH=${CACHE_REFRESH:-30s}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
@@ -95,7 +107,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -105,7 +117,7 @@ pg_settings
 PG_PID=$(head -1 "$PG_DIR/data/postmaster.pid")
 SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 OPTOK=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-export GOMEMLIMIT="${GOMEMLIMIT_MIB}MiB" GOGC="$GOGC_PCT" GOMAXPROCS="$MAXPROCS"
+export GOMEMLIMIT="${GOMEMLIMIT_MIB}MiB" GOGC="$GOGC_PCT" GOMAXPROCS="$MAXPROCS" GODEBUG="$GODEBUG_RUN"
 
 # --- nodes ----------------------------------------------------------------------
 node_pids=() http=() mq=() ndbg=() sdbg=()
@@ -119,7 +131,7 @@ for i in $(seq 0 $((NODES - 1))); do
 	"$work/kettle" serve --db "$PG_DSN" --data-dir "$work/n$i" --addr "127.0.0.1:${http[i]}" \
 		--secret "$SECRET" --operator-token "$OPTOK" --max-conns 256 \
 		--mqtt-addr "127.0.0.1:${mq[i]}" --mqtt-max-conns "$NODE_CAP" \
-		--pg-pool 4 --writers 2 --batch-wait "$BATCH_WAIT" --cache-refresh "$CACHE_REFRESH" --access-log-sample 0 --log-level warn $dbg $SERVE_ARGS >"$work/node$i.log" 2>&1 &
+		--pg-pool 4 --writers "$WRITERS" --batch-wait "$BATCH_WAIT" --cache-refresh "$CACHE_REFRESH" --access-log-sample 0 --log-level warn $dbg $SERVE_ARGS >"$work/node$i.log" 2>&1 &
 	node_pids[i]=$!
 	pids+=("$!")
 done
