@@ -59,7 +59,9 @@ WRITERS=${WRITERS:-1}
 # at the size it grew to. Otherwise every GC shrinks the stacks of idle
 # connections (two goroutines each in a node, three in a swarm) and the next
 # message grows them again: copies both ways, and more RSS, not less
-# (10,000 kettles: nodes 84 → 62 KiB per connection).
+# (10,000 kettles, 2+2 processes, side by side without it: per kettle, nodes
+# 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,
+# +3.4 KiB).
 GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
 CACHE_REFRESH=${CACHE_REFRESH:-30s}
 SERVE_ARGS=${SERVE_ARGS:-}
