@@ -37,6 +37,7 @@ HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connect
 MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
 GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
 GOGC_PCT=${GOGC_PCT:-100}          # GOGC: higher means fewer GCs (each scans ~2 goroutine stacks per connection) but more RSS (400 passed MEM_CAP at 100,000)
+SWARM_GOGC_PCT=${SWARM_GOGC_PCT:-$GOGC_PCT} # GOGC of the swarms alone (each GC scans their 3 goroutine stacks per kettle)
 # GOMAXPROCS of every node and swarm: 12 Go processes share 2 cores and each
 # needs a fraction of one; a second P only adds idle spinning and futex
 # wake-ups (10,000 kettles, 2+2 processes: per kettle, nodes 1.14 → 0.96
@@ -109,7 +110,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -175,7 +176,7 @@ for i in $(seq 0 $((NODES - 1))); do
 	left=$((left - n))
 	dbg=
 	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[i]}"
-	"$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
+	GOGC=$SWARM_GOGC_PCT "$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
 		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
 		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
 		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
