@@ -188,7 +188,9 @@ swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold 
 echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + NODES))"
 
 metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
-	curl -fsS --max-time 10 "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v n="$2" '$1==n{printf "%d", $2+0; f=1} END{if(!f) printf "-1"}'
+	# `|| true`: with pipefail, a node that does not answer would fail the
+	# caller's assignment (R[i]=$(metric …)) and set -e would end the run.
+	{ curl -fsS --max-time 10 "http://127.0.0.1:$1/metrics" 2>/dev/null || true; } | awk -v n="$2" '$1==n{printf "%d", $2+0; f=1} END{if(!f) printf "-1"}'
 }
 conns_all() { # sum over the nodes that answer; a node that does not is reported, not counted as 0 connections
 	local s=0 i v miss=0
