@@ -92,6 +92,10 @@ type Store struct {
 	shards     map[*pgconn.PgConn]int16
 	shardConns [numShards]int // open connections per shard
 
+	// devices this store has seen registered (see allKnown)
+	knownMu sync.RWMutex
+	known   map[kettle.DeviceID]struct{}
+
 	stopCompact chan struct{} // closed by Close
 	compactDone chan struct{} // closed when the compactor returned
 
@@ -134,7 +138,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
-	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}}
+	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {

@@ -46,6 +46,7 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 	if err != nil {
 		return unavailable(fmt.Sprintf("postgres register %d devices", len(ids)), err)
 	}
+	s.markKnown(sorted)
 	return nil
 }
 
@@ -309,9 +310,11 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// server log). So a batch whose devices are not all registered rolls
 	// back, releasing its locks, and starts again registering first.
 	//
-	// The first attempt skips the registration, the common case being every
-	// device known: registering costs a statement and an index probe per
-	// device. A small batch (what a trickle of single readings makes) does
+	// The first attempt skips the registration when this store has seen
+	// every device of the batch exist (the common case: registering costs a
+	// statement and an index probe per device), and registers first
+	// otherwise, so that a device's first batch does not lock, roll back
+	// and start again. A small batch (what a trickle of single readings makes) does
 	// everything in this round trip: lock, and INSERT … ON CONFLICT DO
 	// NOTHING from arrays, RETURNING the new keys (rolled back with the rest
 	// if a device turns out unregistered). Its cost is round trips and the
@@ -324,7 +327,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		idx = indexRows(rows)
 	}
 	var newDevs int64
-	for register := false; ; register = true {
+	for register := !s.allKnown(ids); ; register = true {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
 		iReg, iLock, iIns := -1, 1, -1
@@ -518,7 +521,41 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	if st := pg.TxStatus(); st != 'I' {
 		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
 	}
+	s.markKnown(ids)
 	return res, nil
+}
+
+// maxKnown caps the devices Store remembers as registered (16 bytes and
+// map overhead each); beyond it, batches of devices it does not remember
+// register them first, which is correct, just a statement more.
+const maxKnown = 1 << 20
+
+// allKnown reports whether every id is known to exist in the devices table
+// (devices are never deleted).
+func (s *Store) allKnown(ids []kettle.DeviceID) bool {
+	s.knownMu.RLock()
+	defer s.knownMu.RUnlock()
+	for _, id := range ids {
+		if _, ok := s.known[id]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// markKnown remembers ids as registered, once that is committed.
+func (s *Store) markKnown(ids []kettle.DeviceID) {
+	if s.allKnown(ids) {
+		return
+	}
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	for _, id := range ids {
+		if len(s.known) >= maxKnown {
+			return
+		}
+		s.known[id] = struct{}{}
+	}
 }
 
 // execBatch sends b in one round trip and hands each statement's result to
