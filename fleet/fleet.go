@@ -399,15 +399,31 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	} else {
 		var changed []kettle.DeviceID
 		s.mu.Lock()
-		for i := range batch {
-			if dup[i] {
-				ndup++
-				continue
+		// A run of one device's readings (an upload) is folded into the
+		// cache once: its newest reading, its greatest level.
+		for i := 0; i < len(batch); {
+			newest := -1
+			j := i
+			for ; j < len(batch) && batch[j].Device == batch[i].Device; j++ {
+				if dup[j] {
+					ndup++
+					continue
+				}
+				if newest < 0 || batch[j].Time.After(batch[newest].Time) {
+					newest = j
+				}
 			}
-			s.apply(&batch[i], received)
-			if n := len(changed); n == 0 || changed[n-1] != batch[i].Device {
+			if newest >= 0 {
+				maxLevel := batch[newest].LevelML
+				for k := i; k < j; k++ {
+					if !dup[k] {
+						maxLevel = max(maxLevel, batch[k].LevelML)
+					}
+				}
+				s.apply(&batch[newest], maxLevel, received)
 				changed = append(changed, batch[i].Device)
 			}
+			i = j
 		}
 		s.mu.Unlock()
 		s.stored.Add(int64(len(batch) - ndup))
@@ -431,17 +447,18 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	}
 }
 
-// apply folds a committed reading into the cache, with the same rules as the
-// store (latest only if newer). Caller holds s.mu.
-func (s *Service) apply(m *kettle.Measurement, received time.Time) {
+// apply folds a device's newest committed reading of a batch (m) and its
+// greatest level into the cache, with the same rules as the store (latest
+// only if newer). Caller holds s.mu.
+func (s *Service) apply(m *kettle.Measurement, maxLevelML float64, received time.Time) {
 	d := s.devices[m.Device]
 	if d == nil {
 		d = &device{registeredAt: received}
 		s.devices[m.Device] = d
 	}
 	d.lastSeen = received
-	if m.LevelML > d.capacityML {
-		d.capacityML = m.LevelML
+	if maxLevelML > d.capacityML {
+		d.capacityML = maxLevelML
 	}
 	if d.latest == nil || m.Time.After(d.latest.Time) {
 		c := *m

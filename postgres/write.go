@@ -150,22 +150,38 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 	if len(batch) == 0 {
 		return dup, nil
 	}
-	rows := make([]kettle.Measurement, 0, len(batch))
+	rows := make([]kettle.Measurement, len(batch))
+	for i := range batch {
+		rows[i] = batch[i]
+		rows[i].Normalize()
+	}
+	if distinctRuns(rows) {
+		// No key twice (the usual batch: uploads of different devices,
+		// each in time order): no need to index the keys.
+		res, err := s.write(ctx, rows, nil, receivedAt.UTC(), false)
+		if err != nil {
+			return nil, fmt.Errorf("postgres write batch of %d: %w", len(batch), err)
+		}
+		for i, ins := range res.inserted {
+			dup[i] = !ins
+		}
+		return dup, nil
+	}
 	first := make(map[key]int, len(batch)) // key → index in rows
 	pos := make([]int, len(batch))         // batch index → index in rows, or -1
-	for i := range batch {
-		m := batch[i]
-		m.Normalize()
+	uniq := rows[:0]
+	for i := range rows {
+		m := rows[i]
 		k := key{m.Device, m.Time.UnixMicro()}
 		if _, ok := first[k]; ok {
 			dup[i], pos[i] = true, -1
 			continue
 		}
-		first[k] = len(rows)
-		pos[i] = len(rows)
-		rows = append(rows, m)
+		first[k] = len(uniq)
+		pos[i] = len(uniq)
+		uniq = append(uniq, m)
 	}
-	res, err := s.write(ctx, rows, first, receivedAt.UTC(), false)
+	res, err := s.write(ctx, uniq, first, receivedAt.UTC(), false)
 	if err != nil {
 		return nil, fmt.Errorf("postgres write batch of %d: %w", len(batch), err)
 	}
@@ -175,6 +191,32 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 		}
 	}
 	return dup, nil
+}
+
+// distinctRuns reports whether rows come in runs of one device in strictly
+// increasing time, no device in two runs: then no key appears twice. It
+// looks at each row once and remembers one entry per run.
+func distinctRuns(rows []kettle.Measurement) bool {
+	var devs map[kettle.DeviceID]struct{}
+	for i := range rows {
+		if i > 0 && rows[i].Device == rows[i-1].Device {
+			if !rows[i].Time.After(rows[i-1].Time) {
+				return false
+			}
+			continue
+		}
+		if i > 0 && devs == nil {
+			devs = make(map[kettle.DeviceID]struct{}, 8)
+			devs[rows[0].Device] = struct{}{}
+		}
+		if devs != nil {
+			if _, ok := devs[rows[i].Device]; ok {
+				return false
+			}
+			devs[rows[i].Device] = struct{}{}
+		}
+	}
+	return true
 }
 
 // writeResult says which rows were new.
@@ -259,6 +301,7 @@ type devState struct {
 	// changed by this batch
 	touched bool
 	newest  int // index in rows of the newest inserted row
+	last    int // index in rows of the last inserted row seen
 	seenMax time.Time
 }
 
@@ -398,13 +441,18 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	var hours []hourAgg
 	hourIdx := map[int64]int{}
 	var hods [24]hourAgg
+	var d *devState
+	lastHour, j := int64(math.MinInt64), -1
 	for i := range rows {
 		if !res.inserted[i] {
 			continue
 		}
 		res.n++
 		m := &rows[i]
-		d := devs[m.Device]
+		if d == nil || m.Device != rows[d.last].Device { // rows of a device usually come together
+			d = devs[m.Device]
+		}
+		d.last = i
 		if !d.touched {
 			d.touched, d.newest = true, i
 		} else if m.Time.After(rows[d.newest].Time) {
@@ -416,11 +464,14 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			d.seenMax = m.Time
 		}
 		h := m.Time.UnixMicro() / int64(time.Hour/time.Microsecond)
-		j, ok := hourIdx[h]
-		if !ok {
-			j = len(hours)
-			hourIdx[h] = j
-			hours = append(hours, hourAgg{hour: h})
+		if h != lastHour {
+			var ok bool
+			if j, ok = hourIdx[h]; !ok {
+				j = len(hours)
+				hourIdx[h] = j
+				hours = append(hours, hourAgg{hour: h})
+			}
+			lastHour = h
 		}
 		hours[j].water.Add(m.WaterC)
 		hours[j].ambient.Add(m.AmbientC)
