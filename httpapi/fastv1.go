@@ -184,17 +184,30 @@ func (p *fastParser) str() (string, bool) {
 
 // num parses a JSON number (RFC 8259 grammar: strconv.ParseFloat alone would
 // also take "+1", "0x1p3", "inf", "1_0") that is finite as a float64.
+//
+// A number of at most 15 digits without exponent (what kettles send:
+// 57, -2.5, 88.25) is an integer below 2⁵³ divided by a power of ten below
+// 10²²: both exact in float64, so one division is correctly rounded, the
+// same float64 strconv.ParseFloat returns (its own exact fast path).
+// Anything else goes to strconv.ParseFloat.
 func (p *fastParser) num(dst *float64) bool {
 	b, start := p.b, p.i
 	i := p.i
+	neg := false
 	if i < len(b) && b[i] == '-' {
+		neg = true
 		i++
 	}
+	var mant uint64
+	digits, frac := 0, 0
 	switch {
 	case i < len(b) && b[i] == '0':
 		i++
+		digits++
 	case i < len(b) && b[i] >= '1' && b[i] <= '9':
 		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			mant = mant*10 + uint64(b[i]-'0')
+			digits++
 			i++
 		}
 	default:
@@ -204,13 +217,18 @@ func (p *fastParser) num(dst *float64) bool {
 		i++
 		d := i
 		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			mant = mant*10 + uint64(b[i]-'0')
+			digits++
 			i++
 		}
-		if i == d {
+		frac = i - d
+		if frac == 0 {
 			return false
 		}
 	}
+	exact := digits <= 15
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		exact = false
 		i++
 		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
@@ -223,6 +241,15 @@ func (p *fastParser) num(dst *float64) bool {
 			return false
 		}
 	}
+	if exact {
+		v := float64(mant) / pow10[frac] // digits ≤ 15: mant < 10¹⁵ < 2⁵³, frac ≤ 15
+		if neg {
+			v = -v
+		}
+		*dst = v
+		p.i = i
+		return true
+	}
 	s := b[start:i]
 	v, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(s), len(s)), 64)
 	if err != nil {
@@ -232,3 +259,5 @@ func (p *fastParser) num(dst *float64) bool {
 	p.i = i
 	return true
 }
+
+var pow10 = [16]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
