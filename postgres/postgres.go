@@ -12,7 +12,10 @@
 // rows every batch would update (totals, the current hour's rollups) are
 // sharded per connection, and the counts of devices per last_seen value are
 // appended and folded in the background, so concurrent writers do not queue
-// behind each other's commit (migration 4). The schema is migrated at Open.
+// behind each other's commit (migration 4); the background compactor also
+// folds closed hours' rollup shards into shard 0, so that a bounded-range
+// statistic reads about one row per hour (migration 5). The schema is
+// migrated at Open.
 package postgres
 
 import (
@@ -73,7 +76,8 @@ type Options struct {
 	Now func() time.Time
 	// CompactEvery is how often the changes writers append to
 	// last_seen_moves are folded into last_seen_counts (the statistic adds
-	// both up, so this bounds the rows it reads, not its correctness).
+	// both up, so this bounds the rows it reads, not its correctness),
+	// and closed hours' rollup shards into shard 0 (likewise).
 	// 0 means 1s.
 	CompactEvery time.Duration
 }
@@ -181,7 +185,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// compactor runs compactSeen every Options.CompactEvery until Close. A
+// compactor runs compactSeen and compactRollups every Options.CompactEvery
+// until Close. A
 // failure (the database is down) is retried at the next tick: until then the
 // statistic just reads more rows.
 func (s *Store) compactor() {
