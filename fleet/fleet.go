@@ -90,11 +90,13 @@ type Service struct {
 	now   func() time.Time
 	hooks Hooks
 
-	queue  chan *request
-	queued atomic.Int64 // readings in the queue
-	closed atomic.Bool
-	wg     sync.WaitGroup
-	sendMu sync.RWMutex // held (R) while sending to queue; (W) to close it
+	queue      chan *request
+	queued     atomic.Int64 // readings in the queue
+	committing atomic.Int32 // batchers in a store write
+	gatherMu   sync.Mutex   // held by the batcher gathering a batch
+	closed     atomic.Bool
+	wg         sync.WaitGroup
+	sendMu     sync.RWMutex // held (R) while sending to queue; (W) to close it
 
 	mu      sync.RWMutex
 	devices map[kettle.DeviceID]*device
@@ -330,6 +332,14 @@ func (s *Service) reject(reason string, rows int) {
 	}
 }
 
+// busyMinRows and busyWait: while another batcher is committing, a batcher
+// holding fewer than busyMinRows readings waits up to busyWait for more
+// before it starts its transaction (with BatchWait 0).
+const (
+	busyMinRows = 32
+	busyWait    = time.Millisecond
+)
+
 // batcher takes whatever is queued, up to BatchRows, commits it in one
 // transaction, updates the caches and wakes every waiter.
 func (s *Service) batcher() {
@@ -339,8 +349,13 @@ func (s *Service) batcher() {
 		batch []kettle.Measurement
 	)
 	for {
+		// One batcher gathers at a time (the others commit or wait here),
+		// so that readings arriving while it waits are not dealt out among
+		// several waiting batchers in batches of one.
+		s.gatherMu.Lock()
 		first, ok := <-s.queue
 		if !ok {
+			s.gatherMu.Unlock()
 			return
 		}
 		reqs = append(reqs[:0], first)
@@ -349,12 +364,26 @@ func (s *Service) batcher() {
 			deadline <-chan time.Time
 			timer    *time.Timer
 		)
-		if s.cfg.BatchWait > 0 {
+		switch {
+		case s.cfg.BatchWait > 0:
 			timer = time.NewTimer(s.cfg.BatchWait)
 			deadline = timer.C
+		case len(batch) < busyMinRows && s.committing.Load() > 0:
+			// Another writer is committing: the store is busy, so do not
+			// start a transaction for a handful of readings; wait briefly
+			// for more (trickles of single readings made half the
+			// PostgreSQL transactions hold one reading, paying a
+			// transaction's fixed cost each). When no writer is busy, commit
+			// at once: an idle server adds no latency.
+			timer = time.NewTimer(busyWait)
+			deadline = timer.C
+		}
+		limit := s.cfg.BatchRows
+		if s.cfg.BatchWait <= 0 && deadline != nil {
+			limit = min(limit, busyMinRows) // enough to go: stop waiting
 		}
 	gather:
-		for len(batch) < s.cfg.BatchRows {
+		for len(batch) < limit {
 			select {
 			case r, ok := <-s.queue:
 				if !ok {
@@ -381,7 +410,24 @@ func (s *Service) batcher() {
 		if timer != nil {
 			timer.Stop()
 		}
+		// take what else is queued, without waiting, up to BatchRows
+	more:
+		for len(batch) < s.cfg.BatchRows {
+			select {
+			case r, ok := <-s.queue:
+				if !ok {
+					break more
+				}
+				reqs = append(reqs, r)
+				batch = append(batch, r.rows...)
+			default:
+				break more
+			}
+		}
+		s.committing.Add(1)
+		s.gatherMu.Unlock()
 		s.commit(reqs, batch)
+		s.committing.Add(-1)
 	}
 }
 
@@ -399,15 +445,31 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	} else {
 		var changed []kettle.DeviceID
 		s.mu.Lock()
-		for i := range batch {
-			if dup[i] {
-				ndup++
-				continue
+		// A run of one device's readings (an upload) is folded into the
+		// cache once: its newest reading, its greatest level.
+		for i := 0; i < len(batch); {
+			newest := -1
+			j := i
+			for ; j < len(batch) && batch[j].Device == batch[i].Device; j++ {
+				if dup[j] {
+					ndup++
+					continue
+				}
+				if newest < 0 || batch[j].Time.After(batch[newest].Time) {
+					newest = j
+				}
 			}
-			s.apply(&batch[i], received)
-			if n := len(changed); n == 0 || changed[n-1] != batch[i].Device {
+			if newest >= 0 {
+				maxLevel := batch[newest].LevelML
+				for k := i; k < j; k++ {
+					if !dup[k] {
+						maxLevel = max(maxLevel, batch[k].LevelML)
+					}
+				}
+				s.apply(&batch[newest], maxLevel, received)
 				changed = append(changed, batch[i].Device)
 			}
+			i = j
 		}
 		s.mu.Unlock()
 		s.stored.Add(int64(len(batch) - ndup))
@@ -431,17 +493,18 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 	}
 }
 
-// apply folds a committed reading into the cache, with the same rules as the
-// store (latest only if newer). Caller holds s.mu.
-func (s *Service) apply(m *kettle.Measurement, received time.Time) {
+// apply folds a device's newest committed reading of a batch (m) and its
+// greatest level into the cache, with the same rules as the store (latest
+// only if newer). Caller holds s.mu.
+func (s *Service) apply(m *kettle.Measurement, maxLevelML float64, received time.Time) {
 	d := s.devices[m.Device]
 	if d == nil {
 		d = &device{registeredAt: received}
 		s.devices[m.Device] = d
 	}
 	d.lastSeen = received
-	if m.LevelML > d.capacityML {
-		d.capacityML = m.LevelML
+	if maxLevelML > d.capacityML {
+		d.capacityML = maxLevelML
 	}
 	if d.latest == nil || m.Time.After(d.latest.Time) {
 		c := *m

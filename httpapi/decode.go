@@ -95,7 +95,21 @@ func truncate(s string, n int) string {
 
 // readBody reads a body of at most kettle.MaxBody bytes.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, kettle.MaxBody))
+	rd := http.MaxBytesReader(w, r.Body, kettle.MaxBody)
+	var body []byte
+	var err error
+	if n := r.ContentLength; n > 0 && n <= kettle.MaxBody {
+		// Sized from the header (net/http delivers exactly that many bytes
+		// or an error): one allocation instead of io.ReadAll's doublings,
+		// which cost a v1 batch of 500 readings ten copies.
+		body = make([]byte, n)
+		_, err = io.ReadFull(rd, body)
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+	} else {
+		body, err = io.ReadAll(rd)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -202,6 +216,14 @@ func DecodeV0(body []byte, dev kettle.DeviceID, now time.Time) (kettle.Measureme
 // DecodeV1 decodes and validates a v1 upload: one reading or an array of up
 // to kettle.MaxBatch. Field names in errors of an array are prefixed "[i].".
 func DecodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
+	if ms, ok := fastV1(body, dev, now); ok {
+		return ms, nil
+	}
+	return decodeV1(body, dev, now)
+}
+
+// decodeV1 is DecodeV1 the general way: any JSON, every error named.
+func decodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) > 0 && trimmed[0] == '[' {
 		var vs []V1Measurement

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,12 +98,81 @@ func BenchmarkDecodeV0(b *testing.B) {
 
 func BenchmarkDecodeV1Batch500(b *testing.B) {
 	body := []byte("[" + strings.TrimSuffix(strings.Repeat(v1Good+",", 500), ",") + "]")
-	b.ReportAllocs()
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		if _, err := httpapi.DecodeV1(body, dev, now); err != nil {
-			b.Fatal(err)
+	for _, c := range []struct {
+		name   string
+		decode func([]byte, kettle.DeviceID, time.Time) ([]kettle.Measurement, error)
+	}{{"DecodeV1", httpapi.DecodeV1}, {"general", httpapi.DecodeV1General}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := c.decode(body, dev, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*500)/b.Elapsed().Seconds(), "readings/s")
+		})
+	}
+}
+
+// TestDecodeV1Fast: the fast path takes the usual bodies, and leaves to the
+// general decoder, which names the error or decodes the same readings,
+// everything unusual.
+func TestDecodeV1Fast(t *testing.T) {
+	f := func(body string, wantFast bool) {
+		t.Helper()
+		ms, ok := httpapi.FastV1([]byte(body), dev, now)
+		if ok != wantFast {
+			t.Errorf("fast path took %q: %v, want %v", body, ok, wantFast)
+		}
+		want, err := httpapi.DecodeV1General([]byte(body), dev, now)
+		if ok && (err != nil || !slices.Equal(ms, want)) {
+			t.Errorf("%q: fast %v, general %v %v", body, ms, want, err)
 		}
 	}
-	b.ReportMetric(float64(b.N*500)/b.Elapsed().Seconds(), "readings/s")
+	f(v1Good, true)
+	f(" [ "+v1Good+" ,\n\t"+v1Good+" ] \r\n", true)
+	f(strings.Replace(v1Good, "11:59:30.123456Z", "12:59:30.1234569+01:00", 1), true)
+	f(strings.Replace(v1Good, "57", "-0.0e+0", 1), true)
+	f(strings.Replace(v1Good, "57", "5.7E1", 1), true)
+	f(strings.Replace(v1Good, "57", "1e-400", 1), true)
+	f(`[]`, false)
+	f(`[`+v1Good+`,]`, false)
+	f(strings.Replace(v1Good, `"time"`, `"Time"`, 1), false)                                 // case-insensitive match: general path
+	f(strings.Replace(v1Good, `{`, `{"id":1,`, 1), false)                                    // unknown key
+	f(strings.Replace(v1Good, `,"water_level_ml":750`, ``, 1), false)                        // missing
+	f(strings.Replace(v1Good, `750`, `750,"water_level_ml":1`, 1), false)                    // duplicate
+	f(strings.Replace(v1Good, `750`, `null`, 1), false)                                      // null
+	f(strings.Replace(v1Good, `57`, `1e400`, 1), false)                                      // out of range
+	f(strings.Replace(v1Good, `57`, `057`, 1), false)                                        // not JSON
+	f(strings.Replace(v1Good, `57`, `+57`, 1), false)                                        // not JSON
+	f(strings.Replace(v1Good, `57`, `0x39`, 1), false)                                       // not JSON
+	f(strings.Replace(v1Good, `57`, `-57`, 1), false)                                        // invalid reading
+	f(strings.Replace(v1Good, `Z"`, `\u005a"`, 1), false)                                    // escape
+	f(strings.Replace(v1Good, `2026-11-22T`, `2026-11-22t`, 1), false)                       // time.Parse's business
+	f(v1Good+`x`, false)                                                                     // trailing data
+	f("["+strings.TrimSuffix(strings.Repeat(v1Good+",", kettle.MaxBatch+1), ",")+"]", false) // too many
+}
+
+// FuzzDecodeV1Fast: whatever the fast path accepts, the general decoder
+// accepts as the same readings.
+func FuzzDecodeV1Fast(f *testing.F) {
+	for _, s := range []string{v1Good, "[" + v1Good + "," + v1Good + "]", `[]`, `{"time":"x"}`,
+		strings.Replace(v1Good, "57", "1.5e-3", 1), strings.Replace(v1Good, "57", "123456789012345678901234567890", 1),
+		strings.Replace(v1Good, "57", "4.9406564584124654e-324", 1), strings.Replace(v1Good, "57", "2.2250738585072011e-308", 1)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ms, ok := httpapi.FastV1(b, dev, now)
+		if !ok {
+			return
+		}
+		want, err := httpapi.DecodeV1General(b, dev, now)
+		if err != nil {
+			t.Fatalf("fast path accepted %q, general decoder: %v", b, err)
+		}
+		if !slices.Equal(ms, want) {
+			t.Fatalf("%q: fast path %+v, general %+v", b, ms, want)
+		}
+	})
 }

@@ -12,3 +12,6 @@ func SetSmallBatchRows(n int) (restore func()) {
 
 // CompactSeen folds last_seen_moves into last_seen_counts now.
 func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ctx, true) }
+
+// CompactRollups folds closed hours' rollup shards into shard 0 now.
+func (s *Store) CompactRollups(ctx context.Context) error { return s.compactRollups(ctx, true) }

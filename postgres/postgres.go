@@ -12,7 +12,10 @@
 // rows every batch would update (totals, the current hour's rollups) are
 // sharded per connection, and the counts of devices per last_seen value are
 // appended and folded in the background, so concurrent writers do not queue
-// behind each other's commit (migration 4). The schema is migrated at Open.
+// behind each other's commit (migration 4); the background compactor also
+// folds closed hours' rollup shards into shard 0, so that a bounded-range
+// statistic reads about one row per hour (migration 5). The schema is
+// migrated at Open.
 package postgres
 
 import (
@@ -46,6 +49,7 @@ const (
 	lockMigrate   int64 = 0x6b65_7474_6c65_0001 // "kettle" 1
 	lockPartition int64 = 0x6b65_7474_6c65_0002
 	lockSeen      int64 = 0x6b65_7474_6c65_0003 // compactSeen
+	lockRollups   int64 = 0x6b65_7474_6c65_0004 // compactRollups
 )
 
 // Options tune the store. The zero value is usable.
@@ -72,7 +76,8 @@ type Options struct {
 	Now func() time.Time
 	// CompactEvery is how often the changes writers append to
 	// last_seen_moves are folded into last_seen_counts (the statistic adds
-	// both up, so this bounds the rows it reads, not its correctness).
+	// both up, so this bounds the rows it reads, not its correctness),
+	// and closed hours' rollup shards into shard 0 (likewise).
 	// 0 means 1s.
 	CompactEvery time.Duration
 }
@@ -90,6 +95,10 @@ type Store struct {
 	shardMu    sync.Mutex
 	shards     map[*pgconn.PgConn]int16
 	shardConns [numShards]int // open connections per shard
+
+	// devices this store has seen registered (see allKnown)
+	knownMu sync.RWMutex
+	known   map[kettle.DeviceID]struct{}
 
 	stopCompact chan struct{} // closed by Close
 	compactDone chan struct{} // closed when the compactor returned
@@ -133,7 +142,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
-	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}}
+	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
@@ -176,7 +185,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// compactor runs compactSeen every Options.CompactEvery until Close. A
+// compactor runs compactSeen and compactRollups every Options.CompactEvery
+// until Close. A
 // failure (the database is down) is retried at the next tick: until then the
 // statistic just reads more rows.
 func (s *Store) compactor() {
@@ -195,6 +205,7 @@ func (s *Store) compactor() {
 			return
 		case <-t.C:
 			s.compactSeen(ctx, false)
+			s.compactRollups(ctx, false)
 		}
 	}
 }
@@ -243,6 +254,84 @@ func (s *Store) compactSeen(ctx context.Context, wait bool) error {
 			if _, err := tx.Exec(ctx, "DELETE FROM last_seen_counts WHERE at = ANY($1) AND n = 0", zero); err != nil {
 				return fmt.Errorf("compact last_seen_moves: %w", err)
 			}
+		}
+		return nil
+	})
+}
+
+// foldRows bounds the rollup rows one compactRollups transaction folds;
+// the rest wait for the next round.
+const foldRows = 5000
+
+// compactRollups folds the rollups of closed hours (before the current one
+// by Options.Now) from every other shard into shard 0 and deletes them, so
+// that a bounded-range statistic reads about one row per hour, not one per
+// hour and shard (migration 4; the statistic adds up whatever shards an
+// hour has, so folding changes no answer beyond float rounding). Rows a
+// writer holds (a back-dated batch still open) are skipped (SKIP LOCKED)
+// and folded in a later round; the merge into shard 0 may wait for a writer
+// of shard 0, never the reverse (writers touch only their own shard). A
+// second node compacting at the same time skips (advisory lock) unless wait.
+func (s *Store) compactRollups(ctx context.Context, wait bool) error {
+	cutoff := s.opts.Now().UTC().Truncate(time.Hour)
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if wait {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockRollups); err != nil {
+				return err
+			}
+		} else {
+			var got bool
+			if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lockRollups).Scan(&got); err != nil || !got {
+				return err
+			}
+			// While the merge waits for a writer of shard 0 (a long seeding
+			// transaction), the rows it deleted hold up their writers: give
+			// up soon instead, and try again next round.
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+				return err
+			}
+		}
+		rows, _ := tx.Query(ctx, `SELECT hour, shard, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups
+			WHERE shard <> 0 AND hour < $1 ORDER BY hour, shard LIMIT $2 FOR UPDATE SKIP LOCKED`, cutoff, foldRows)
+		var (
+			hours  []time.Time
+			shards []int16
+			aggs   []hourAgg
+		)
+		for rows.Next() {
+			var h time.Time
+			var sh int16
+			var w, a kettle.Moments
+			if err := rows.Scan(&h, &sh, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2); err != nil {
+				return fmt.Errorf("fold rollups: %w", err)
+			}
+			a.N = w.N
+			hours, shards = append(hours, h), append(shards, sh)
+			// in (hour, shard) order, as the statistic merges them
+			if k := len(aggs) - 1; k >= 0 && aggs[k].hour == h.Unix() {
+				aggs[k].water, aggs[k].ambient = aggs[k].water.Merge(w), aggs[k].ambient.Merge(a)
+			} else {
+				aggs = append(aggs, hourAgg{hour: h.Unix(), water: w, ambient: a})
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("fold rollups: %w", err)
+		}
+		if len(hours) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM rollups r USING unnest($1::timestamptz[], $2::int2[]) u(hour, shard)
+			WHERE r.hour = u.hour AND r.shard = u.shard`, hours, shards); err != nil {
+			return fmt.Errorf("fold rollups: delete %d shard rows: %w", len(hours), err)
+		}
+		keys := make([]time.Time, len(aggs))
+		for i, a := range aggs {
+			keys[i] = time.Unix(a.hour, 0).UTC()
+		}
+		// the writers' merge statement, into shard 0
+		params := append(momentParams(timestamptzArray(keys), aggs), []byte{0, 0}) // int2 0
+		if _, err := tx.Conn().PgConn().ExecPrepared(ctx, "kettle_rollups", params, bin(7), nil).Close(); err != nil {
+			return fmt.Errorf("fold rollups: merge %d hours into shard 0: %w", len(aggs), err)
 		}
 		return nil
 	})

@@ -128,6 +128,9 @@ func checkExact(t *testing.T, s *postgres.Store, dsn string) {
 	if err := s.CompactSeen(context.Background()); err != nil {
 		t.Fatalf("CompactSeen: %v", err)
 	}
+	if err := s.CompactRollups(context.Background()); err != nil {
+		t.Fatalf("CompactRollups: %v", err)
+	}
 	conn, err := pgx.Connect(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +142,13 @@ func checkExact(t *testing.T, s *postgres.Store, dsn string) {
 	}
 	if moves != 0 || zeros != 0 {
 		t.Errorf("after CompactSeen: %d rows left in last_seen_moves, %d last_seen_counts rows ≤ 0; want none", moves, zeros)
+	}
+	var unfolded int64
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM rollups WHERE shard <> 0 AND hour < date_trunc('hour', now())`).Scan(&unfolded); err != nil {
+		t.Fatal(err)
+	}
+	if unfolded != 0 {
+		t.Errorf("after CompactRollups: %d rollup rows of closed hours left outside shard 0; want none", unfolded)
 	}
 	after := checkExactOnce(t, s, dsn)
 	for i := range before {
@@ -175,6 +185,15 @@ func checkExactOnce(t *testing.T, s *postgres.Store, dsn string) [2]int64 {
 		}
 		reporting[1] = st2.DevicesReporting
 	}
+	// A bounded range over all history reads the rollups (folded or not),
+	// an open one the hours of day: both must equal the recompute.
+	bounded, err := s.Statistics(context.Background(), kettle.StatsQuery{From: time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC), To: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bounded.RangeCount != want.n {
+		t.Errorf("bounded-range RangeCount = %d, stored rows = %d", bounded.RangeCount, want.n)
+	}
 	if st.MeasurementCount != want.n {
 		t.Errorf("MeasurementCount = %d, stored rows = %d", st.MeasurementCount, want.n)
 	}
@@ -195,6 +214,10 @@ func checkExactOnce(t *testing.T, s *postgres.Store, dsn string) [2]int64 {
 			t.Errorf("hour %d: n = %d, recomputed %d", h, st.ByHour[h].Water.N, want.hourN[h])
 		}
 		f(fmt.Sprintf("hour %d water mean", h), st.ByHour[h].Water.Mean, want.hourWaterMean[h])
+		if bounded.ByHour[h].Water.N != want.hourN[h] {
+			t.Errorf("bounded range, hour %d: n = %d, recomputed %d", h, bounded.ByHour[h].Water.N, want.hourN[h])
+		}
+		f(fmt.Sprintf("bounded range, hour %d water mean", h), bounded.ByHour[h].Water.Mean, want.hourWaterMean[h])
 	}
 	return reporting
 }
@@ -522,4 +545,81 @@ func TestMigrateLastSeenCounts(t *testing.T) {
 	if st, _ := s.Statistics(ctx, kettle.StatsQuery{}); st.DevicesReporting != 10 {
 		t.Errorf("reporting ever: %d, want 10", st.DevicesReporting)
 	}
+}
+
+// TestFoldRollups: concurrent writers of the same past hours fill several
+// rollup shards; the compactor folds them into shard 0 (one row per hour)
+// without changing a bounded-range statistic beyond float rounding.
+func TestFoldRollups(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 8, CompactEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	base := time.Now().UTC().Truncate(time.Hour).Add(-5 * time.Hour)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for w := range 6 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			for k := range 20 {
+				var batch []kettle.Measurement
+				for j := range 50 {
+					batch = append(batch, rowAt(rng, devID(w*100+j), base.Add(time.Duration(k*60+j)*time.Minute/4)))
+				}
+				if _, err := s.Write(context.Background(), batch, time.Now()); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for w, err := range errs {
+		if err != nil {
+			t.Fatalf("writer %d: %v", w, err)
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	counts := func() (rows, hours int) {
+		t.Helper()
+		if err := conn.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT hour) FROM rollups`).Scan(&rows, &hours); err != nil {
+			t.Fatal(err)
+		}
+		return rows, hours
+	}
+	q := kettle.StatsQuery{From: base, To: base.Add(6 * time.Hour)}
+	before, err := s.Statistics(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, hours := counts(); rows <= hours {
+		t.Fatalf("before folding: %d rollup rows for %d hours; the test wants several shards per hour", rows, hours)
+	}
+	if err := s.CompactRollups(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rows, hours := counts(); rows != hours {
+		t.Errorf("after folding: %d rollup rows for %d hours; want one per hour", rows, hours)
+	}
+	after, err := s.Statistics(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.RangeCount != before.RangeCount || after.RangeCount != 6*20*50 {
+		t.Errorf("RangeCount %d after folding, %d before, %d written", after.RangeCount, before.RangeCount, 6*20*50)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+	for h := range 24 {
+		x, y := after.ByHour[h], before.ByHour[h]
+		if x.Water.N != y.Water.N || !near(x.Water.Mean, y.Water.Mean) || !near(x.Water.M2, y.Water.M2) || !near(x.Ambient.Mean, y.Ambient.Mean) || !near(x.Ambient.M2, y.Ambient.M2) {
+			t.Errorf("hour %d: %+v after folding, %+v before", h, x, y)
+		}
+	}
+	checkExact(t, s, dsn)
 }

@@ -46,6 +46,7 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 	if err != nil {
 		return unavailable(fmt.Sprintf("postgres register %d devices", len(ids)), err)
 	}
+	s.markKnown(sorted)
 	return nil
 }
 
@@ -149,22 +150,38 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 	if len(batch) == 0 {
 		return dup, nil
 	}
-	rows := make([]kettle.Measurement, 0, len(batch))
+	rows := make([]kettle.Measurement, len(batch))
+	for i := range batch {
+		rows[i] = batch[i]
+		rows[i].Normalize()
+	}
+	if distinctRuns(rows) {
+		// No key twice (the usual batch: uploads of different devices,
+		// each in time order): no need to index the keys.
+		res, err := s.write(ctx, rows, nil, receivedAt.UTC(), false)
+		if err != nil {
+			return nil, fmt.Errorf("postgres write batch of %d: %w", len(batch), err)
+		}
+		for i, ins := range res.inserted {
+			dup[i] = !ins
+		}
+		return dup, nil
+	}
 	first := make(map[key]int, len(batch)) // key → index in rows
 	pos := make([]int, len(batch))         // batch index → index in rows, or -1
-	for i := range batch {
-		m := batch[i]
-		m.Normalize()
+	uniq := rows[:0]
+	for i := range rows {
+		m := rows[i]
 		k := key{m.Device, m.Time.UnixMicro()}
 		if _, ok := first[k]; ok {
 			dup[i], pos[i] = true, -1
 			continue
 		}
-		first[k] = len(rows)
-		pos[i] = len(rows)
-		rows = append(rows, m)
+		first[k] = len(uniq)
+		pos[i] = len(uniq)
+		uniq = append(uniq, m)
 	}
-	res, err := s.write(ctx, rows, first, receivedAt.UTC(), false)
+	res, err := s.write(ctx, uniq, first, receivedAt.UTC(), false)
 	if err != nil {
 		return nil, fmt.Errorf("postgres write batch of %d: %w", len(batch), err)
 	}
@@ -174,6 +191,32 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 		}
 	}
 	return dup, nil
+}
+
+// distinctRuns reports whether rows come in runs of one device in strictly
+// increasing time, no device in two runs: then no key appears twice. It
+// looks at each row once and remembers one entry per run.
+func distinctRuns(rows []kettle.Measurement) bool {
+	var devs map[kettle.DeviceID]struct{}
+	for i := range rows {
+		if i > 0 && rows[i].Device == rows[i-1].Device {
+			if !rows[i].Time.After(rows[i-1].Time) {
+				return false
+			}
+			continue
+		}
+		if i > 0 && devs == nil {
+			devs = make(map[kettle.DeviceID]struct{}, 8)
+			devs[rows[0].Device] = struct{}{}
+		}
+		if devs != nil {
+			if _, ok := devs[rows[i].Device]; ok {
+				return false
+			}
+			devs[rows[i].Device] = struct{}{}
+		}
+	}
+	return true
 }
 
 // writeResult says which rows were new.
@@ -258,6 +301,7 @@ type devState struct {
 	// changed by this batch
 	touched bool
 	newest  int // index in rows of the newest inserted row
+	last    int // index in rows of the last inserted row seen
 	seenMax time.Time
 }
 
@@ -309,9 +353,11 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// server log). So a batch whose devices are not all registered rolls
 	// back, releasing its locks, and starts again registering first.
 	//
-	// The first attempt skips the registration, the common case being every
-	// device known: registering costs a statement and an index probe per
-	// device. A small batch (what a trickle of single readings makes) does
+	// The first attempt skips the registration when this store has seen
+	// every device of the batch exist (the common case: registering costs a
+	// statement and an index probe per device), and registers first
+	// otherwise, so that a device's first batch does not lock, roll back
+	// and start again. A small batch (what a trickle of single readings makes) does
 	// everything in this round trip: lock, and INSERT … ON CONFLICT DO
 	// NOTHING from arrays, RETURNING the new keys (rolled back with the rest
 	// if a device turns out unregistered). Its cost is round trips and the
@@ -324,7 +370,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		idx = indexRows(rows)
 	}
 	var newDevs int64
-	for register := false; ; register = true {
+	for register := !s.allKnown(ids); ; register = true {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
 		iReg, iLock, iIns := -1, 1, -1
@@ -395,13 +441,18 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	var hours []hourAgg
 	hourIdx := map[int64]int{}
 	var hods [24]hourAgg
+	var d *devState
+	lastHour, j := int64(math.MinInt64), -1
 	for i := range rows {
 		if !res.inserted[i] {
 			continue
 		}
 		res.n++
 		m := &rows[i]
-		d := devs[m.Device]
+		if d == nil || m.Device != rows[d.last].Device { // rows of a device usually come together
+			d = devs[m.Device]
+		}
+		d.last = i
 		if !d.touched {
 			d.touched, d.newest = true, i
 		} else if m.Time.After(rows[d.newest].Time) {
@@ -413,11 +464,14 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			d.seenMax = m.Time
 		}
 		h := m.Time.UnixMicro() / int64(time.Hour/time.Microsecond)
-		j, ok := hourIdx[h]
-		if !ok {
-			j = len(hours)
-			hourIdx[h] = j
-			hours = append(hours, hourAgg{hour: h})
+		if h != lastHour {
+			var ok bool
+			if j, ok = hourIdx[h]; !ok {
+				j = len(hours)
+				hourIdx[h] = j
+				hours = append(hours, hourAgg{hour: h})
+			}
+			lastHour = h
 		}
 		hours[j].water.Add(m.WaterC)
 		hours[j].ambient.Add(m.AmbientC)
@@ -518,7 +572,41 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	if st := pg.TxStatus(); st != 'I' {
 		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
 	}
+	s.markKnown(ids)
 	return res, nil
+}
+
+// maxKnown caps the devices Store remembers as registered (16 bytes and
+// map overhead each); beyond it, batches of devices it does not remember
+// register them first, which is correct, just a statement more.
+const maxKnown = 1 << 20
+
+// allKnown reports whether every id is known to exist in the devices table
+// (devices are never deleted).
+func (s *Store) allKnown(ids []kettle.DeviceID) bool {
+	s.knownMu.RLock()
+	defer s.knownMu.RUnlock()
+	for _, id := range ids {
+		if _, ok := s.known[id]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// markKnown remembers ids as registered, once that is committed.
+func (s *Store) markKnown(ids []kettle.DeviceID) {
+	if s.allKnown(ids) {
+		return
+	}
+	s.knownMu.Lock()
+	defer s.knownMu.Unlock()
+	for _, id := range ids {
+		if len(s.known) >= maxKnown {
+			return
+		}
+		s.known[id] = struct{}{}
+	}
 }
 
 // execBatch sends b in one round trip and hands each statement's result to

@@ -1,0 +1,263 @@
+package httpapi
+
+import (
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// fastV1 decodes the v1 upload every well-behaved kettle sends (one reading,
+// or an array of readings, each an object of exactly the seven v1 fields
+// spelled as documented, numbers and a time string without escapes) straight
+// into measurements: no reflection, no pointer per field, no allocation per
+// reading. It returns ok false for anything else (an unknown, missing,
+// duplicated or differently cased key, null, an escape or a non-ASCII byte, a
+// number out of float64 range, an invalid reading, a batch too large or
+// empty, malformed JSON), and DecodeV1 then decodes the body the general way,
+// which finds the same readings or names the error. So it changes speed,
+// never the answer (FuzzDecodeV1Fast checks that against the general path).
+func fastV1(body []byte, dev kettle.DeviceID, now time.Time) (ms []kettle.Measurement, ok bool) {
+	p := fastParser{b: body}
+	p.ws()
+	if p.i < len(p.b) && p.b[p.i] == '[' {
+		p.i++
+		// one reading is at least this long: presize from the body
+		ms = make([]kettle.Measurement, 0, min(kettle.MaxBatch, len(body)/minReadingBytes+1))
+		p.ws()
+		for {
+			if len(ms) == kettle.MaxBatch {
+				return nil, false
+			}
+			ms = append(ms, kettle.Measurement{Device: dev})
+			if !p.reading(&ms[len(ms)-1], now) {
+				return nil, false
+			}
+			p.ws()
+			if p.i >= len(p.b) {
+				return nil, false
+			}
+			c := p.b[p.i]
+			p.i++
+			if c == ']' {
+				break
+			}
+			if c != ',' {
+				return nil, false
+			}
+			p.ws()
+		}
+	} else {
+		ms = make([]kettle.Measurement, 1)
+		ms[0].Device = dev
+		if !p.reading(&ms[0], now) {
+			return nil, false
+		}
+	}
+	p.ws()
+	if p.i != len(p.b) {
+		return nil, false
+	}
+	return ms, true
+}
+
+// minReadingBytes is the length of the shortest reading fastV1 accepts:
+// the seven keys with quotes and colons, one-digit values, a minimal time.
+const minReadingBytes = 140
+
+type fastParser struct {
+	b []byte
+	i int
+}
+
+func (p *fastParser) ws() {
+	for p.i < len(p.b) {
+		switch p.b[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// reading parses one object into m (whose Device is set) and validates it.
+func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
+	if p.i >= len(p.b) || p.b[p.i] != '{' {
+		return false
+	}
+	p.i++
+	var seen uint8
+	for {
+		p.ws()
+		key, ok := p.str()
+		if !ok {
+			return false
+		}
+		p.ws()
+		if p.i >= len(p.b) || p.b[p.i] != ':' {
+			return false
+		}
+		p.i++
+		p.ws()
+		var bit uint8
+		var dst *float64
+		switch key {
+		case "time":
+			bit = 1
+		case "battery_charge_mwh":
+			bit, dst = 2, &m.ChargeMWh
+		case "battery_full_mwh":
+			bit, dst = 4, &m.FullMWh
+		case "battery_rate_mw":
+			bit, dst = 8, &m.RateMW
+		case "ambient_temp_c":
+			bit, dst = 16, &m.AmbientC
+		case "water_temp_c":
+			bit, dst = 32, &m.WaterC
+		case "water_level_ml":
+			bit, dst = 64, &m.LevelML
+		default:
+			return false
+		}
+		if seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		if dst == nil {
+			s, ok := p.str()
+			if !ok {
+				return false
+			}
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				return false
+			}
+			m.Time = t
+		} else if !p.num(dst) {
+			return false
+		}
+		p.ws()
+		if p.i >= len(p.b) {
+			return false
+		}
+		c := p.b[p.i]
+		p.i++
+		if c == '}' {
+			break
+		}
+		if c != ',' {
+			return false
+		}
+	}
+	if seen != 127 {
+		return false
+	}
+	m.Normalize()
+	return len(m.Validate(now, &kettle.V1Names, "", nil)) == 0
+}
+
+// str parses a string of printable ASCII without escapes. The result aliases
+// the body, which the caller neither changes nor keeps past the decode: it is
+// only compared and parsed.
+func (p *fastParser) str() (string, bool) {
+	if p.i >= len(p.b) || p.b[p.i] != '"' {
+		return "", false
+	}
+	p.i++
+	start := p.i
+	for p.i < len(p.b) {
+		c := p.b[p.i]
+		if c == '"' {
+			s := p.b[start:p.i]
+			p.i++
+			return unsafe.String(unsafe.SliceData(s), len(s)), true
+		}
+		if c < 0x20 || c >= 0x80 || c == '\\' {
+			return "", false
+		}
+		p.i++
+	}
+	return "", false
+}
+
+// num parses a JSON number (RFC 8259 grammar: strconv.ParseFloat alone would
+// also take "+1", "0x1p3", "inf", "1_0") that is finite as a float64.
+//
+// A number of at most 15 digits without exponent (what kettles send:
+// 57, -2.5, 88.25) is an integer below 2⁵³ divided by a power of ten below
+// 10²²: both exact in float64, so one division is correctly rounded, the
+// same float64 strconv.ParseFloat returns (its own exact fast path).
+// Anything else goes to strconv.ParseFloat.
+func (p *fastParser) num(dst *float64) bool {
+	b, start := p.b, p.i
+	i := p.i
+	neg := false
+	if i < len(b) && b[i] == '-' {
+		neg = true
+		i++
+	}
+	var mant uint64
+	digits, frac := 0, 0
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+		digits++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			mant = mant*10 + uint64(b[i]-'0')
+			digits++
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			mant = mant*10 + uint64(b[i]-'0')
+			digits++
+			i++
+		}
+		frac = i - d
+		if frac == 0 {
+			return false
+		}
+	}
+	exact := digits <= 15
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		exact = false
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return false
+		}
+	}
+	if exact {
+		v := float64(mant) / pow10[frac] // digits ≤ 15: mant < 10¹⁵ < 2⁵³, frac ≤ 15
+		if neg {
+			v = -v
+		}
+		*dst = v
+		p.i = i
+		return true
+	}
+	s := b[start:i]
+	v, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(s), len(s)), 64)
+	if err != nil {
+		return false
+	}
+	*dst = v
+	p.i = i
+	return true
+}
+
+var pow10 = [16]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
