@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -482,7 +483,7 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 		s.hooks.Batch(len(batch), ndup, took, rawErr)
 	}
 	off := 0
-	for _, r := range reqs {
+	for i, r := range reqs {
 		if err != nil {
 			r.err = err
 		} else {
@@ -490,8 +491,20 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 		}
 		off += len(r.rows)
 		close(r.done)
+		if (i+1)%wakeChunk == 0 {
+			// A commit may wake a thousand waiters. Goroutines readied here
+			// run before the scheduler looks at the network again, so every
+			// request arriving meanwhile (a poll, an upload to refuse) would
+			// wait behind all their responses: tens of milliseconds on a
+			// busy CPU. Yielding every wakeChunk lets them in between.
+			runtime.Gosched()
+		}
 	}
 }
+
+// wakeChunk is how many waiters a commit wakes before it yields the CPU
+// (below the scheduler's local run queue of 256, so they stay there).
+const wakeChunk = 64
 
 // apply folds a device's newest committed reading of a batch (m) and its
 // greatest level into the cache, with the same rules as the store (latest

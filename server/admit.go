@@ -22,12 +22,12 @@ import (
 // So ingest is admitted here, before its body is read, decoded or its token
 // checked, and refused with 503 + Retry-After when
 //
-//   - the Go scheduler is saturated: for three 100 ms windows in a row,
-//     goroutines waited longer than ShedLatency (p99 of /sched/latencies) to
-//     run and at least shedMinRunnable of them were waiting — the CPU cannot
-//     serve more within the latency budget — and uploads were at least 10%
-//     of the requests (else refusing them would not relieve it). Shedding
-//     stops at the first window that is not saturated. The refusal
+//   - the Go scheduler is saturated (ShedPolicy): for a few windows in a
+//     row, goroutines waited longer than its Latency (p99 of
+//     /sched/latencies) to run and many of them were waiting — the CPU
+//     cannot serve more within the latency budget — and uploads were a
+//     real share of the requests (else refusing them would not relieve it).
+//     Shedding stops at the first window that is not saturated. The refusal
 //     carries a long, jittered Retry-After, so compliant kettles keep their
 //     readings and send them later in one request instead of retrying each
 //     second: that, not the cheap 503 alone, is what lowers the load;
@@ -42,16 +42,19 @@ import (
 //
 // Command polls are never refused here: they are answered from memory.
 type admission struct {
-	shedLatency time.Duration // 0: no CPU shedding
-	shedRetry   time.Duration
-	queueRetry  time.Duration
-	queue       func() (rows, capacity int)
+	policy     ShedPolicy
+	shedRetry  time.Duration
+	queueRetry time.Duration
+	queue      func() (rows, capacity int)
 
 	requests atomic.Int64 // HTTP requests arrived in this window (count)
 	ingest   atomic.Int64 // of which uploads (admit calls)
 	shedding atomic.Bool
 	p99      atomic.Int64 // ns, the last window's scheduling latency p99
 	runnable atomic.Int64 // goroutines runnable at the end of the last window
+
+	mu  sync.Mutex // serialises observe (the watcher; tests)
+	dec shedDecision
 
 	shedCPU, shedQueue prometheus.Counter
 
@@ -66,28 +69,92 @@ const (
 	shedQueueFull    = "ingest_queue_full"
 )
 
-const (
-	// shedWindow is how often the scheduling latency is evaluated.
-	shedWindow = 100 * time.Millisecond
-	// shedMinRunnable: fewer runnable goroutines than this (sampled at the
-	// end of a window) never shed, however long they waited.
-	shedMinRunnable = 64
-	// shedWindows: shedding starts after this many saturated windows in a
-	// row (a stall of the whole machine for a moment is not overload) and
-	// stops at the first window that is not.
-	shedWindows = 3
-	// shedMinIngestShare: shedding starts only when uploads are at least
-	// this share of the requests arriving. Refusing them relieves the CPU
-	// only if they are a real part of its load; when something else
-	// saturates it (thousands of connections set up at once, clients
-	// pipelining reads), refusing the few kettles' uploads would buy
-	// nothing and lose their readings' freshness.
-	shedMinIngestShare = 0.1
-)
+// ShedPolicy says when ingest is shed because the CPU is saturated. A
+// window is saturated when its p99 scheduling latency is above Latency and
+// at least MinRunnable goroutines are runnable at its end. Shedding starts
+// after Windows saturated windows in a row in which uploads were at least
+// MinIngestShare of the requests, and stops at the first window that is not
+// saturated.
+type ShedPolicy struct {
+	// Latency: a window whose goroutines waited longer than this (p99 of
+	// /sched/latencies) to run is saturated. 0: never shed on CPU.
+	Latency time.Duration
+	// Window is how often the scheduling latency is evaluated.
+	Window time.Duration
+	// Windows: shedding starts after this many saturated windows in a row
+	// (a stall of the whole machine for a moment is not overload).
+	Windows int
+	// MinRunnable: fewer runnable goroutines than this (sampled at the end
+	// of a window) never saturate a window, however long they waited: then
+	// other processes take the CPU from a lightly loaded server, and
+	// refusing its uploads would relieve nothing.
+	MinRunnable int
+	// MinIngestShare: shedding starts only when uploads are at least this
+	// share of the requests arriving. Refusing them relieves the CPU only
+	// if they are a real part of its load; when something else saturates
+	// it (thousands of connections set up at once, clients pipelining
+	// reads), refusing the few kettles' uploads would buy nothing and lose
+	// their readings' freshness.
+	MinIngestShare float64
+}
 
-func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry time.Duration, queue func() (int, int)) *admission {
+// DefaultShedPolicy is kettle serve's policy once --shed-latency is set.
+var DefaultShedPolicy = ShedPolicy{Window: 100 * time.Millisecond, Windows: 3, MinRunnable: 64, MinIngestShare: 0.1}
+
+// withDefaults fills the zero fields from DefaultShedPolicy (Latency
+// stays: 0 is off).
+func (p ShedPolicy) withDefaults() ShedPolicy {
+	d := DefaultShedPolicy
+	if p.Window <= 0 {
+		p.Window = d.Window
+	}
+	if p.Windows <= 0 {
+		p.Windows = d.Windows
+	}
+	if p.MinRunnable <= 0 {
+		p.MinRunnable = d.MinRunnable
+	}
+	if p.MinIngestShare <= 0 {
+		p.MinIngestShare = d.MinIngestShare
+	}
+	p.Latency = max(p.Latency, 0)
+	return p
+}
+
+// shedDecision is the shedding decision, fed one window at a time. It reads
+// no clock and no runtime metric, so a test can drive it with made-up
+// windows.
+type shedDecision struct {
+	bad int // consecutive saturated windows with enough uploads
+	on  bool
+}
+
+// next takes one window's evidence — p99 scheduling latency, goroutines
+// runnable at its end, HTTP requests and uploads that arrived in it — and
+// says whether to shed during the next window.
+func (d *shedDecision) next(p ShedPolicy, p99 time.Duration, runnable, requests, uploads int64) bool {
+	// Both: waiting is the symptom, a crowd of runnable goroutines says it
+	// is this process's own load (shedding can help), not only other
+	// processes taking the CPU from a lightly loaded server.
+	saturated := p.Latency > 0 && p99 > p.Latency && runnable >= int64(p.MinRunnable)
+	switch {
+	case d.on:
+		if !saturated {
+			d.on, d.bad = false, 0
+		}
+	case saturated && requests > 0 && float64(uploads) >= p.MinIngestShare*float64(requests):
+		if d.bad++; d.bad >= p.Windows {
+			d.on = true
+		}
+	default:
+		d.bad = 0
+	}
+	return d.on
+}
+
+func newAdmission(reg prometheus.Registerer, policy ShedPolicy, shedRetry, queueRetry time.Duration, queue func() (int, int)) *admission {
 	a := &admission{
-		shedLatency: shedLatency, shedRetry: shedRetry, queueRetry: queueRetry,
+		policy: policy.withDefaults(), shedRetry: shedRetry, queueRetry: queueRetry,
 		queue: queue, stop: make(chan struct{}),
 	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -99,11 +166,11 @@ func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry 
 	reg.MustRegister(shed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_sched_latency_p99_seconds",
-			Help: "p99 of the time runnable goroutines waited for a CPU over the last 100 ms window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
+			Help: "p99 of the time runnable goroutines waited for a CPU over the last --shed-window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
 		}, func() float64 { return time.Duration(a.p99.Load()).Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_sched_goroutines_runnable",
-			Help: "Goroutines waiting for a CPU, sampled every 100 ms; ingest is shed only when there are at least 64 and they wait longer than --shed-latency.",
+			Help: "Goroutines waiting for a CPU, sampled every --shed-window; ingest is shed only when there are at least --shed-runnable and they wait longer than --shed-latency.",
 		}, func() float64 { return float64(a.runnable.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_http_shedding",
@@ -115,11 +182,15 @@ func newAdmission(reg prometheus.Registerer, shedLatency, shedRetry, queueRetry 
 			return 0
 		}),
 	)
-	if shedLatency > 0 {
+	return a
+}
+
+// start starts the watcher when CPU shedding is on.
+func (a *admission) start() {
+	if a.policy.Latency > 0 {
 		a.wg.Add(1)
 		go a.watch()
 	}
-	return a
 }
 
 // close stops the watcher.
@@ -128,13 +199,12 @@ func (a *admission) close() {
 	a.wg.Wait()
 }
 
-// watch evaluates the scheduling latency every shedWindow.
+// watch reads the scheduling latency every window and decides.
 func (a *admission) watch() {
 	defer a.wg.Done()
 	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
 	var prev []uint64
-	bad := 0 // consecutive saturated windows
-	t := time.NewTicker(shedWindow)
+	t := time.NewTicker(a.policy.Window)
 	defer t.Stop()
 	for {
 		select {
@@ -153,27 +223,19 @@ func (a *admission) watch() {
 		if s[1].Value.Kind() == metrics.KindUint64 {
 			runnable = s[1].Value.Uint64()
 		}
-		a.p99.Store(int64(p))
-		a.runnable.Store(int64(runnable))
-		// Both: waiting is the symptom, a crowd of runnable goroutines says
-		// it is this process's own load (shedding can help), not only other
-		// processes taking the CPU from a lightly loaded server.
-		all, ingest := a.requests.Swap(0), a.ingest.Swap(0)
-		saturated := p > a.shedLatency && runnable >= shedMinRunnable
-		switch {
-		case a.shedding.Load():
-			if !saturated {
-				a.shedding.Store(false)
-				bad = 0
-			}
-		case saturated && all > 0 && float64(ingest) >= shedMinIngestShare*float64(all):
-			if bad++; bad >= shedWindows {
-				a.shedding.Store(true)
-			}
-		default:
-			bad = 0
-		}
+		a.observe(p, int64(runnable))
 	}
+}
+
+// observe ends a window: it records its evidence, takes the window's
+// request counts and sets whether ingest is shed until the next.
+func (a *admission) observe(p99 time.Duration, runnable int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.p99.Store(int64(p99))
+	a.runnable.Store(runnable)
+	all, ingest := a.requests.Swap(0), a.ingest.Swap(0)
+	a.shedding.Store(a.dec.next(a.policy, p99, runnable, all, ingest))
 }
 
 // windowQuantile is the q-quantile of the observations counted in cur but
@@ -218,7 +280,7 @@ func (a *admission) admit(*http.Request) (release func(), err error) {
 		a.shedCPU.Inc()
 		ra := a.jitter(a.shedRetry)
 		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: ra,
-			Message: fmt.Sprintf("server overloaded: requests wait more than %s for a CPU; keep the readings and send them together after %s (Retry-After), or add a node", a.shedLatency, ra)}
+			Message: fmt.Sprintf("server overloaded: requests wait more than %s for a CPU; keep the readings and send them together after %s (Retry-After), or add a node", a.policy.Latency, ra)}
 	}
 	if rows, capacity := a.queue(); rows >= capacity {
 		a.shedQueue.Inc()

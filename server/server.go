@@ -50,13 +50,14 @@ type Config struct {
 	IdleTimeout       time.Duration
 	ShutdownTimeout   time.Duration
 
-	// ShedLatency: while goroutines wait longer than this for a CPU (p99
-	// of three 100 ms windows in a row), ingest is refused before its body is read, with
-	// a Retry-After of about ShedRetryAfter. 0 or negative: never shed on
+	// Shed: while goroutines wait longer than Shed.Latency for a CPU (see
+	// ShedPolicy), ingest is refused before its body is read, with a
+	// Retry-After of about ShedRetryAfter. Shed.Latency 0: never shed on
 	// CPU (the default: shedding trades acknowledged readings for poll
 	// latency; bench/ingest.sh at 1,000 connections saw 384,282 of 458,001
-	// uploads shed with it at 20 ms).
-	ShedLatency    time.Duration
+	// uploads shed with it at 20 ms). Its other zero fields take
+	// DefaultShedPolicy's values.
+	Shed           ShedPolicy
 	ShedRetryAfter time.Duration // 0: 10 s
 
 	// AccessLogSample is the fraction of successful requests logged; failed
@@ -235,8 +236,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
 		}
 	}
-	s.admit = newAdmission(reg, max(cfg.ShedLatency, 0), cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
+	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
 		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
+	s.admit.start()
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
@@ -263,7 +265,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	go func() { s.serveErr <- s.http.Serve(s.ln) }()
 	s.log.Info("kettle serve started", "addr", s.Addr(), "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
-		"max_conns", cfg.MaxConns, "shed_latency", cfg.ShedLatency.String(), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
+		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
 }

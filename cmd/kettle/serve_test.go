@@ -302,7 +302,8 @@ func TestSIGTERMDrains(t *testing.T) {
 
 func TestServeHelpIsTheReference(t *testing.T) {
 	out, _ := exec.Command(kettleBin, "serve", "--help").CombinedOutput()
-	for _, want := range []string{"--addr", "KETTLE_ADDR", "--db", "KETTLE_DB", "--operator-token", "KETTLE_OPERATOR_TOKEN", "--secret", "KETTLE_SECRET", "--ingest-queue", "--max-conns"} {
+	for _, want := range []string{"--addr", "KETTLE_ADDR", "--db", "KETTLE_DB", "--operator-token", "KETTLE_OPERATOR_TOKEN", "--secret", "KETTLE_SECRET", "--ingest-queue", "--max-conns",
+		"--shed-latency", "KETTLE_SHED_LATENCY", "--shed-window", "KETTLE_SHED_WINDOW", "--shed-windows", "KETTLE_SHED_WINDOWS", "--shed-runnable", "KETTLE_SHED_RUNNABLE", "--shed-min-ingest-share", "KETTLE_SHED_MIN_INGEST_SHARE"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("kettle serve --help lacks %s", want)
 		}

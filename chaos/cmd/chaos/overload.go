@@ -21,6 +21,22 @@ import (
 // (kettle swarm --conns 3000). The server runs with its defaults except two
 // limits stated explicitly so that the memory bound can be computed:
 // --max-conns 4000 and --ingest-queue 1024.
+//
+// CPU shedding is on, reacting within 100 ms (--shed-latency 10ms over two
+// 50 ms windows, 16 runnable goroutines): refusals are only fast if the
+// backlog of work in front of them stays short, and on 2 cores a burst
+// from 3,000 connections builds one in tens of milliseconds.
+//
+// The swarm runs at nice 10 (swarmNice). In reality the load comes from
+// other machines; here it shares the server's 2 cores and, at the same
+// priority, took ~0.7 of them from the server it measures — the 503s' tail
+// was requests waiting to be read while the swarm had the CPU (the chaos
+// probe's breakdown: all of the tail between the probe's write and the
+// server's read; handler and client time under 1 ms). Nice only orders who
+// runs first: the swarm still sends the whole offered load (its late
+// starts are reported).
+const swarmNice = 10
+
 func partOverload(ctx context.Context, e *env) *Result {
 	maxConns, duration := e.overloadMaxConns, e.overloadDuration
 	const (
@@ -37,11 +53,11 @@ func partOverload(ctx context.Context, e *env) *Result {
 		perRowKiB    = 1
 		perDeviceKiB = 1
 	)
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 20ms, other flags default) under kettle swarm: %d v1 kettles every %s "+
+	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 10ms --shed-window 50ms --shed-windows 2 --shed-runnable 16, other flags default) under kettle swarm (at nice %d: the load stands for other machines, it must not take the server's CPU): %d v1 kettles every %s "+
 		"for %s over %d shared connections = 10× the request rate of the 20,000-kettle/30 s fleet (≈6,700 req/s per endpoint offered; 200,000 real connections would exceed the fd limit). "+
 		"VmRSS sampled each second; probes on their own connections: GET /v1/command 20/s, POST /v1/measurements 20/s; server-side latency from /metrics. "+
 		"Then a normal swarm (1,000 kettles every 2 s, 30 s) must meet p99 ≤ 100 ms, ≤ 0.1%% errors and a clean audit.",
-		maxConns, queue, devices, interval, duration, conns)}
+		maxConns, queue, swarmNice, devices, interval, duration, conns)}
 	dir := filepath.Join(e.out, "overload")
 	os.RemoveAll(dir)
 	data := filepath.Join(dir, "data")
@@ -51,7 +67,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		return r.fail("%v", err)
 	}
 	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
-		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue), "--shed-latency", "20ms")
+		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue), "--shed-latency", "10ms", "--shed-window", "50ms", "--shed-windows", "2", "--shed-runnable", "16")
 	if err != nil {
 		return r.fail("%v", err)
 	}
@@ -72,7 +88,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 	m0, _ := metricsText(srv.url)
 
 	rss := sampleRSS(srv.pid())
-	sw, err := startSwarm(e, srv.url, filepath.Join(dir, "swarm"), "--devices", fmt.Sprint(devices), "--interval", interval.String(),
+	sw, err := startSwarmNice(e, swarmNice, srv.url, filepath.Join(dir, "swarm"), "--devices", fmt.Sprint(devices), "--interval", interval.String(),
 		"--duration", duration.String(), "--api", "v1", "--data-dir", data, "--conns", fmt.Sprint(conns))
 	if err != nil {
 		rss.end()
@@ -196,7 +212,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 
 	// Recovery: a normal swarm right after, judged by the swarm itself.
 	sleep(ctx, 3*time.Second)
-	rec, err := startSwarm(e, srv.url, filepath.Join(dir, "recovery"), "--devices", "1000", "--interval", "2s", "--duration", "30s",
+	rec, err := startSwarmNice(e, swarmNice, srv.url, filepath.Join(dir, "recovery"), "--devices", "1000", "--interval", "2s", "--duration", "30s",
 		"--api", "v1", "--data-dir", data, "--slo-p99", "100ms", "--max-error-rate", "0.001", "--seed", "2")
 	if err != nil {
 		return r.fail("%v", err)

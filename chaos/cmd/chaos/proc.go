@@ -180,6 +180,14 @@ type swarmProc struct {
 // output in out/swarm.log. Judging (SLO) is left to the caller: the swarm
 // is run with --slo-p99 0 --max-error-rate -1 unless args say otherwise.
 func startSwarm(e *env, target, out string, args ...string) (*swarmProc, error) {
+	return startSwarmNice(e, 0, target, out, args...)
+}
+
+// startSwarmNice is startSwarm with the swarm at nice level nice (0: as
+// this process), for parts where the swarm stands for load that in reality
+// comes from other machines and must not take the CPU of the server it
+// measures.
+func startSwarmNice(e *env, nice int, target, out string, args ...string) (*swarmProc, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
@@ -191,6 +199,11 @@ func startSwarm(e *env, target, out string, args ...string) (*swarmProc, error) 
 	}
 	fmt.Fprintf(logf, "kettle %s\n", strings.Join(all, " "))
 	cmd := exec.Command(e.bin, all...)
+	if nice != 0 {
+		// nice(1) sets the level before exec, so every thread of the swarm has it.
+		cmd = exec.Command("nice", append([]string{"-n", fmt.Sprint(nice), e.bin}, all...)...)
+		fmt.Fprintf(logf, "(at nice %d)\n", nice)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	s := &swarmProc{cmd: cmd, out: out, done: make(chan struct{}), logPath: logPath}
