@@ -70,6 +70,7 @@ type env struct {
 	// overload's --max-conns and duration (flags, to try other limits)
 	overloadMaxConns int
 	overloadDuration time.Duration
+	overloadInterval time.Duration
 	log              *os.File // chaos.log: every process's output and our notes
 }
 
@@ -100,6 +101,7 @@ func main() {
 	fuzztime := fs.Duration("fuzztime", 20*time.Second, "time given to each fuzz target")
 	omc := fs.Int("overload-max-conns", 4000, "overload: kettle serve --max-conns (the swarm uses 3000 connections)")
 	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the 10× load lasts")
+	oiv := fs.Duration("overload-interval", 750*time.Millisecond, "overload: each of the 20,000 swarm kettles' interval (750ms = 10× the request rate of the 80,000 kettles kettle capacity measured at 30 s; 3s = 10× the 20,000-kettle fleet)")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	fs.Parse(os.Args[1:])
 	names := fs.Args()
@@ -139,7 +141,7 @@ func main() {
 		fatal(err)
 	}
 	defer logf.Close()
-	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur}
+	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadInterval: *oiv}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
