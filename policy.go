@@ -2,6 +2,7 @@ package kettle
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -12,6 +13,17 @@ type Command struct {
 	Fill        bool
 	FlushMLPerS float64 // 0 = do not flush
 	Reason      string
+}
+
+// AppendActions appends "charge|fill|flush" (as fmt's %t|%t|%g would print
+// them) to b: what a kettle acts on, without the reason's prose. The HTTP
+// ETag and the MQTT push decision hash it.
+func (c Command) AppendActions(b []byte) []byte {
+	b = strconv.AppendBool(b, c.Charge)
+	b = append(b, '|')
+	b = strconv.AppendBool(b, c.Fill)
+	b = append(b, '|')
+	return strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
 }
 
 // The policy's constants. See Decide.

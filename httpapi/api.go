@@ -18,7 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 )
 
@@ -769,12 +769,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 // without fmt — it is computed on every poll.
 func commandETag(c kettle.Command) string {
 	var buf [128]byte
-	b := strconv.AppendBool(buf[:0], c.Charge)
-	b = append(b, '|')
-	b = strconv.AppendBool(b, c.Fill)
-	b = append(b, '|')
-	b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
-	b = append(b, '|')
+	b := append(c.AppendActions(buf[:0]), '|')
 	b = append(b, c.Reason...)
 	h := fnv.New64a()
 	h.Write(b)

@@ -5,11 +5,10 @@ import (
 	"encoding/json"
 	"hash/fnv"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
@@ -32,13 +31,8 @@ func MeasurementTopic(id kettle.DeviceID) string {
 // subscribe, or by polling.
 func commandHash(c kettle.Command) uint64 {
 	var buf [64]byte
-	b := strconv.AppendBool(buf[:0], c.Charge)
-	b = append(b, '|')
-	b = strconv.AppendBool(b, c.Fill)
-	b = append(b, '|')
-	b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
 	h := fnv.New64a()
-	h.Write(b)
+	h.Write(c.AppendActions(buf[:0]))
 	return h.Sum64() | 1 // | 1: 0 means "nothing published yet"
 }
 
