@@ -28,8 +28,8 @@ func TestTokenCache(t *testing.T) {
 	// bits of the MAC (the last one's low bits are base64 padding, so
 	// flipping it failed the test for the 1 in 16 tokens ending in 'A').
 	f(good[:37]+flip(good[37])+good[38:], false)
-	f(kettle.DeviceToken([]byte("other"), id), false)    // another secret's token
-	f(strings.ToUpper(good[:36])+good[36:], true)        // uuid.Parse accepts upper case: so does the cache
+	f(kettle.DeviceToken([]byte("other"), id), false) // another secret's token
+	f(strings.ToUpper(good[:36])+good[36:], true)     // uuid.Parse accepts upper case: so does the cache
 	f(good+"x", false)
 	f("", false)
 	f(good[:36], false)
