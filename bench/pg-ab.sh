@@ -33,12 +33,6 @@ go build -o "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
-	for p in $pm $(ps --ppid "$pm" -o pid=); do
-		f=($(sed 's/.*) //' /proc/$p/stat 2>/dev/null)) || continue; [ ${#f[@]} -gt 15 ] || continue
-		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
-	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
-proc_cpu() { local f; f=($(sed 's/.*) //' /proc/$1/stat)); awk -v t=$((f[11] + f[12])) -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
 serve() { # serve BIN DB: start kettle serve on a fresh database
 	local port; port=$(free_port)
 	"$work/$1" serve --addr 127.0.0.1:$port --db "$(pg_db "$2")" --data-dir "$work/data-$2" --access-log-sample 1 ${SERVE_ARGS:-} 2>"$work/serve-$2.log" &

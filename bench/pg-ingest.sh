@@ -42,14 +42,6 @@ ceil_dsn=$(pg_db ceiling)
 dsn=$(pg_db kettle)
 wait_up() { for _ in $(seq 300); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1"; exit 1; }
 
-# CPU seconds of the cluster (postmaster, its processes and those it reaped)
-# and of one process: on a shared machine CPU per row is steadier than rows/s.
-pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
-	for p in $pm $(ps --ppid "$pm" -o pid=); do
-		f=($(sed 's/.*) //' /proc/$p/stat 2>/dev/null)) || continue; [ ${#f[@]} -gt 15 ] || continue
-		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
-	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
-proc_cpu() { local f; f=($(sed 's/.*) //' /proc/$1/stat)); awk -v t=$((f[11] + f[12])) -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
 
 ceiling() {
 	local s0 s1 out; s0=$(pg_cpu)

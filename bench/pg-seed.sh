@@ -42,13 +42,6 @@ dsn=$(pg_db kettle)
 # the ceiling's end: the same grid, first CEILING_DAYS days of the history
 ceil_end=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days + $CEILING_DAYS days" +%Y-%m-%dT%H:%M:%SZ)
 
-# CPU seconds used by the cluster (postmaster, its processes, and those it
-# reaped): on a shared machine the CPU cost per row is steadier than rows/s.
-pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
-	for p in $pm $(ps --ppid "$pm" -o pid=); do
-		f=($(sed 's/.*) //' /proc/$p/stat 2>/dev/null)) || continue; [ ${#f[@]} -gt 15 ] || continue
-		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
-	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
 # cpu_run NAME CMD...: run CMD, print its output, then a CPU line (client = CMD's own CPU)
 cpu_run() { local name=$1 s0 s1 out; shift; s0=$(pg_cpu)
 	out=$( { /usr/bin/time -f "__CPU %U %S" "$@"; } 2>&1 ); sleep 1; s1=$(pg_cpu) # 1s: let the postmaster reap the backends
