@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/httpapi"
 )
 
 // The hand-made encoding of pgbench ingest says what encoding/json said.
@@ -15,15 +16,7 @@ func TestAppendReadings(t *testing.T) {
 	for j := range 50 {
 		in = append(in, ingestRow(base, ingestID(7), 7, 3, j, 50))
 	}
-	var ms = make([]struct {
-		Time    time.Time `json:"time"`
-		Charge  float64   `json:"battery_charge_mwh"`
-		Full    float64   `json:"battery_full_mwh"`
-		Rate    float64   `json:"battery_rate_mw"`
-		Ambient float64   `json:"ambient_temp_c"`
-		Water   float64   `json:"water_temp_c"`
-		Level   float64   `json:"water_level_ml"`
-	}, 0)
+	var ms []httpapi.MeasurementJSON // the v1 shape the server reads back
 	if err := json.Unmarshal(appendReadings(nil, in), &ms); err != nil {
 		t.Fatal(err)
 	}
