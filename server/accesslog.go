@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -41,32 +42,76 @@ const slowRequest = time.Second
 // accessLog logs a JSON line for every failed (status ≥ 400) or slow
 // request and for the sampled fraction of the others: route template (never the
 // raw path), method, status, numeric duration_ms, bytes, device, remote.
-func accessLog(next http.Handler, log *slog.Logger, sample float64) http.Handler {
+//
+// 503s are the exception: at most one line a second (refusalEvery), carrying
+// how many were not logged since (suppressed_503). An overloaded server
+// refuses thousands a second, and a line for each would spend the CPU it is
+// short of (and fill the disk) repeating one fact; /metrics counts every
+// refusal (kettle_http_requests_shed_total, the 5xx buckets of
+// kettle_http_request_duration_seconds).
+func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() time.Time) http.Handler {
 	if sample <= 0 {
 		return next // no wrapper, no allocation per request
 	}
+	var refused refusals
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
+		start := now()
 		sw := &statusWriter{ResponseWriter: w}
 		next.ServeHTTP(sw, r)
+		took := now().Sub(start)
 		// Every failure and every slow request; a sample of the rest.
-		if sw.status < 400 && time.Since(start) < slowRequest && sample < 1 && rand.Float64() >= sample {
+		if sw.status < 400 && took < slowRequest && sample < 1 && rand.Float64() >= sample {
 			return
+		}
+		var suppressed int64
+		if sw.status == http.StatusServiceUnavailable {
+			var keep bool
+			if keep, suppressed = refused.keep(start); !keep {
+				return
+			}
 		}
 		dev := r.Header.Get("servant-auth-cookie")
 		route := r.Pattern
 		if route == "" {
 			route = "unmatched"
 		}
-		log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+		attrs := []slog.Attr{
 			slog.String("route", route),
 			slog.String("method", r.Method),
 			slog.Int("status", sw.status),
-			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+			slog.Float64("duration_ms", float64(took.Microseconds())/1000),
 			slog.Int64("bytes_in", r.ContentLength),
 			slog.Int("bytes_out", sw.bytes),
 			slog.String("device", dev),
 			slog.String("remote", r.RemoteAddr),
-		)
+		}
+		if suppressed > 0 {
+			attrs = append(attrs, slog.Int64("suppressed_503", suppressed))
+		}
+		log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	})
+}
+
+// refusalEvery is how often the access log writes a 503 line.
+const refusalEvery = time.Second
+
+// refusals thins the access log's 503 lines to one per refusalEvery.
+type refusals struct {
+	mu         sync.Mutex
+	next       time.Time // no line before this
+	suppressed int64     // 503s not logged since the last line
+}
+
+// keep says whether a 503 answered at now gets a line, and if so how many
+// were not logged before it.
+func (f *refusals) keep(now time.Time) (bool, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if now.Before(f.next) {
+		f.suppressed++
+		return false, 0
+	}
+	n := f.suppressed
+	f.next, f.suppressed = now.Add(refusalEvery), 0
+	return true, n
 }

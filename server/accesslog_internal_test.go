@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAccessLogKeepsFailures: with a tiny sample, successful requests are
@@ -20,7 +21,7 @@ func TestAccessLogKeepsFailures(t *testing.T) {
 			return
 		}
 		w.Write([]byte("ok"))
-	}), log, 1e-12)
+	}), log, 1e-12, time.Now)
 	for range 1000 {
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/good", nil))
 	}
@@ -30,5 +31,40 @@ func TestAccessLogKeepsFailures(t *testing.T) {
 	lines := strings.Count(buf.String(), "\n")
 	if lines != 3 || strings.Count(buf.String(), `"status":400`) != 3 {
 		t.Errorf("logged %d lines, want the 3 failures only:\n%s", lines, buf.String())
+	}
+}
+
+// TestAccessLogThinsRefusals: under overload a 503 line is written once a
+// second with the count of those not written; other failures are all kept.
+func TestAccessLogThinsRefusals(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	now := time.Unix(1_800_000_000, 0)
+	h := accessLog(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/bad" {
+			http.Error(w, "no", http.StatusBadRequest)
+			return
+		}
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}), log, 0.01, func() time.Time { return now })
+	f := func(path string, n int, step time.Duration) {
+		t.Helper()
+		for range n {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", path, nil))
+			now = now.Add(step)
+		}
+	}
+	f("/busy", 1000, time.Millisecond) // 1 s: one line, then 999 held back
+	f("/bad", 2, 0)                    // always written
+	f("/busy", 1, 0)                   // next second: a line saying 999 were not
+	got := buf.String()
+	if n := strings.Count(got, `"status":503`); n != 2 {
+		t.Errorf("%d lines of 503, want 2:\n%s", n, got)
+	}
+	if n := strings.Count(got, `"status":400`); n != 2 {
+		t.Errorf("%d lines of 400, want 2", n)
+	}
+	if !strings.Contains(got, `"suppressed_503":999`) {
+		t.Errorf("no suppressed_503 count of 999:\n%s", got)
 	}
 }
