@@ -38,6 +38,13 @@ type Config struct {
 	// as little as possible. An error (503 + Retry-After) is answered as is;
 	// otherwise release is called once the request is answered.
 	AdmitIngest func(*http.Request) (release func(), err error)
+	// PollMaxAge, when set, is asked on every v1 command poll: a duration
+	// above 0 is sent as Cache-Control max-age (whole seconds, at least 1),
+	// asking the kettle not to poll again before then and to keep obeying
+	// this answer; 0 sends no-cache (poll on schedule). The server raises
+	// it while its CPU is saturated: polls are never refused, so only the
+	// kettles polling less often relieves it.
+	PollMaxAge func() time.Duration
 }
 
 // API holds the routes. Build it with New; it is an http.Handler.
@@ -756,12 +763,26 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 	c, next := a.svc.Command(id)
 	etag := commandETag(c)
 	w.Header().Set("ETag", etag)
-	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("Cache-Control", a.commandCaching())
 	if inm := r.Header.Get("If-None-Match"); inm != "" && inm == etag {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
 	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+}
+
+// commandCaching is a v1 command's Cache-Control: no-cache (revalidate on
+// every poll: an override may land at any time), or max-age while the
+// server asks kettles to poll less often (Config.PollMaxAge).
+func (a *API) commandCaching() string {
+	if a.cfg.PollMaxAge == nil {
+		return "no-cache"
+	}
+	d := a.cfg.PollMaxAge()
+	if d <= 0 {
+		return "no-cache"
+	}
+	return "max-age=" + strconv.Itoa(max(1, int(d/time.Second)))
 }
 
 // commandETag is the ETag of a command: FNV-1a of

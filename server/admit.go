@@ -40,7 +40,14 @@ import (
 // --max-conns instead); uploads waiting for their commit are bounded by the
 // queue.
 //
-// Command polls are never refused here: they are answered from memory.
+// Command polls are never refused here: they are answered from memory. But
+// when kettles poll faster than the CPU answers (10× the fleet: the polls
+// alone exceed it), shedding uploads relieves nothing and every poll waits
+// behind the others. So while shedding, a v1 poll's answer carries
+// Cache-Control max-age of about the shed Retry-After (pollMaxAge): the
+// kettle keeps obeying that command and polls again after it, and the
+// fleet's poll rate falls to what the CPU holds. An override reaches a
+// kettle told so at most that much later.
 type admission struct {
 	policy     ShedPolicy
 	shedRetry  time.Duration
@@ -57,6 +64,7 @@ type admission struct {
 	dec shedDecision
 
 	shedCPU, shedQueue prometheus.Counter
+	pollsSlowed        prometheus.Counter
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -163,7 +171,11 @@ func newAdmission(reg prometheus.Registerer, policy ShedPolicy, shedRetry, queue
 	}, []string{"reason"})
 	a.shedCPU = shed.WithLabelValues(shedSchedLatency)
 	a.shedQueue = shed.WithLabelValues(shedQueueFull)
-	reg.MustRegister(shed,
+	a.pollsSlowed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kettle_http_polls_slowed_total",
+		Help: "v1 command polls answered with Cache-Control max-age (about --shed-retry-after) instead of no-cache because the CPU was saturated: the kettle is asked to keep the command and poll again after it.",
+	})
+	reg.MustRegister(shed, a.pollsSlowed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_sched_latency_p99_seconds",
 			Help: "p99 of the time runnable goroutines waited for a CPU over the last --shed-window (from /sched/latencies:seconds); above --shed-latency, ingest is shed.",
@@ -288,6 +300,16 @@ func (a *admission) admit(*http.Request) (release func(), err error) {
 			Message: fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", capacity, a.queueRetry)}
 	}
 	return func() {}, nil
+}
+
+// pollMaxAge is the max-age of a v1 command poll's answer: about the shed
+// Retry-After while ingest is shed for CPU, else 0 (no-cache).
+func (a *admission) pollMaxAge() time.Duration {
+	if !a.shedding.Load() {
+		return 0
+	}
+	a.pollsSlowed.Inc()
+	return a.jitter(a.shedRetry)
 }
 
 // count counts every HTTP request (the denominator of the uploads' share).

@@ -74,6 +74,21 @@ func shedTotal(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 	return 0
 }
 
+// counterTotal reads a counter without labels.
+func counterTotal(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
 // TestShedDecision drives the admission's windows with made-up scheduling
 // latencies, runnable goroutines and request mixes — the requests and
 // uploads counted by the same middleware and admit call the server uses —
@@ -103,6 +118,14 @@ func TestShedDecision(t *testing.T) {
 		a.observe(p99, int64(runnable))
 		if got := admitErr(t, a); got != want {
 			t.Errorf("after a window p99 %v, %d runnable, %d of %d requests uploads: admit %q, want %q", p99, runnable, uploads, requests, got, want)
+		}
+		// Polls are asked to wait (max-age) exactly while uploads are shed
+		// for CPU.
+		switch ma := a.pollMaxAge(); {
+		case a.shedding.Load() && (ma < 5*time.Second || ma > 15*time.Second):
+			t.Errorf("poll max-age %v while shedding, want 10 s ± 50%%", ma)
+		case !a.shedding.Load() && ma != 0:
+			t.Errorf("poll max-age %v while not shedding, want 0 (no-cache)", ma)
 		}
 	}
 	const (
@@ -141,6 +164,9 @@ func TestShedDecision(t *testing.T) {
 	f(slow, 500, 1000, 100, "cpu") // exactly 10%, 3 windows
 	if n := shedTotal(t, reg, shedSchedLatency); n == 0 {
 		t.Errorf("kettle_http_requests_shed_total{reason=sched_latency} = 0 after shedding")
+	}
+	if n := counterTotal(t, reg, "kettle_http_polls_slowed_total"); n != 5 {
+		t.Errorf("kettle_http_polls_slowed_total = %v, want 5 (the windows shed so far)", n)
 	}
 
 	// The queue: full refuses whatever the CPU, but CPU shedding is said

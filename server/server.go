@@ -239,7 +239,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
 		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	s.admit.start()
-	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit}, s.log)
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit, PollMaxAge: s.admit.pollMaxAge}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
 	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
@@ -255,7 +255,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.ln = newLimitListener(l, cfg.MaxConns)
 	s.metrics.RegisterConns(s.ln)
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample)),
+		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample, time.Now)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,

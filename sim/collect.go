@@ -111,6 +111,7 @@ func (s *Swarm) totals(res *Results) {
 	}
 	t.DuplicatesReported = s.st.dupReported.Load()
 	t.LateStarts = s.st.late.Load()
+	t.PollsDeferred = s.st.pollsDeferred.Load()
 	t.MaxLagMs = float64(s.st.totMaxLag.Load()) / 1e6
 	t.Dials = s.pool.dials.Load()
 	t.CommandsReceived = s.st.commands.Load()

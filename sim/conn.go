@@ -122,6 +122,7 @@ type response struct {
 	body       []byte
 	retryAfter time.Duration
 	etag       string
+	maxAge     time.Duration // Cache-Control max-age; 0: none
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -201,7 +202,21 @@ func (c *conn) roundTrip(raw []byte, deadline time.Time) (rawResponse, error) {
 			r.retryAfter = time.Duration(sec) * time.Second
 		}
 	}
+	r.maxAge = maxAge(resp.Header.Get("Cache-Control"))
 	return r, nil
+}
+
+// maxAge is the max-age directive of a Cache-Control value (0: none, or
+// no-cache).
+func maxAge(cc string) time.Duration {
+	for _, d := range strings.Split(cc, ",") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(d), "max-age="); ok {
+			if sec, err := strconv.Atoi(v); err == nil && sec > 0 {
+				return time.Duration(sec) * time.Second
+			}
+		}
+	}
+	return 0
 }
 
 // buildRequest appends an HTTP/1.1 request to dst.

@@ -145,10 +145,14 @@ type Totals struct {
 	Dropped      int64            `json:"dropped"`
 	// DuplicatesReported counts readings the server answered as duplicates
 	// (a retry of a reading whose first ack was lost: expected, not an error).
-	DuplicatesReported int64   `json:"duplicates_reported"`
-	LateStarts         int64   `json:"late_starts"`
-	MaxLagMs           float64 `json:"max_lag_ms"`
-	Dials              int64   `json:"dials"`
+	DuplicatesReported int64 `json:"duplicates_reported"`
+	LateStarts         int64 `json:"late_starts"`
+	// PollsDeferred counts polls not sent because the last command's
+	// Cache-Control max-age had not run out (the server asks for fewer
+	// polls while overloaded).
+	PollsDeferred int64   `json:"polls_deferred,omitempty"`
+	MaxLagMs      float64 `json:"max_lag_ms"`
+	Dials         int64   `json:"dials"`
 	// MQTT: commands pushed to the kettles, and connections lost (then redialed).
 	CommandsReceived int64   `json:"commands_received,omitempty"`
 	ConnsLost        int64   `json:"conns_lost,omitempty"`
@@ -245,6 +249,9 @@ func (r *Results) Summary(w io.Writer) {
 	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
 		t.Readings, t.Acked, t.Unacked, t.Dropped, t.DuplicatesReported)
 	fmt.Fprintf(w, "  simulator: late starts %d, max lag %.1f ms, %d connections dialed\n", t.LateStarts, t.MaxLagMs, t.Dials)
+	if t.PollsDeferred > 0 {
+		fmt.Fprintf(w, "  polls deferred by the server's Cache-Control max-age: %d\n", t.PollsDeferred)
+	}
 	if p.Protocol == ProtocolMQTT {
 		fmt.Fprintf(w, "  mqtt: %s, in-flight window %d, commands received %d, connections lost %d\n", p.MQTTTarget, p.MQTTInflight, t.CommandsReceived, t.ConnsLost)
 	}

@@ -55,9 +55,9 @@ type stats struct {
 	offered [nEP]atomic.Int64 // this second
 	obs     Observer
 
-	readings, acked, dropped, late, dupReported atomic.Int64
-	commands, mqttLost                          atomic.Int64 // MQTT: commands received, connections lost
-	maxLag, totMaxLag                           atomic.Int64 // ns
+	readings, acked, dropped, late, dupReported, pollsDeferred atomic.Int64
+	commands, mqttLost                                         atomic.Int64 // MQTT: commands received, connections lost
+	maxLag, totMaxLag                                          atomic.Int64 // ns
 }
 
 func newStats(api, protocol string) *stats {

@@ -222,6 +222,7 @@ type kettleState struct {
 	model    Model
 	phase    int64 // first tick, ns since start
 	retryAt  int64 // no upload before this (backoff, Retry-After)
+	pollAt   int64 // no poll before this (the last command's max-age)
 	owed     work  // work that came due while an exchange was outstanding
 	pending  []kettle.Measurement
 	acked    []int64 // device times (unix µs) of acknowledged readings
@@ -519,7 +520,12 @@ func (s *Swarm) fire(ev event) (event, bool) {
 	hasNext := false
 	if ev.kind == evTick {
 		next, hasNext = s.tick(k, ev), true
-		w.poll = true
+		// A command answered with max-age holds until then: the server
+		// asked for fewer polls (it does so while overloaded).
+		w.poll = ev.at >= k.pollAt
+		if !w.poll {
+			s.st.add(&s.st.pollsDeferred, 1)
+		}
 		w.upload = len(k.pending) >= s.cfg.Batch && ev.at >= k.retryAt
 	} else {
 		w.upload = len(k.pending) > 0 && ev.at >= k.retryAt
@@ -735,6 +741,11 @@ func (s *Swarm) poll(k *kettleState, sl *slot, at int64) {
 		path = "/command"
 	}
 	resp, ok := s.send(sl, epCommand, at, "GET", path, headers, nil)
+	if ok && resp.maxAge > 0 {
+		k.mu.Lock()
+		k.pollAt = s.now() + int64(resp.maxAge)
+		k.mu.Unlock()
+	}
 	if !ok || resp.status != 200 {
 		return
 	}

@@ -31,6 +31,9 @@ type fakeServer struct {
 	// 500 = store, then answer 500 (an ack lost after commit).
 	fault func(n int64) int
 	delay time.Duration // before answering an upload
+	// cacheControl, if set, is the Cache-Control of every v1 command answer.
+	cacheControl string
+	polls        atomic.Int64
 
 	uploads  atomic.Int64
 	mu       sync.Mutex
@@ -149,6 +152,10 @@ func newFake(t *testing.T) (*fakeServer, *httptest.Server) {
 		if _, ok := v1(r); !ok {
 			writeJSON(w, 401, map[string]string{"error": "unauthorized"})
 			return
+		}
+		f.polls.Add(1)
+		if f.cacheControl != "" {
+			w.Header().Set("Cache-Control", f.cacheControl)
 		}
 		if r.Header.Get("If-None-Match") == `"c1"` {
 			w.WriteHeader(304)
@@ -298,6 +305,34 @@ func TestSwarmV1AuditsAgainstFake(t *testing.T) {
 	}
 	if s304 == 0 {
 		t.Error("no 304 to If-None-Match")
+	}
+}
+
+// A command answered with Cache-Control max-age is kept until then: the
+// kettle polls again only after it (an overloaded server asks for that),
+// while its readings keep being uploaded on schedule.
+func TestSwarmHonorsCommandMaxAge(t *testing.T) {
+	f, srv := newFake(t)
+	f.cacheControl = "max-age=1"
+	cfg := quick(srv.URL) // 50 kettles, a tick every 100 ms for 1.5 s
+	cfg.Secret, cfg.Operator = f.secret, f.operator
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At most a first poll and one a second later per kettle (+1 for jitter),
+	// instead of one per tick (~15).
+	if n := f.polls.Load(); n == 0 || n > int64(3*cfg.Devices) {
+		t.Errorf("%d polls for %d kettles over 1.5 s with max-age=1, want 1–3 each", n, cfg.Devices)
+	}
+	if d := res.Totals.PollsDeferred; d < int64(5*cfg.Devices) {
+		t.Errorf("%d polls deferred, want most ticks' polls", d)
+	}
+	if a := res.Audit; a == nil || a.Acked == 0 || a.Lost != 0 || int64(f.storedCount()) < a.Acked {
+		t.Errorf("audit %+v: uploads must go on while polls are deferred", a)
+	}
+	if maxAge("no-cache") != 0 || maxAge("private, max-age=12") != 12*time.Second || maxAge("max-age=x") != 0 {
+		t.Error("maxAge parses Cache-Control wrong")
 	}
 }
 

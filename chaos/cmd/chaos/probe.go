@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -98,6 +99,17 @@ func (p *probe) between(from, to time.Time) []sample {
 }
 
 func (p *probe) all() []sample { return p.between(time.Time{}, time.Now().Add(time.Hour)) }
+
+// writeCSV keeps every sample (ms since t0, latency, status) in path, so a
+// tail can be placed in time against the server's log and metrics.
+func (p *probe) writeCSV(path string, t0 time.Time) error {
+	var b strings.Builder
+	b.WriteString("probe,sent_ms,latency_ms,status,err\n")
+	for _, s := range p.all() {
+		fmt.Fprintf(&b, "%s,%d,%.3f,%d,%q\n", p.name, s.at.Sub(t0).Milliseconds(), float64(s.lat)/1e6, s.status, s.err)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
 
 // latStats summarises latencies.
 type latStats struct {
