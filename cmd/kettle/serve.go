@@ -31,7 +31,8 @@ Retry-After), committed in a batch transaction together with the latest state
 and statistics rollups, and only then acknowledged. Command polls are answered
 from memory. Under overload uploads are refused before their body is read:
 when the queue is full, or, if --shed-latency is set, when the CPU is saturated (then with a long Retry-After, so kettles
-send their readings later in one request), and polls keep being answered.
+send their readings later in one request), and polls keep being answered
+(while the CPU is saturated, with Cache-Control max-age: poll again later).
 SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
 
 Secrets: when --operator-token or --secret is empty, a random value is
@@ -69,12 +70,12 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "reload the device cache from the store this often, for several nodes on one PostgreSQL (0: 5s on PostgreSQL, never on SQLite)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
-	fs.DurationVar(&cfg.Shed.Latency, "shed-latency", 0, "0: off (the default). Else: while goroutines wait longer than this for a CPU (p99 over --shed-windows windows of --shed-window in a row, --shed-runnable or more waiting, uploads ≥ --shed-min-ingest-share of requests), ingest is answered 503 + Retry-After before its body is read, so polls stay fast at the cost of acknowledged readings; e.g. 20ms")
+	fs.DurationVar(&cfg.Shed.Latency, "shed-latency", 0, "0: off (the default). Else: while goroutines wait longer than this for a CPU (p99 over --shed-windows windows of --shed-window in a row, --shed-runnable or more waiting, uploads ≥ --shed-min-ingest-share of requests), ingest is answered 503 + Retry-After before its body is read and v1 command polls get Cache-Control max-age (about --shed-retry-after) instead of no-cache, so polls stay fast at the cost of acknowledged readings and of overrides reaching kettles later; e.g. 20ms")
 	fs.DurationVar(&cfg.Shed.Window, "shed-window", server.DefaultShedPolicy.Window, "with --shed-latency: how often the scheduling latency is evaluated")
 	fs.IntVar(&cfg.Shed.Windows, "shed-windows", server.DefaultShedPolicy.Windows, "with --shed-latency: saturated windows in a row before shedding starts (a moment's stall of the whole machine is not overload); it stops at the first window that is not saturated")
 	fs.IntVar(&cfg.Shed.MinRunnable, "shed-runnable", server.DefaultShedPolicy.MinRunnable, "with --shed-latency: a window is saturated only if at least this many goroutines wait for a CPU at its end (fewer: other processes take the CPU, shedding would not help)")
 	fs.Float64Var(&cfg.Shed.MinIngestShare, "shed-min-ingest-share", server.DefaultShedPolicy.MinIngestShare, "with --shed-latency: shed only while uploads are at least this share of the requests (else refusing them would not relieve the CPU)")
-	fs.DurationVar(&cfg.ShedRetryAfter, "shed-retry-after", 10*time.Second, "Retry-After told to ingest shed for CPU (jittered ±50%); long enough that kettles batch their readings instead of retrying each second")
+	fs.DurationVar(&cfg.ShedRetryAfter, "shed-retry-after", 10*time.Second, "Retry-After told to ingest shed for CPU, and max-age of v1 command polls meanwhile (jittered ±50%); long enough that kettles batch their readings instead of retrying each second")
 	fs.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", 5*time.Second, "time allowed to send request headers (slowloris bound)")
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", 15*time.Second, "time allowed to send a whole request")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
