@@ -67,6 +67,10 @@ GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
 CACHE_REFRESH=${CACHE_REFRESH:-30s}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
+# SWARM_BIN_ODD=path: odd-numbered swarms run that kettle binary instead of
+# this tree's (an A/B of two simulators side by side in one run, e.g. a
+# build of main: git worktree add /tmp/main main && go build -o /tmp/kettle-main ./cmd/kettle there).
+SWARM_BIN_ODD=${SWARM_BIN_ODD:-}
 OUT=${OUT:-}
 # PROFILE=S: take an S-second CPU profile of node 0 and swarm 0 from the
 # middle of the hold (their --debug-addr), into OUT (or the work dir).
@@ -110,7 +114,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -176,7 +180,9 @@ for i in $(seq 0 $((NODES - 1))); do
 	left=$((left - n))
 	dbg=
 	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[i]}"
-	GOGC=$SWARM_GOGC_PCT "$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
+	bin=$work/kettle
+	[ -n "$SWARM_BIN_ODD" ] && ((i % 2 == 1)) && bin=$SWARM_BIN_ODD
+	GOGC=$SWARM_GOGC_PCT "$bin" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
 		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
 		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
 		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &

@@ -45,11 +45,13 @@ operator token), and publishes its readings QoS 1 to kettles/{id}/measurements
 (one reading per message, or --batch K as a JSON array), with at most
 --mqtt-inflight messages awaiting their PUBACK; a reading counts as
 acknowledged only on a PUBACK with a reason code below 0x80 (kettle serve
-sends it after the commit). Commands are not polled: the kettle subscribes to
+sends it after the commit). A publish without its PUBACK after --timeout
+counts as a timeout but stays in flight (MQTT 5 resends only on a new
+connection). Commands are not polled: the kettle subscribes to
 kettles/{id}/command and obeys the last one pushed (retained). A lost
-connection is redialed with backoff (1 s doubling to 30 s, jittered);
-readings meanwhile stay buffered (up to 1000, then the oldest is dropped and
-counted). Endpoints in the results: mqtt_connect (dial + CONNECT + SUBSCRIBE,
+connection is redialed with backoff (1 s doubling to 30 s, jittered; after a
+timeout or a busy server from 8 s up to 2 min); readings meanwhile stay
+buffered (up to 1000, then the oldest is dropped and counted). Endpoints in the results: mqtt_connect (dial + CONNECT + SUBSCRIBE,
 reported, not judged by --slo-p99) and mqtt_publish (judged). --target is
 still needed for provisioning and the audit (HTTP operator API).
 One process holds at most one connection per open file (ulimit -n less ~200,
