@@ -37,7 +37,7 @@ HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connect
 MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
 GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
 GOGC_PCT=${GOGC_PCT:-100}          # GOGC: higher means fewer GCs (each scans ~2 goroutine stacks per connection) but more RSS (400 passed MEM_CAP at 100,000)
-SWARM_GOGC_PCT=${SWARM_GOGC_PCT:-$GOGC_PCT} # GOGC of the swarms alone (each GC scans their 3 goroutine stacks per kettle)
+SWARM_GOGC_PCT=${SWARM_GOGC_PCT:-$GOGC_PCT} # GOGC of the swarms alone (each GC scans one reader goroutine's stack per kettle)
 # GOMAXPROCS of every node and swarm: 12 Go processes share 2 cores and each
 # needs a fraction of one; a second P only adds idle spinning and futex
 # wake-ups (10,000 kettles, 2+2 processes: per kettle, nodes 1.14 → 0.96
@@ -58,7 +58,7 @@ BATCH_WAIT=${BATCH_WAIT:-100ms}
 WRITERS=${WRITERS:-1}
 # GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
 # at the size it grew to. Otherwise every GC shrinks the stacks of idle
-# connections (two goroutines each in a node, three in a swarm) and the next
+# connections (two goroutines each in a node, one in a swarm) and the next
 # message grows them again: copies both ways, and more RSS, not less
 # (10,000 kettles, 2+2 processes, side by side without it: per kettle, nodes
 # 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,

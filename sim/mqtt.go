@@ -39,8 +39,13 @@ import (
 // The client is ours, the packets are paho.golang's codec (mqttconn.go): one
 // reader goroutine and one small read buffer per connection; publishes,
 // PINGREQs, PUBACK deadlines and keepalive are the scheduler's events, under
-// the kettle's lock. The scheduler, latency accounting (from the intended
-// send time), late starts, lag, results and audit are the HTTP swarm's.
+// the kettle's lock. Side by side with the paho client it replaced
+// (bench/mqtt-fleet.sh, 10,000 kettles, 2+2 processes, one swarm each):
+// 20.2 vs 39.7 KiB RSS per kettle, 13.91 vs 16.11 CPU-s over the run. The CPU
+// is mostly the kernel's (a loopback write delivers the packet in the
+// sender's syscall) and wake-ups, one per message at a kettle's cadence.
+// The scheduler, latency accounting (from the intended send time), late
+// starts, lag, results and audit are the HTTP swarm's.
 
 // MQTT topics of one kettle (as in mqttapi).
 func measurementTopic(id string) string { return "kettles/" + id + "/measurements" }

@@ -58,8 +58,9 @@ One process holds at most one connection per open file (ulimit -n less ~200,
 and the server holds at most --mqtt-max-conns): 20,000 files ≈ 19,800 kettles
 here; past that run several swarms against several kettle serve processes
 (each with its own --mqtt-addr, sharing one PostgreSQL), e.g. 6 × 17,000
-for 100,000 kettles. Measured cost ≈ 33 KiB RSS per MQTT kettle (paho keeps
-three goroutines per connection): 100,000 ≈ 3.3 GiB across those processes.
+for 100,000 kettles. Measured cost ≈ 20 KiB RSS per MQTT kettle (one reader
+goroutine per connection; the scheduler writes): 100,000 ≈ 2 GiB across
+those processes.
 
 Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
 localhost. Connections: --conns per-device (one keep-alive connection per
