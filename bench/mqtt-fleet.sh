@@ -9,7 +9,7 @@
 # and NODES kettle swarm --protocol mqtt processes, swarm i → node i, each from
 # its own source address 127.0.0.(11+i). Devices are provisioned through the
 # operator API (POST /v1/devices, by each swarm on its node). Connects are
-# ramped over RAMP seconds (3 intervals: an even cadence after); once every kettle is
+# ramped over RAMP seconds (whole intervals: an even cadence after); once every kettle is
 # connected the fleet is held for HOLD seconds, and that window is measured:
 #   connections per node, readings/s acknowledged vs DEVICES/interval,
 #   PUBACK p50/p99 (the swarms' histograms merged), RSS (KiB per connection)
@@ -32,7 +32,13 @@ DEVICES=${DEVICES:-100000}
 NODES=${NODES:-6}
 NODE_CAP=${NODE_CAP:-17500}        # --mqtt-max-conns per node (< open-file limit)
 INTERVAL=${INTERVAL:-30}           # seconds between a kettle's readings
-RAMP=${RAMP:-$((3 * INTERVAL))}    # seconds over which the kettles connect (hatch rate = DEVICES/RAMP)
+# RAMP: seconds over which the kettles connect (hatch rate = DEVICES/RAMP);
+# default: whole intervals, at least 3, at most CONNECT_RATE connects/s. A
+# connect costs a node and a swarm far more than a reading (session,
+# subscription, retained command), on top of the fleet already connected:
+# 100,000 over 3 intervals is 1,100/s.
+CONNECT_RATE=${CONNECT_RATE:-170}
+RAMP=${RAMP:-$(((DEVICES / CONNECT_RATE / INTERVAL + 1) > 3 ? (DEVICES / CONNECT_RATE / INTERVAL + 1) * INTERVAL : 3 * INTERVAL))}
 HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connected
 MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
 GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
@@ -53,7 +59,11 @@ MAXPROCS=${MAXPROCS:-1}
 # CACHE_REFRESH: each node rescans every
 # device (all 100,000) this often to see what the other nodes committed; an
 # MQTT kettle's commands come from the node it is connected to, which
-# commits its readings, so only other nodes' overrides wait for it.
+# commits its readings, so only other nodes' overrides wait for it. The
+# scan costs nodes × devices rows per period: at 30 s, 100,000 kettles on
+# six nodes, it was 19% of a node's CPU (0.55 of 2.84 s in node 0's
+# profile of the hold), plus the GC of its garbage and PostgreSQL serving
+# 20,000 rows/s; 120 s takes three quarters of that off.
 BATCH_WAIT=${BATCH_WAIT:-100ms}
 WRITERS=${WRITERS:-1}
 # GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
@@ -64,7 +74,7 @@ WRITERS=${WRITERS:-1}
 # 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,
 # +3.4 KiB).
 GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
-CACHE_REFRESH=${CACHE_REFRESH:-30s}
+CACHE_REFRESH=${CACHE_REFRESH:-120s}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
 # SWARM_BIN_ODD=path: odd-numbered swarms run that kettle binary instead of
@@ -114,7 +124,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
