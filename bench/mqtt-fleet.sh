@@ -7,7 +7,7 @@
 # PostgreSQL (each reloads its device cache from the store, --cache-refresh),
 # each with its own embedded MQTT listener capped at NODE_CAP connections,
 # and NODES kettle swarm --protocol mqtt processes, swarm i → node i, each from
-# its own source address 127.0.0.(11+i). Devices are provisioned through the
+# its own source addresses (SRC_PER_SWARM of them from 127.0.0.11). Devices are provisioned through the
 # operator API (POST /v1/devices, by each swarm on its node). Connects are
 # ramped over RAMP seconds (whole intervals: an even cadence after); once every kettle is
 # connected the fleet is held for HOLD seconds, and that window is measured:
@@ -75,6 +75,13 @@ WRITERS=${WRITERS:-1}
 # +3.4 KiB).
 GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
 CACHE_REFRESH=${CACHE_REFRESH:-120s}
+# SRC_PER_SWARM: source addresses per swarm (127.0.0.11, .12, …). bind() to
+# an address with port 0 takes ephemeral ports of one parity first, half of
+# the ~28,000: past ~14,000 connections from one address every new one
+# searched the whole used half in the kernel (both 100,000-kettle runs of
+# 2026-11-22 with one address per swarm stalled at ~84,000 connected, 14,000
+# per swarm, the machine half in the kernel, until the connects ended).
+SRC_PER_SWARM=${SRC_PER_SWARM:-4}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
 # SWARM_BIN_ODD=path: odd-numbered swarms run that kettle binary instead of
@@ -124,7 +131,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD SRC_PER_SWARM=$SRC_PER_SWARM bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -194,14 +201,14 @@ for i in $(seq 0 $((NODES - 1))); do
 	[ -n "$SWARM_BIN_ODD" ] && ((i % 2 == 1)) && bin=$SWARM_BIN_ODD
 	GOGC=$SWARM_GOGC_PCT "$bin" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
 		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
-		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
+		--source-addrs "127.0.0.$((11 + SRC_PER_SWARM * i))-127.0.0.$((10 + SRC_PER_SWARM * (i + 1)))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
 		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
 	swarm_pids[i]=$!
 	pids+=("$!")
 done
 echo "${node_pids[*]} ${swarm_pids[*]}" >"$work/pids"
 swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold must end before
-echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + NODES))"
+echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + SRC_PER_SWARM * NODES)) ($SRC_PER_SWARM source addresses each)"
 
 metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
 	# `|| true`: with pipefail, a node that does not answer would fail the

@@ -202,9 +202,9 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 // cfg.Refresh until Close. The first refresh comes after a random part of
 // the period, and each next one a period after the previous one ended, so
 // nodes started together (a deploy, bench/mqtt-fleet.sh) do not all scan
-// the store at the same moment: in the 100,000-kettle run the six nodes'
-// scans ran in step, every 30 s, and once they took longer than that
-// (commits stalled meanwhile) they failed and started again together.
+// the store at the same moment: in a 100,000-kettle run the six nodes'
+// scans ran in step, every 30 s, and while the machine was saturated they
+// all took longer than that, failed and started again together.
 func (s *Service) refresher() {
 	defer close(s.refreshDone)
 	t := time.NewTimer(time.Duration(rand.Int64N(int64(s.cfg.Refresh))) + 1)

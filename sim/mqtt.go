@@ -658,9 +658,7 @@ func (s *Swarm) mqttSetup(budget int) (int, error) {
 			cfg.Devices, budget, cfg.ReserveFDs, budget)
 	}
 	src := sourceAddrs(cfg, addr)
-	if cfg.Devices > 28000*max(len(src), 1) {
-		fmt.Fprintf(cfg.Log, "swarm: %d connections need more than %d source address(es) (~28,000 ephemeral ports each); consider --source-ips %d or more --source-addrs\n", cfg.Devices, max(len(src), 1), cfg.Devices/28000+1)
-	}
+	checkSourcePorts(cfg.Log, cfg.Devices, src)
 	s.mqDial = dialer(addr, src, cfg.Timeout)
 	s.pool = newPool(0, false, nil) // only its open/dials counters
 	return cfg.Devices, nil

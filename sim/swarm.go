@@ -316,9 +316,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			}
 			n = budget
 		}
-		if n > 28000*max(len(sourceAddrs(&cfg, addr)), 1) {
-			fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", n, n/28000+1)
-		}
+		checkSourcePorts(cfg.Log, n, sourceAddrs(&cfg, addr))
 		s.pool = newPool(n, perDevice, dialer(addr, sourceAddrs(&cfg, addr), cfg.Timeout))
 	}
 

@@ -123,7 +123,7 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 	fs.StringVar(&c.API, "api", "v1", "protocol: v0 (case study: login, cookie) or v1 (bearer tokens)")
 	fs.IntVar(&c.Batch, "batch", 1, "v1: readings a kettle buffers and uploads in one request (1..1000)")
 	fs.StringVar(&f.conns, "conns", conns, "per-device (one keep-alive connection per kettle) or N shared connections; capped by the fd limit")
-	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~28,000 connections to one port)")
+	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~14,000 connections each: bind takes half the ephemeral ports)")
 	fs.StringVar(&f.sourceAddrs, "source-addrs", "", "spread connections over these loopback source addresses instead of --source-ips, e.g. 127.0.0.11 or 127.0.0.11-127.0.0.12 (one set per swarm process when several run at once)")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per request; a timed-out reading is retried")
 	f.seed = fs.Uint64("seed", 1, "seed of the kettles' physics, phases and jitter")
