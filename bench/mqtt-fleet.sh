@@ -7,9 +7,9 @@
 # PostgreSQL (each reloads its device cache from the store, --cache-refresh),
 # each with its own embedded MQTT listener capped at NODE_CAP connections,
 # and NODES kettle swarm --protocol mqtt processes, swarm i → node i, each from
-# its own source address 127.0.0.(11+i). Devices are provisioned through the
+# its own source addresses (SRC_PER_SWARM of them from 127.0.0.11). Devices are provisioned through the
 # operator API (POST /v1/devices, by each swarm on its node). Connects are
-# ramped over RAMP seconds (3 intervals: an even cadence after); once every kettle is
+# ramped over RAMP seconds (whole intervals: an even cadence after); once every kettle is
 # connected the fleet is held for HOLD seconds, and that window is measured:
 #   connections per node, readings/s acknowledged vs DEVICES/interval,
 #   PUBACK p50/p99 (the swarms' histograms merged), RSS (KiB per connection)
@@ -32,12 +32,18 @@ DEVICES=${DEVICES:-100000}
 NODES=${NODES:-6}
 NODE_CAP=${NODE_CAP:-17500}        # --mqtt-max-conns per node (< open-file limit)
 INTERVAL=${INTERVAL:-30}           # seconds between a kettle's readings
-RAMP=${RAMP:-$((3 * INTERVAL))}    # seconds over which the kettles connect (hatch rate = DEVICES/RAMP)
+# RAMP: seconds over which the kettles connect (hatch rate = DEVICES/RAMP);
+# default: whole intervals, at least 3, at most CONNECT_RATE connects/s. A
+# connect costs a node and a swarm far more than a reading (session,
+# subscription, retained command), on top of the fleet already connected:
+# 100,000 over 3 intervals is 1,100/s.
+CONNECT_RATE=${CONNECT_RATE:-170}
+RAMP=${RAMP:-$(((DEVICES / CONNECT_RATE / INTERVAL + 1) > 3 ? (DEVICES / CONNECT_RATE / INTERVAL + 1) * INTERVAL : 3 * INTERVAL))}
 HOLD=${HOLD:-$((6 * INTERVAL))}    # seconds measured after every kettle connected
 MEM_CAP_MIB=${MEM_CAP_MIB:-14336}  # all our Go processes together (RSS); over it: abort
 GOMEMLIMIT_MIB=${GOMEMLIMIT_MIB:-2048}
 GOGC_PCT=${GOGC_PCT:-100}          # GOGC: higher means fewer GCs (each scans ~2 goroutine stacks per connection) but more RSS (400 passed MEM_CAP at 100,000)
-SWARM_GOGC_PCT=${SWARM_GOGC_PCT:-$GOGC_PCT} # GOGC of the swarms alone (each GC scans their 3 goroutine stacks per kettle)
+SWARM_GOGC_PCT=${SWARM_GOGC_PCT:-$GOGC_PCT} # GOGC of the swarms alone (each GC scans one reader goroutine's stack per kettle)
 # GOMAXPROCS of every node and swarm: 12 Go processes share 2 cores and each
 # needs a fraction of one; a second P only adds idle spinning and futex
 # wake-ups (10,000 kettles, 2+2 processes: per kettle, nodes 1.14 → 0.96
@@ -53,20 +59,35 @@ MAXPROCS=${MAXPROCS:-1}
 # CACHE_REFRESH: each node rescans every
 # device (all 100,000) this often to see what the other nodes committed; an
 # MQTT kettle's commands come from the node it is connected to, which
-# commits its readings, so only other nodes' overrides wait for it.
+# commits its readings, so only other nodes' overrides wait for it. The
+# scan costs nodes × devices rows per period: at 30 s, 100,000 kettles on
+# six nodes, it was 19% of a node's CPU (0.55 of 2.84 s in node 0's
+# profile of the hold), plus the GC of its garbage and PostgreSQL serving
+# 20,000 rows/s; 120 s takes three quarters of that off.
 BATCH_WAIT=${BATCH_WAIT:-100ms}
 WRITERS=${WRITERS:-1}
 # GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
 # at the size it grew to. Otherwise every GC shrinks the stacks of idle
-# connections (two goroutines each in a node, three in a swarm) and the next
+# connections (two goroutines each in a node, one in a swarm) and the next
 # message grows them again: copies both ways, and more RSS, not less
 # (10,000 kettles, 2+2 processes, side by side without it: per kettle, nodes
 # 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,
 # +3.4 KiB).
 GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
-CACHE_REFRESH=${CACHE_REFRESH:-30s}
+CACHE_REFRESH=${CACHE_REFRESH:-120s}
+# SRC_PER_SWARM: source addresses per swarm (127.0.0.11, .12, …). bind() to
+# an address with port 0 takes ephemeral ports of one parity first, half of
+# the ~28,000: past ~14,000 connections from one address every new one
+# searched the whole used half in the kernel (both 100,000-kettle runs of
+# 2026-11-22 with one address per swarm stalled at ~84,000 connected, 14,000
+# per swarm, the machine half in the kernel, until the connects ended).
+SRC_PER_SWARM=${SRC_PER_SWARM:-4}
 SERVE_ARGS=${SERVE_ARGS:-}
 SWARM_ARGS=${SWARM_ARGS:-}
+# SWARM_BIN_ODD=path: odd-numbered swarms run that kettle binary instead of
+# this tree's (an A/B of two simulators side by side in one run, e.g. a
+# build of main: git worktree add /tmp/main main && go build -o /tmp/kettle-main ./cmd/kettle there).
+SWARM_BIN_ODD=${SWARM_BIN_ODD:-}
 OUT=${OUT:-}
 # PROFILE=S: take an S-second CPU profile of node 0 and swarm 0 from the
 # middle of the hold (their --debug-addr), into OUT (or the work dir).
@@ -110,7 +131,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$(date +%s)
-echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" bench/mqtt-fleet.sh"
+echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD SRC_PER_SWARM=$SRC_PER_SWARM bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
@@ -176,16 +197,18 @@ for i in $(seq 0 $((NODES - 1))); do
 	left=$((left - n))
 	dbg=
 	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[i]}"
-	GOGC=$SWARM_GOGC_PCT "$work/kettle" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
+	bin=$work/kettle
+	[ -n "$SWARM_BIN_ODD" ] && ((i % 2 == 1)) && bin=$SWARM_BIN_ODD
+	GOGC=$SWARM_GOGC_PCT "$bin" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
 		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
-		--source-addrs "127.0.0.$((11 + i))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
+		--source-addrs "127.0.0.$((11 + SRC_PER_SWARM * i))-127.0.0.$((10 + SRC_PER_SWARM * (i + 1)))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
 		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
 	swarm_pids[i]=$!
 	pids+=("$!")
 done
 echo "${node_pids[*]} ${swarm_pids[*]}" >"$work/pids"
 swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold must end before
-echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + NODES))"
+echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + SRC_PER_SWARM * NODES)) ($SRC_PER_SWARM source addresses each)"
 
 metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
 	# `|| true`: with pipefail, a node that does not answer would fail the

@@ -256,9 +256,29 @@ func errKind(err error) string {
 	}
 }
 
+// checkSourcePorts warns when n connections are too many for the source
+// addresses src. With none, the kernel picks address and port at connect():
+// ~28,000 ephemeral ports toward one server port. With some, each dial
+// binds its address with port 0 first, and Linux gives bind() ports of one
+// parity (connect() takes the other): past ~14,000 connections from one
+// address every bind searches the whole used half, in the kernel, under its
+// locks (bench/mqtt-fleet.sh with one address per swarm: the machine half
+// in the kernel and the fleet stalled from 14,000 connections per swarm
+// until the connects ended).
+func checkSourcePorts(log io.Writer, n int, src []net.IP) {
+	per, why := 28000, "ephemeral ports toward one server port"
+	if len(src) > 0 {
+		per, why = 14000, "bind takes half the ephemeral ports"
+	}
+	if n > per*max(len(src), 1) {
+		fmt.Fprintf(log, "swarm: %d connections from %d source address(es): more than ~%d each (%s) makes dialing slow; consider --source-ips %d or more --source-addrs\n",
+			n, max(len(src), 1), per, why, n/14000+1)
+	}
+}
+
 // dialer returns a dial function for a loopback target, spreading
-// connections round-robin over the source addresses src (each has its own
-// ~28,000 ephemeral ports toward one server port); none: the kernel picks.
+// connections round-robin over the source addresses src (see
+// checkSourcePorts); none: the kernel picks.
 func dialer(addr string, src []net.IP, timeout time.Duration) func() (net.Conn, error) {
 	var next atomic.Uint32
 	return func() (net.Conn, error) {

@@ -1,11 +1,17 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/eclipse/paho.golang/packets"
 
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
@@ -153,5 +159,139 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 	}
 	if a := res.Audit; a == nil || a.Lost != 0 || a.Duplicated != 0 || a.Stored != a.Acked {
 		t.Errorf("audit %+v", a)
+	}
+}
+
+// fakeBroker is an MQTT 5 server for the client's timeouts and keepalive:
+// it accepts every CONNECT and SUBSCRIBE, answers PUBLISH with PUBACK after
+// pubackAfter (never if < 0) and PINGREQ only if pings, and counts what it
+// received.
+type fakeBroker struct {
+	ln                  net.Listener
+	pubackAfter         time.Duration
+	pings               bool
+	conns, closed       atomic.Int64
+	publishes, pingreqs atomic.Int64
+	maxPublishesPerConn atomic.Int64
+	wg                  sync.WaitGroup
+}
+
+func startFakeBroker(t *testing.T, pubackAfter time.Duration, pings bool) *fakeBroker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &fakeBroker{ln: ln, pubackAfter: pubackAfter, pings: pings}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.conns.Add(1)
+			b.wg.Add(1)
+			go func() { defer b.wg.Done(); b.serve(nc) }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); b.wg.Wait() })
+	return b
+}
+
+func (b *fakeBroker) serve(nc net.Conn) {
+	defer b.closed.Add(1)
+	defer nc.Close()
+	var wmu sync.Mutex
+	write := func(cp *packets.ControlPacket) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		cp.WriteTo(nc)
+	}
+	var pubs int64
+	var timers sync.WaitGroup
+	defer timers.Wait()
+	br := bufio.NewReader(nc)
+	for {
+		p, err := packets.ReadPacket(br)
+		if err != nil {
+			return
+		}
+		switch q := p.Content.(type) {
+		case *packets.Connect:
+			write(packets.NewControlPacket(packets.CONNACK))
+		case *packets.Subscribe:
+			sa := packets.NewControlPacket(packets.SUBACK)
+			sa.Content.(*packets.Suback).PacketID = q.PacketID
+			sa.Content.(*packets.Suback).Reasons = []byte{1}
+			write(sa)
+		case *packets.Publish:
+			b.publishes.Add(1)
+			if pubs++; pubs > b.maxPublishesPerConn.Load() {
+				b.maxPublishesPerConn.Store(pubs)
+			}
+			if b.pubackAfter >= 0 {
+				timers.Add(1)
+				time.AfterFunc(b.pubackAfter, func() { defer timers.Done(); write(pubackFor(q)) })
+			}
+		case *packets.Pingreq:
+			b.pingreqs.Add(1)
+			if b.pings {
+				write(packets.NewControlPacket(packets.PINGRESP))
+			}
+		}
+	}
+}
+
+// TestSwarmMQTTTimeouts: a publish not acknowledged in time counts as a
+// timeout but is not sent again on the same connection, and its late PUBACK
+// still acknowledges its readings; a kettle that has nothing to send pings,
+// and a connection whose PINGREQ goes unanswered is closed and counted lost.
+func TestSwarmMQTTTimeouts(t *testing.T) {
+	run := func(b *fakeBroker, devices int) *Results {
+		t.Helper()
+		res, err := Run(context.Background(), Config{
+			Target: "http://127.0.0.1:1", Protocol: ProtocolMQTT, MQTTTarget: b.ln.Addr().String(), MQTTKeepAlive: 2 * time.Second,
+			Devices: devices, Interval: time.Second, Jitter: 1, Duration: 5500 * time.Millisecond, HatchRate: 1000,
+			Secret: []byte("s"), NoAudit: true, Timeout: time.Second, Seed: 1,
+			ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tot := res.Totals
+		t.Logf("conns %d publishes %d (max %d per conn) pingreqs %d; readings %d acked %d, conns lost %d, errors %v",
+			b.conns.Load(), b.publishes.Load(), b.maxPublishesPerConn.Load(), b.pingreqs.Load(), tot.Readings, tot.Acked, tot.ConnsLost, tot.ErrorsByKind)
+		return res
+	}
+
+	// PUBACKs 1.5 s late with a 1 s timeout: one publish at a time, each a
+	// timeout, each late PUBACK acknowledging its readings; the readings due
+	// meanwhile go out together. Pings are answered: no connection lost.
+	b := startFakeBroker(t, 1500*time.Millisecond, true)
+	tot := run(b, 10).Totals
+	if tot.ErrorsByKind["timeout"] < 10 || tot.ErrorsByKind["timeout"] != tot.Errors || tot.ConnsLost != 0 || b.conns.Load() != 10 {
+		t.Errorf("errors %v, conns lost %d, conns %d: want timeouts only, one connection per kettle", tot.ErrorsByKind, tot.ConnsLost, b.conns.Load())
+	}
+	if tot.Acked < int64(b.publishes.Load()) || tot.Acked < tot.Readings/2 {
+		t.Errorf("acked %d of %d readings in %d publishes: late PUBACKs should acknowledge", tot.Acked, tot.Readings, b.publishes.Load())
+	}
+	if got := b.publishes.Load(); got > 10*4 {
+		t.Errorf("%d publishes from 10 kettles in 5.5 s at 1.5 s per PUBACK: readings were resent on the same connection", got)
+	}
+
+	// No PUBACK, no PINGRESP: one publish per connection, a PINGREQ two
+	// seconds (the keepalive) after it, the connection closed a second
+	// later; the backoff after that timeout is longer than the rest of the
+	// run.
+	b = startFakeBroker(t, -1, false)
+	tot = run(b, 10).Totals
+	if b.maxPublishesPerConn.Load() != 1 || b.pingreqs.Load() < 10 || tot.ConnsLost != 10 || b.conns.Load() != 10 {
+		t.Errorf("max publishes per connection %d, pingreqs %d, conns lost %d, conns %d: want 1, ≥ 10, 10, 10",
+			b.maxPublishesPerConn.Load(), b.pingreqs.Load(), tot.ConnsLost, b.conns.Load())
+	}
+	if tot.Acked != 0 || tot.Unacked != tot.Readings {
+		t.Errorf("acked %d, unacked %d of %d", tot.Acked, tot.Unacked, tot.Readings)
 	}
 }

@@ -38,7 +38,10 @@ type Config struct {
 	Protocol     string
 	MQTTTarget   string // host:port of the MQTT listener; must be loopback
 	MQTTInflight int    // publishes a kettle may have awaiting PUBACK (0: 1)
-	Batch        int    // v1: readings per upload (a kettle uploads when it has Batch buffered)
+	// MQTTKeepAlive is the MQTT keepalive (whole seconds); 0: twice the
+	// interval, within 30 s..1 h.
+	MQTTKeepAlive time.Duration
+	Batch         int // v1: readings per upload (a kettle uploads when it has Batch buffered)
 	// Conns is the number of shared connections; 0 means one keep-alive
 	// connection per kettle. Both are capped by the fd budget (see FDBudget).
 	Conns     int
@@ -176,7 +179,7 @@ const maxPending = kettle.MaxBatch
 const (
 	evTick  = 0
 	evRetry = 1
-	// evConnect = 2 (mqtt.go)
+	// evConnect = 2, evCheck = 3 (mqtt.go)
 )
 
 type event struct {
@@ -242,6 +245,7 @@ type Swarm struct {
 	heapMu  sync.Mutex
 	heap    minheap.Heap[event]
 	wg      sync.WaitGroup
+	readers sync.WaitGroup // MQTT: connection attempts, readers, flushers (mqttClose ends them)
 	stop    atomic.Bool
 	st      *stats
 	hatched atomic.Int64
@@ -313,9 +317,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			}
 			n = budget
 		}
-		if n > 28000*max(len(sourceAddrs(&cfg, addr)), 1) {
-			fmt.Fprintf(cfg.Log, "swarm: %d connections need more than one source address (~28,000 ephemeral ports each); consider --source-ips %d\n", n, n/28000+1)
-		}
+		checkSourcePorts(cfg.Log, n, sourceAddrs(&cfg, addr))
 		s.pool = newPool(n, perDevice, dialer(addr, sourceAddrs(&cfg, addr), cfg.Timeout))
 	}
 
@@ -410,6 +412,9 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	case <-waited:
 	case <-time.After(2*s.cfg.Timeout + 5*time.Second):
 		fmt.Fprintf(s.cfg.Log, "swarm: %d exchanges still outstanding at the end; their readings count as unacknowledged\n", s.busy.Load())
+	}
+	if s.cfg.Protocol == ProtocolMQTT {
+		s.mqttDrain()
 	}
 	close(collectStop)
 	<-collectDone

@@ -45,19 +45,22 @@ operator token), and publishes its readings QoS 1 to kettles/{id}/measurements
 (one reading per message, or --batch K as a JSON array), with at most
 --mqtt-inflight messages awaiting their PUBACK; a reading counts as
 acknowledged only on a PUBACK with a reason code below 0x80 (kettle serve
-sends it after the commit). Commands are not polled: the kettle subscribes to
+sends it after the commit). A publish without its PUBACK after --timeout
+counts as a timeout but stays in flight (MQTT 5 resends only on a new
+connection). Commands are not polled: the kettle subscribes to
 kettles/{id}/command and obeys the last one pushed (retained). A lost
-connection is redialed with backoff (1 s doubling to 30 s, jittered);
-readings meanwhile stay buffered (up to 1000, then the oldest is dropped and
-counted). Endpoints in the results: mqtt_connect (dial + CONNECT + SUBSCRIBE,
+connection is redialed with backoff (1 s doubling to 30 s, jittered; after a
+timeout or a busy server from 8 s up to 2 min); readings meanwhile stay
+buffered (up to 1000, then the oldest is dropped and counted). Endpoints in the results: mqtt_connect (dial + CONNECT + SUBSCRIBE,
 reported, not judged by --slo-p99) and mqtt_publish (judged). --target is
 still needed for provisioning and the audit (HTTP operator API).
 One process holds at most one connection per open file (ulimit -n less ~200,
 and the server holds at most --mqtt-max-conns): 20,000 files ≈ 19,800 kettles
 here; past that run several swarms against several kettle serve processes
 (each with its own --mqtt-addr, sharing one PostgreSQL), e.g. 6 × 17,000
-for 100,000 kettles. Measured cost ≈ 33 KiB RSS per MQTT kettle (paho keeps
-three goroutines per connection): 100,000 ≈ 3.3 GiB across those processes.
+for 100,000 kettles. Measured cost ≈ 20 KiB RSS per MQTT kettle (one reader
+goroutine per connection; the scheduler writes): 100,000 ≈ 2 GiB across
+those processes.
 
 Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
 localhost. Connections: --conns per-device (one keep-alive connection per
@@ -120,7 +123,7 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 	fs.StringVar(&c.API, "api", "v1", "protocol: v0 (case study: login, cookie) or v1 (bearer tokens)")
 	fs.IntVar(&c.Batch, "batch", 1, "v1: readings a kettle buffers and uploads in one request (1..1000)")
 	fs.StringVar(&f.conns, "conns", conns, "per-device (one keep-alive connection per kettle) or N shared connections; capped by the fd limit")
-	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~28,000 connections to one port)")
+	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N (past ~14,000 connections each: bind takes half the ephemeral ports)")
 	fs.StringVar(&f.sourceAddrs, "source-addrs", "", "spread connections over these loopback source addresses instead of --source-ips, e.g. 127.0.0.11 or 127.0.0.11-127.0.0.12 (one set per swarm process when several run at once)")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Second, "per request; a timed-out reading is retried")
 	f.seed = fs.Uint64("seed", 1, "seed of the kettles' physics, phases and jitter")
