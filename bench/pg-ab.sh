@@ -11,6 +11,10 @@
 #
 #   bench/pg-ab.sh OLD_KETTLE_BIN NEW_KETTLE_BIN
 #   ROUNDS=5 DURATION=20s SERVE_ARGS="--writers 8" bench/pg-ab.sh bin/kettle.old bin/kettle
+#
+# A "binary" may be a script that execs kettle with flags, to A/B a setting:
+#   printf '#!/bin/sh\nexec bin/kettle "$@" --writers 2\n' > /tmp/k2; chmod +x /tmp/k2
+# ACCESS_LOG_SAMPLE (default 0.01, kettle serve's default, as bench/pg-ingest.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# = 2 ] || { echo "usage: $0 A_KETTLE_BIN B_KETTLE_BIN" >&2; exit 2; }
@@ -26,7 +30,7 @@ cp "$1" "$work/A"; cp "$2" "$work/B"
 kpid=
 cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
+echo "rerun: ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
 echo "A=$1 ($(sha256sum "$1" | cut -c1-12))  B=$2 ($(sha256sum "$2" | cut -c1-12))"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 go build -o "$work/pgbench" ./bench/pgbench
@@ -35,7 +39,7 @@ pg_settings
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 serve() { # serve BIN DB: start kettle serve on a fresh database
 	local port; port=$(free_port)
-	"$work/$1" serve --addr 127.0.0.1:$port --db "$(pg_db "$2")" --data-dir "$work/data-$2" --access-log-sample 1 ${SERVE_ARGS:-} 2>"$work/serve-$2.log" &
+	"$work/$1" serve --addr 127.0.0.1:$port --db "$(pg_db "$2")" --data-dir "$work/data-$2" --access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$work/serve-$2.log" &
 	kpid=$!; url=http://127.0.0.1:$port
 	for _ in $(seq 300); do curl -sf "$url/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
 	echo "not up: $url"; cat "$work/serve-$2.log"; exit 1

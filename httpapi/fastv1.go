@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"strconv"
 	"time"
 	"unsafe"
@@ -91,7 +92,7 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 	var seen uint8
 	for {
 		p.ws()
-		key, ok := p.str()
+		key, ok := p.raw()
 		if !ok {
 			return false
 		}
@@ -126,7 +127,7 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 		}
 		seen |= bit
 		if dst == nil {
-			s, ok := p.str()
+			s, ok := p.raw()
 			if !ok {
 				return false
 			}
@@ -158,28 +159,26 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 	return len(m.Validate(now, &kettle.V1Names, "", nil)) == 0
 }
 
-// str parses a string of printable ASCII without escapes. The result aliases
-// the body, which the caller neither changes nor keeps past the decode: it is
-// only compared and parsed.
-func (p *fastParser) str() (string, bool) {
+// raw returns the bytes of a string up to its closing quote, unchecked: a
+// key is only compared with the seven names (plain ASCII: an escape, a
+// control or non-ASCII byte cannot be equal to one), and the time is only
+// given to time.Parse, which takes none of them either. So a string that is
+// not plain ASCII fails here as it would after decoding, and DecodeV1
+// decodes it the general way. Finding the quote with bytes.IndexByte
+// (vectorized) instead of checking each byte was 13% of kettle serve's CPU
+// on batched uploads. The result aliases the body, which the caller neither
+// changes nor keeps past the decode.
+func (p *fastParser) raw() (string, bool) {
 	if p.i >= len(p.b) || p.b[p.i] != '"' {
 		return "", false
 	}
-	p.i++
-	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
-		if c == '"' {
-			s := p.b[start:p.i]
-			p.i++
-			return unsafe.String(unsafe.SliceData(s), len(s)), true
-		}
-		if c < 0x20 || c >= 0x80 || c == '\\' {
-			return "", false
-		}
-		p.i++
+	j := bytes.IndexByte(p.b[p.i+1:], '"')
+	if j < 0 {
+		return "", false
 	}
-	return "", false
+	s := p.b[p.i+1 : p.i+1+j]
+	p.i += j + 2
+	return unsafe.String(unsafe.SliceData(s), len(s)), true
 }
 
 // num parses a JSON number (RFC 8259 grammar: strconv.ParseFloat alone would

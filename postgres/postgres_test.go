@@ -506,6 +506,45 @@ func BenchmarkStatistics(b *testing.B) {
 	b.Run("counts-sum", query(`SELECT coalesce(sum(n), 0)::int8 FROM last_seen_counts WHERE at >= $1`))
 }
 
+// BenchmarkStatisticsRange reads the statistics of a bounded range over 29
+// days of history (696 hours, one folded rollup row each: the shape of
+// bench/pg-seed.sh's 29-day run), and of the open range beside it.
+func BenchmarkStatisticsRange(b *testing.B) {
+	s := open(b, pgtest.Start(b))
+	defer s.Close()
+	ctx := context.Background()
+	const devices, hours = 20, 29 * 24
+	end := time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
+	start := end.Add(-hours * time.Hour)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var rows []kettle.Measurement
+	for d := range devices {
+		for h := range hours {
+			rows = append(rows, rowAt(rng, devID(d), start.Add(time.Duration(h)*time.Hour+time.Duration(d)*time.Minute)))
+		}
+	}
+	if _, err := s.SeedCopy(ctx, rows, start); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.CompactRollups(ctx); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		q    kettle.StatsQuery
+	}{{"bounded-696h", kettle.StatsQuery{From: start, To: end}}, {"open", kettle.StatsQuery{}}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				st, err := s.Statistics(ctx, c.q)
+				if err != nil || st.RangeCount != devices*hours {
+					b.Fatalf("RangeCount %d, %v; want %d", st.RangeCount, err, devices*hours)
+				}
+			}
+		})
+	}
+}
+
 // TestMigrateLastSeenCounts: migrations 3 and 4 backfill last_seen_counts
 // from a database written without it.
 func TestMigrateLastSeenCounts(t *testing.T) {
