@@ -33,16 +33,7 @@ const fuzzSecret = "fuzz-secret"
 
 func newFuzzAPI(f *testing.F) *fuzzAPI {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, f.TempDir()+"/k.db")
-	if err != nil {
-		f.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := fleet.New(ctx, st, fleet.Config{}, log, nil, fleet.Hooks{})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { svc.Close(); st.Close() })
+	svc, log := newService(f)
 	a := &fuzzAPI{op: "fuzz-operator", dev: uuid.MustParse("7f9a1c52-3b1e-4c4e-9a51-0d7f6a1b2c3d")}
 	a.devTok = kettle.DeviceToken([]byte(fuzzSecret), a.dev)
 	a.api = httpapi.New(svc, httpapi.Config{OperatorToken: a.op, Secret: []byte(fuzzSecret)}, log)
@@ -58,6 +49,24 @@ func newFuzzAPI(f *testing.F) *fuzzAPI {
 		f.Fatal(err)
 	}
 	return a
+}
+
+// newService is a fleet service on a real SQLite file in a temp dir,
+// closed when the test ends.
+func newService(tb testing.TB) (*fleet.Service, *slog.Logger) {
+	tb.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, tb.TempDir()+"/k.db")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := fleet.New(ctx, st, fleet.Config{}, log, nil, fleet.Hooks{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { svc.Close(); st.Close() })
+	return svc, log
 }
 
 // serve runs one request through the handler and holds the answer to the

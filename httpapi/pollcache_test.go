@@ -2,8 +2,6 @@ package httpapi_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -11,9 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
-	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
 // TestCommandCacheControl: a v1 poll's answer says no-cache (poll on
@@ -22,16 +18,7 @@ import (
 // least 1, on a 200 and on a 304 alike.
 func TestCommandCacheControl(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, t.TempDir()+"/k.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := fleet.New(ctx, st, fleet.Config{}, log, nil, fleet.Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { svc.Close(); st.Close() }()
+	svc, log := newService(t)
 	id := uuid.New()
 	if err := svc.RegisterIDs(ctx, []uuid.UUID{id}); err != nil {
 		t.Fatal(err)

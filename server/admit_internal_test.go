@@ -58,32 +58,30 @@ func admitErr(t *testing.T, a *admission) string {
 // shedTotal reads kettle_http_requests_shed_total{reason}.
 func shedTotal(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if mf.GetName() == "kettle_http_requests_shed_total" && l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return counterTotal(t, reg, "kettle_http_requests_shed_total", "reason", reason)
 }
 
-// counterTotal reads a counter without labels.
-func counterTotal(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// counterTotal reads the counter name{label="value"}, or name itself when
+// no label is given.
+func counterTotal(t *testing.T, reg *prometheus.Registry, name string, labelValue ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if len(labelValue) == 0 {
+				return m.GetCounter().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == labelValue[0] && l.GetValue() == labelValue[1] {
+					return m.GetCounter().GetValue()
+				}
+			}
 		}
 	}
 	return 0
