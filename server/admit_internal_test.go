@@ -194,3 +194,40 @@ func TestShedDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestShedHold: with --shed-hold, shedding stops only after that long
+// without a saturated window; a saturated window meanwhile restarts the
+// wait.
+func TestShedHold(t *testing.T) {
+	p := ShedPolicy{Latency: 20 * time.Millisecond, Window: 100 * time.Millisecond, Windows: 2, MinRunnable: 64, MinIngestShare: 0.1, Hold: 250 * time.Millisecond}.withDefaults()
+	const slow, fast = 30 * time.Millisecond, 5 * time.Millisecond
+	var d shedDecision
+	steps := []struct {
+		p99  time.Duration
+		want bool
+	}{
+		{slow, false}, {slow, true}, // starts after 2 saturated windows
+		{fast, true}, {fast, true}, // 100, 200 ms calm: held
+		{slow, true},               // saturated again: the wait restarts
+		{fast, true}, {fast, true}, // 100, 200 ms
+		{fast, false},                              // 300 ms ≥ 250 ms calm: stops
+		{fast, false}, {slow, false}, {slow, true}, // and starts again only after Windows
+	}
+	for i, s := range steps {
+		if got := d.next(p, s.p99, 500, 1000, 500); got != s.want {
+			t.Fatalf("window %d (p99 %v): shedding %v, want %v", i, s.p99, got, s.want)
+		}
+	}
+	// Hold 0 stops at the first calm window.
+	p.Hold = 0
+	d = shedDecision{}
+	for i, want := range []bool{false, true, false} {
+		p99 := slow
+		if i == 2 {
+			p99 = fast
+		}
+		if got := d.next(p, p99, 500, 1000, 500); got != want {
+			t.Fatalf("hold 0, window %d: shedding %v, want %v", i, got, want)
+		}
+	}
+}

@@ -26,7 +26,13 @@ import (
 // CPU shedding is on, reacting within 100 ms (--shed-latency 10ms over two
 // 50 ms windows, 16 runnable goroutines): refusals are only fast if the
 // backlog of work in front of them stays short, and on 2 cores a burst
-// from 3,000 connections builds one in tens of milliseconds.
+// from 3,000 connections builds one in tens of milliseconds. Once on, it
+// stays on until no window has been saturated for 1 s (--shed-hold, the
+// default, stated here). Without the hold it flapped: 185–216 starts in
+// 2 min, most lasting one 50 ms window, and each restart let a burst in
+// whose backlog was the probes' tail (A/B, 2 rounds, same machine: 503s
+// p99 126.2 → 32.5 ms and 95.5 → 60.1 ms; polls 107.1 → 26.0 and
+// 85.5 → 49.9 ms).
 //
 // At 10× the fleet the polls alone are more than the CPU answers, and polls
 // are never refused, so refusing uploads is not enough: while shedding, the
@@ -61,7 +67,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		perRowKiB    = 1
 		perDeviceKiB = 1
 	)
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 10ms --shed-window 50ms --shed-windows 2 --shed-runnable 16, other flags default) under kettle swarm (at nice %d: the load stands for other machines, it must not take the server's CPU): %d v1 kettles every %s "+
+	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 10ms --shed-window 50ms --shed-windows 2 --shed-runnable 16 --shed-hold 1s, other flags default) under kettle swarm (at nice %d: the load stands for other machines, it must not take the server's CPU): %d v1 kettles every %s "+
 		"for %s over %d shared connections = %.1f× the request rate of the 80,000-kettle/30 s fleet kettle capacity measured (≈%.0f req/s per endpoint offered; that many real connections would exceed the fd limit). "+
 		"The swarm's kettles honour Retry-After on uploads and Cache-Control max-age on command polls (the server asks for both while its CPU is saturated); the probes do not. "+
 		"VmRSS sampled each second; probes on their own connections: GET /v1/command 20/s, POST /v1/measurements 20/s; server-side latency from /metrics. "+
@@ -76,7 +82,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		return r.fail("%v", err)
 	}
 	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
-		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue), "--shed-latency", "10ms", "--shed-window", "50ms", "--shed-windows", "2", "--shed-runnable", "16")
+		"--max-conns", fmt.Sprint(maxConns), "--ingest-queue", fmt.Sprint(queue), "--shed-latency", "10ms", "--shed-window", "50ms", "--shed-windows", "2", "--shed-runnable", "16", "--shed-hold", "1s")
 	if err != nil {
 		return r.fail("%v", err)
 	}
@@ -169,7 +175,10 @@ func partOverload(ctx context.Context, e *env) *Result {
 		return metricSum(m1, "kettle_http_requests_shed_total", `reason="`+reason+`"`) - metricSum(m0, "kettle_http_requests_shed_total", `reason="`+reason+`"`)
 	}
 	r.measure("ingest refused before its body was read (kettle_http_requests_shed_total): CPU saturated (sched_latency) %.0f, ingest_queue_full %.0f; "+
-		"probe 503s without Retry-After: %d", shed("sched_latency"), shed("ingest_queue_full"), countNoRetryAfter(is))
+		"probe 503s without Retry-After: %d; CPU shedding started %.0f times and lasted %.1f s in all (kettle_http_shedding_starts_total, _seconds_total)",
+		shed("sched_latency"), shed("ingest_queue_full"), countNoRetryAfter(is),
+		metricSum(m1, "kettle_http_shedding_starts_total")-metricSum(m0, "kettle_http_shedding_starts_total"),
+		metricSum(m1, "kettle_http_shedding_seconds_total")-metricSum(m0, "kettle_http_shedding_seconds_total"))
 	switch {
 	case s503 == 0 && refused.n == 0:
 		r.fail("nothing was refused with 503 under 10× load: excess load waited instead (see the latencies)")

@@ -104,9 +104,9 @@ func (p *probe) all() []sample { return p.between(time.Time{}, time.Now().Add(ti
 // tail can be placed in time against the server's log and metrics.
 func (p *probe) writeCSV(path string, t0 time.Time) error {
 	var b strings.Builder
-	b.WriteString("probe,sent_ms,latency_ms,status,err\n")
+	b.WriteString("probe,sent_ms,latency_ms,status,err,sent_unix_ms\n")
 	for _, s := range p.all() {
-		fmt.Fprintf(&b, "%s,%d,%.3f,%d,%q\n", p.name, s.at.Sub(t0).Milliseconds(), float64(s.lat)/1e6, s.status, s.err)
+		fmt.Fprintf(&b, "%s,%d,%.3f,%d,%q,%d\n", p.name, s.at.Sub(t0).Milliseconds(), float64(s.lat)/1e6, s.status, s.err, s.at.UnixMilli())
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
