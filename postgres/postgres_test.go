@@ -420,6 +420,12 @@ func TestSeedCopy(t *testing.T) {
 	f(chunk(0, 10, 0, 500), 5000)
 	f(chunk(0, 10, 0, 500), 0)      // re-run
 	f(chunk(5, 10, 250, 500), 3750) // devices 5..9 half new, 10..14 all new
+	// kettle seed's chunks end in the middle of a device's readings and the
+	// next chunk goes on from there: the stored part of the device is
+	// outside the next chunk's span for it, so it all goes in
+	f(append(chunk(20, 1, 0, 300), chunk(21, 1, 0, 100)...), 400)
+	f(append(chunk(21, 1, 100, 200), chunk(22, 1, 0, 300)...), 500)
+	f(append(chunk(22, 1, 250, 100), chunk(23, 1, 0, 10)...), 60) // 22: 250..299 stored
 	// A live write after seeding: duplicates detected, latest kept.
 	dup, err := s.Write(ctx, chunk(0, 1, 499, 2), time.Now())
 	if err != nil || !dup[0] || dup[1] {
@@ -432,6 +438,11 @@ func TestSeedCopy(t *testing.T) {
 	}
 	if want := base.Add(749 * 30 * time.Second); !d.LastSeen.Equal(want) || !d.Latest.Time.Equal(want) || d.Measurements != 500 {
 		t.Errorf("seeded device: last seen %v, latest %v, %d rows; want %v, 500", d.LastSeen, d.Latest.Time, d.Measurements, want)
+	}
+	for dev, want := range map[int]int64{20: 300, 21: 300, 22: 350, 23: 10} {
+		if d, err := s.Device(ctx, devID(dev)); err != nil || d.Measurements != want {
+			t.Errorf("device %d: %d measurements (%v), want %d", dev, d.Measurements, err, want)
+		}
 	}
 	if _, err := s.SeedCopy(ctx, append(chunk(0, 1, 0, 2), chunk(0, 1, 0, 1)...), base); kettle.ErrorCode(err) != kettle.EInvalid {
 		t.Errorf("SeedCopy of ungrouped rows: %v, want EInvalid", err)
