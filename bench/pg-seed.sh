@@ -32,7 +32,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK END=$END bench/pg-seed.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
 if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
 go build -o "$work/pgbench" ./bench/pgbench
@@ -76,6 +76,7 @@ ceil_rows=$(echo "$c1" | sed -n 's/.*RESULT ceiling rows=\([0-9]*\).*/\1/p')
 	END { cu = cc / cn / cr * 1e6; su = sc / sr * 1e6
 		printf "RATIO (CPU) seed/ceiling throughput at equal CPU = %.3f (ceiling %.2f µs CPU/row, mean of 2; seed %.2f µs CPU/row: kettle seed %.2f + postgres %.2f)\n", cu / su, cu, su, scl / sr * 1e6, spg / sr * 1e6 }'
 
+echo "ceiling and seed done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "--- storage ---"
 pg_sql kettle "SELECT 'STORAGE rows=' || sum(c.reltuples)::bigint || ' partitions=' || count(*) || ' table_bytes=' || sum(pg_table_size(c.oid)) || ' index_bytes=' || sum(pg_indexes_size(c.oid)) ||
 	' total_bytes=' || sum(pg_total_relation_size(c.oid)) || ' bytes_per_row=' || round(sum(pg_total_relation_size(c.oid)) / (SELECT count(*) FROM measurements)::numeric, 1)
