@@ -92,6 +92,15 @@ until curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1; do
 done
 echo "kettle serve ready after $(( $(date +%s) - t0 ))s"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --dsn "$dsn"
+range="from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
 echo "--- the same, bounded range (from=start&to=end of the seeded history: one rollup row per hour of it) ---"
-"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" \
-	--query "from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
+# Autovacuum's first pass over the freshly filled partitions (reading
+# gigabytes on a 2-core machine) may still be running: say so, then measure
+# both ranges again on the store at rest, after an explicit VACUUM.
+echo "--- at rest: VACUUM (ANALYZE) measurements, then both ranges again ---"
+echo "autovacuum running: $(pg_sql kettle "SELECT coalesce(string_agg(c.relname || ' ' || p.phase, ', '), 'none') FROM pg_stat_progress_vacuum p JOIN pg_class c ON c.oid = p.relid")"
+v0=$(date +%s.%N); pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
+echo "VACUUM (ANALYZE) measurements: $(echo "$(date +%s.%N) - $v0" | bc) s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
