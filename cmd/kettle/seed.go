@@ -35,7 +35,9 @@ in the same transactions, so /v1/statistics and GET /command are right the
 moment seeding ends. A device's last-seen time is its last reading's time.
 
 PostgreSQL: binary COPY straight into the month partitions, --workers
-streams in parallel. SQLite: large transactions through the store's Write.`
+streams in parallel, each chunk a range of device ids × up to one calendar
+month in (device, time) order, so that every COPY appends to its partition's
+index. SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
 	fs := newFlagSet("seed", "--db DSN --devices N --days D [flags]", seedDoc)
