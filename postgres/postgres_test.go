@@ -427,6 +427,25 @@ func TestSeedCopy(t *testing.T) {
 	f(append(chunk(21, 1, 100, 200), chunk(22, 1, 0, 300)...), 500)
 	f(append(chunk(22, 1, 250, 100), chunk(23, 1, 0, 10)...), 60) // 22: 250..299 stored
 	// A live write after seeding: duplicates detected, latest kept.
+	before := checkExactOnce(t, s, dsn)
+	if err := s.SeedDone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var unfolded, moves int64
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollups WHERE shard <> 0), (SELECT count(*) FROM last_seen_moves)`).Scan(&unfolded, &moves); err != nil {
+		t.Fatal(err)
+	}
+	if unfolded != 0 || moves != 0 {
+		t.Errorf("after SeedDone: %d rollup rows outside shard 0, %d last_seen_moves; want none", unfolded, moves)
+	}
+	if after := checkExactOnce(t, s, dsn); after != before {
+		t.Errorf("SeedDone changed the statistics: %v, then %v", before, after)
+	}
 	dup, err := s.Write(ctx, chunk(0, 1, 499, 2), time.Now())
 	if err != nil || !dup[0] || dup[1] {
 		t.Fatalf("Write after seed: dup %v, err %v", dup, err)

@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/kettlefleet/kettlefleet"
 )
 
@@ -102,4 +104,55 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		return nil
 	}
 	return insertViaStage(ctx, c, rows, idx, inserted)
+}
+
+// SeedDone leaves a freshly seeded store compact for its readers: it folds
+// last_seen_moves and every closed hour's rollup shards into shard 0 (what
+// the background compactor does a slice of every second; a seeder can open
+// the store with a long Options.CompactEvery and fold once here), then
+// rewrites the small derived tables the statistics read (VACUUM FULL of
+// rollups, hours_of_day, last_seen_counts, last_seen_moves). A seeding's
+// chunks each merge hundreds of hours into rollups, which leaves tens of
+// megabytes of dead row versions around a few thousand live rows, and a
+// bounded-range statistic then reads pages, not rows. No figure changes.
+//
+// The rewrite takes each table's exclusive lock for milliseconds; it waits
+// at most 1 s for it (a live writer's open transaction) and otherwise skips
+// that table: autovacuum still cleans it, only less compactly.
+func (s *Store) SeedDone(ctx context.Context) error {
+	if err := s.compactSeen(ctx, true); err != nil {
+		return fmt.Errorf("postgres seed: fold last_seen_moves: %w", err)
+	}
+	for range 1000 { // foldRows a round; a 10-year hourly history of 16 shards is 280 rounds
+		if err := s.compactRollups(ctx, true); err != nil {
+			return fmt.Errorf("postgres seed: fold rollups: %w", err)
+		}
+		var left bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM rollups WHERE shard <> 0 AND hour < $1)`,
+			s.opts.Now().UTC().Truncate(time.Hour)).Scan(&left); err != nil {
+			return fmt.Errorf("postgres seed: fold rollups: %w", err)
+		}
+		if !left {
+			break
+		}
+	}
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres seed: %w", err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, "SET lock_timeout = '1s'"); err != nil {
+		return fmt.Errorf("postgres seed: %w", err)
+	}
+	defer c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
+	for _, t := range []string{"rollups", "hours_of_day", "last_seen_counts", "last_seen_moves"} {
+		if _, err := c.Exec(ctx, "VACUUM (FULL, ANALYZE) "+t); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				continue
+			}
+			return fmt.Errorf("postgres seed: VACUUM FULL %s: %w", t, err)
+		}
+	}
+	return nil
 }

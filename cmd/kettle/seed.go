@@ -100,7 +100,10 @@ func runSeed(ctx context.Context, args []string) error {
 		if *pool <= 0 {
 			*pool = *workers + 2
 		}
-		st, err := postgres.Open(ctx, *db, postgres.Options{MaxConns: int32(*pool)})
+		// The background compactor would fold the rollups the chunks
+		// merge every second, rewriting them as fast as the seeding writes
+		// them; SeedDone folds them once at the end instead.
+		st, err := postgres.Open(ctx, *db, postgres.Options{MaxConns: int32(*pool), CompactEvery: 24 * time.Hour})
 		if err != nil {
 			return err
 		}
@@ -123,6 +126,8 @@ type seedSink interface {
 	kettle.Store
 	// put stores rows and returns how many were new.
 	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
+	// done runs once after the last put.
+	done(ctx context.Context) error
 }
 
 // copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
@@ -132,9 +137,13 @@ func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.T
 	return s.SeedCopy(ctx, rows, reg)
 }
 
+func (s copySink) done(ctx context.Context) error { return s.SeedDone(ctx) }
+
 // writeSink seeds any store through Write, one transaction per chunk. The
 // chunk's newest reading stands in for the time it was received.
 type writeSink struct{ kettle.Store }
+
+func (writeSink) done(context.Context) error { return nil }
 
 func (s writeSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
 	recv := rows[0].Time
@@ -224,6 +233,9 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		return firstErr
 	}
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := r.sink.done(ctx); err != nil {
 		return err
 	}
 	el := time.Since(start)
