@@ -81,6 +81,8 @@ echo "--- storage ---"
 pg_sql kettle "SELECT 'STORAGE rows=' || sum(c.reltuples)::bigint || ' partitions=' || count(*) || ' table_bytes=' || sum(pg_table_size(c.oid)) || ' index_bytes=' || sum(pg_indexes_size(c.oid)) ||
 	' total_bytes=' || sum(pg_total_relation_size(c.oid)) || ' bytes_per_row=' || round(sum(pg_total_relation_size(c.oid)) / (SELECT count(*) FROM measurements)::numeric, 1)
 	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+pg_sql kettle "SELECT 'DERIVED ' || string_agg(relname || ' rows=' || n_live_tup || ' dead=' || n_dead_tup || ' bytes=' || pg_total_relation_size(relid), ', ' ORDER BY relname)
+	FROM pg_stat_user_tables WHERE relname IN ('rollups', 'hours_of_day', 'devices', 'last_seen_counts')"
 
 echo "--- GET /v1/statistics (open range, $STATS_N sequential requests, one keep-alive connection) on kettle serve --db postgres ---"
 "$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$dsn" --data-dir "$work/data" --access-log-sample 0 2>"$work/serve.log" & pids+=($!)
