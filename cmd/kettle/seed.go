@@ -37,7 +37,9 @@ moment seeding ends. A device's last-seen time is its last reading's time.
 PostgreSQL: binary COPY straight into the month partitions, --workers
 streams in parallel, each chunk a range of device ids × up to one calendar
 month in (device, time) order, so that every COPY appends to its partition's
-index. SQLite: large transactions through the store's Write.`
+index; at the end the rollups' per-connection shards are folded once and the
+small tables the statistics read are rewritten (kept in the run's time).
+SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
 	fs := newFlagSet("seed", "--db DSN --devices N --days D [flags]", seedDoc)
