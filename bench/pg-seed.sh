@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Issue 3 benchmarks 1 and 4 on a throwaway PostgreSQL cluster:
 #   1. `kettle seed` rows/s against the ceiling: a raw COPY of the identical
-#      rows (same generator, chunks and streams) into a scratch table of the
-#      same shape, measured before and after the seeding in the same run;
+#      rows (same generator, groups, chunks and streams) into a scratch table
+#      of the same shape (measurements' columns and primary key, partitioned
+#      by month, each chunk into its month's partition), all of them: the
+#      same row count as the seeding. Measured before and after the seeding
+#      in the same run;
 #   4. GET /v1/statistics p50/p99 on the seeded store (kettle serve --db
 #      postgres://…), beside the naive GROUP BY over every stored row;
 #   and table + index bytes per stored measurement.
 #
 #   bench/pg-seed.sh                                        # 2000 devices × 2 days at 60s (5.7M rows)
-#   DEVICES=20000 DAYS=29 INTERVAL=15m CEILING_DAYS=3 bench/pg-seed.sh   # ~55.7M rows
+#   DEVICES=20000 DAYS=29 INTERVAL=15m bench/pg-seed.sh      # ~55.7M rows
 #
-# CEILING_DAYS (default DAYS) seeds the ceiling's copies with the first days
-# only, to save time on big runs (a smaller scratch index: the ceiling can
-# only come out higher, the ratio lower).
+# Each phase prints a CPU line (client and postgres CPU seconds) and a WAL
+# line (WAL bytes, full-page images, checkpoints it saw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -21,7 +23,6 @@ DAYS=${DAYS:-2}
 INTERVAL=${INTERVAL:-60s}
 WORKERS=${WORKERS:-3}
 CHUNK=${CHUNK:-200000}
-CEILING_DAYS=${CEILING_DAYS:-$DAYS}
 STATS_N=${STATS_N:-2000}
 PORT_K=${PORT_K:-$(free_port)}
 END=${END:-$(date -u +%Y-%m-%dT%H:00:00Z)}
@@ -30,8 +31,8 @@ work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK CEILING_DAYS=$CEILING_DAYS END=$END bench/pg-seed.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK END=$END bench/pg-seed.sh"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 # KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
 if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
 go build -o "$work/pgbench" ./bench/pgbench
@@ -39,21 +40,23 @@ pg_start
 pg_settings
 ceil_dsn=$(pg_db ceiling)
 dsn=$(pg_db kettle)
-# the ceiling's end: the same grid, first CEILING_DAYS days of the history
-ceil_end=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days + $CEILING_DAYS days" +%Y-%m-%dT%H:%M:%SZ)
 
-# cpu_run NAME CMD...: run CMD, print its output, then a CPU line (client = CMD's own CPU)
-cpu_run() { local name=$1 s0 s1 out; shift; s0=$(pg_cpu)
-	out=$( { /usr/bin/time -f "__CPU %U %S" "$@"; } 2>&1 ); sleep 1; s1=$(pg_cpu) # 1s: let the postmaster reap the backends
+# wal_stat: cluster-wide WAL bytes, full-page images and checkpoints so far
+wal_stat() { pg_sql postgres "SELECT w.wal_bytes || ' ' || w.wal_fpi || ' ' || (b.checkpoints_timed + b.checkpoints_req) FROM pg_stat_wal w, pg_stat_bgwriter b"; }
+# cpu_run NAME CMD...: run CMD, print its output, then a CPU line (client =
+# CMD's own CPU) and a WAL line
+cpu_run() { local name=$1 s0 s1 w0 w1 out; shift; s0=$(pg_cpu); w0=$(wal_stat)
+	out=$( { /usr/bin/time -f "__CPU %U %S" "$@"; } 2>&1 ); sleep 1; s1=$(pg_cpu); w1=$(wal_stat) # 1s: let the postmaster reap the backends
 	echo "$out" | grep -v '^__CPU'
-	echo "$out" | awk -v n="$name" -v s0="$s0" -v s1="$s1" '/^__CPU/ { printf "CPU %s client_s=%.2f postgres_s=%.2f\n", n, $2+$3, s1-s0 }'; }
+	echo "$out" | awk -v n="$name" -v s0="$s0" -v s1="$s1" '/^__CPU/ { printf "CPU %s client_s=%.2f postgres_s=%.2f\n", n, $2+$3, s1-s0 }'
+	echo "$w0 $w1" | awk -v n="$name" '{ printf "WAL %s wal_mb=%.0f fpi=%d checkpoints=%d\n", n, ($4-$1)/1048576, $5-$2, $6-$3 }'; }
 
 ceiling() {
-	cpu_run ceiling "$work/pgbench" ceiling --dsn "$ceil_dsn" --devices "$DEVICES" --days "$CEILING_DAYS" --interval "$INTERVAL" \
-		--end "$ceil_end" --workers "$WORKERS" --chunk-rows "$CHUNK" | grep -E "RESULT|CPU"
+	cpu_run ceiling "$work/pgbench" ceiling --dsn "$ceil_dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" \
+		--end "$END" --workers "$WORKERS" --chunk-rows "$CHUNK" | grep -E "RESULT|CPU|WAL"
 	pg_sql ceiling "CHECKPOINT" >/dev/null
 }
-echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table (device, t primary key), $WORKERS streams ---"
+echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table of the same shape (device, t primary key, month partitions), $WORKERS streams ---"
 c1=$(ceiling); echo "$c1"
 echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --workers $WORKERS --end $END ---"
 cpu_run seed "$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" \
@@ -73,10 +76,13 @@ ceil_rows=$(echo "$c1" | sed -n 's/.*RESULT ceiling rows=\([0-9]*\).*/\1/p')
 	END { cu = cc / cn / cr * 1e6; su = sc / sr * 1e6
 		printf "RATIO (CPU) seed/ceiling throughput at equal CPU = %.3f (ceiling %.2f µs CPU/row, mean of 2; seed %.2f µs CPU/row: kettle seed %.2f + postgres %.2f)\n", cu / su, cu, su, scl / sr * 1e6, spg / sr * 1e6 }'
 
+echo "ceiling and seed done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "--- storage ---"
 pg_sql kettle "SELECT 'STORAGE rows=' || sum(c.reltuples)::bigint || ' partitions=' || count(*) || ' table_bytes=' || sum(pg_table_size(c.oid)) || ' index_bytes=' || sum(pg_indexes_size(c.oid)) ||
 	' total_bytes=' || sum(pg_total_relation_size(c.oid)) || ' bytes_per_row=' || round(sum(pg_total_relation_size(c.oid)) / (SELECT count(*) FROM measurements)::numeric, 1)
 	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+pg_sql kettle "SELECT 'DERIVED ' || string_agg(relname || ' rows=' || n_live_tup || ' dead=' || n_dead_tup || ' bytes=' || pg_total_relation_size(relid), ', ' ORDER BY relname)
+	FROM pg_stat_user_tables WHERE relname IN ('rollups', 'hours_of_day', 'devices', 'last_seen_counts')"
 
 echo "--- GET /v1/statistics (open range, $STATS_N sequential requests, one keep-alive connection) on kettle serve --db postgres ---"
 "$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$dsn" --data-dir "$work/data" --access-log-sample 0 2>"$work/serve.log" & pids+=($!)
@@ -88,6 +94,15 @@ until curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1; do
 done
 echo "kettle serve ready after $(( $(date +%s) - t0 ))s"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --dsn "$dsn"
+range="from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
 echo "--- the same, bounded range (from=start&to=end of the seeded history: one rollup row per hour of it) ---"
-"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" \
-	--query "from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
+# Autovacuum's first pass over the freshly filled partitions (reading
+# gigabytes on a 2-core machine) may still be running: say so, then measure
+# both ranges again on the store at rest, after an explicit VACUUM.
+echo "--- at rest: VACUUM (ANALYZE) measurements, then both ranges again ---"
+echo "autovacuum running: $(pg_sql kettle "SELECT coalesce(string_agg(c.relname || ' ' || p.phase, ', '), 'none') FROM pg_stat_progress_vacuum p JOIN pg_class c ON c.oid = p.relid")"
+v0=$(date +%s.%N); pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
+echo "VACUUM (ANALYZE) measurements: $(echo "$(date +%s.%N) - $v0" | bc) s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"

@@ -420,7 +420,32 @@ func TestSeedCopy(t *testing.T) {
 	f(chunk(0, 10, 0, 500), 5000)
 	f(chunk(0, 10, 0, 500), 0)      // re-run
 	f(chunk(5, 10, 250, 500), 3750) // devices 5..9 half new, 10..14 all new
+	// kettle seed's chunks end in the middle of a device's readings and the
+	// next chunk goes on from there: the stored part of the device is
+	// outside the next chunk's span for it, so it all goes in
+	f(append(chunk(20, 1, 0, 300), chunk(21, 1, 0, 100)...), 400)
+	f(append(chunk(21, 1, 100, 200), chunk(22, 1, 0, 300)...), 500)
+	f(append(chunk(22, 1, 250, 100), chunk(23, 1, 0, 10)...), 60) // 22: 250..299 stored
 	// A live write after seeding: duplicates detected, latest kept.
+	before := checkExactOnce(t, s, dsn)
+	if err := s.SeedDone(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var unfolded, moves int64
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollups WHERE shard <> 0), (SELECT count(*) FROM last_seen_moves)`).Scan(&unfolded, &moves); err != nil {
+		t.Fatal(err)
+	}
+	if unfolded != 0 || moves != 0 {
+		t.Errorf("after SeedDone: %d rollup rows outside shard 0, %d last_seen_moves; want none", unfolded, moves)
+	}
+	if after := checkExactOnce(t, s, dsn); after != before {
+		t.Errorf("SeedDone changed the statistics: %v, then %v", before, after)
+	}
 	dup, err := s.Write(ctx, chunk(0, 1, 499, 2), time.Now())
 	if err != nil || !dup[0] || dup[1] {
 		t.Fatalf("Write after seed: dup %v, err %v", dup, err)
@@ -432,6 +457,11 @@ func TestSeedCopy(t *testing.T) {
 	}
 	if want := base.Add(749 * 30 * time.Second); !d.LastSeen.Equal(want) || !d.Latest.Time.Equal(want) || d.Measurements != 500 {
 		t.Errorf("seeded device: last seen %v, latest %v, %d rows; want %v, 500", d.LastSeen, d.Latest.Time, d.Measurements, want)
+	}
+	for dev, want := range map[int]int64{20: 300, 21: 300, 22: 350, 23: 10} {
+		if d, err := s.Device(ctx, devID(dev)); err != nil || d.Measurements != want {
+			t.Errorf("device %d: %d measurements (%v), want %d", dev, d.Measurements, err, want)
+		}
 	}
 	if _, err := s.SeedCopy(ctx, append(chunk(0, 1, 0, 2), chunk(0, 1, 0, 1)...), base); kettle.ErrorCode(err) != kettle.EInvalid {
 		t.Errorf("SeedCopy of ungrouped rows: %v, want EInvalid", err)

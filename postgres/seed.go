@@ -2,18 +2,20 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/kettlefleet/kettlefleet"
 )
 
 // SeedCopy stores rows, a bulk of generated history, in one transaction, and
 // returns how many were new. It is Write without the batch limit and with a
 // faster path: under the devices' row locks it checks whether any of them
-// already has a measurement in the rows' time range; if none has (the usual
-// case: a first seeding) the rows are COPYed straight into their partition,
+// already has a measurement in its own time range in rows; if none has (the
+// usual case: a first seeding) the rows are COPYed straight into their partition,
 // no staging, no conflict check. Otherwise (a re-run) they go through the
 // staging table and INSERT … ON CONFLICT like Write, so re-seeding adds no
 // duplicates. Either way the devices, rollups and totals are updated from the
@@ -28,6 +30,9 @@ import (
 //
 // Chunks of 50,000–500,000 rows within one calendar month (one partition)
 // are the sweet spot; run several SeedCopy calls in parallel for throughput.
+// Rows in (device, time) order that go on where the caller's previous chunk
+// of the same partition ended (seed.Chunks) append to the partition's index
+// instead of inserting all over it.
 func (s *Store) SeedCopy(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error) {
 	if len(rows) == 0 {
 		return 0, nil
@@ -54,11 +59,30 @@ func (s *Store) SeedCopy(ctx context.Context, rows []kettle.Measurement, registe
 }
 
 // bulkInsert is the insert step of SeedCopy, run with the devices locked.
-func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idArr []byte, idx map[key]int, lo, hi time.Time, inserted []bool) error {
+//
+// The check for stored rows is per device, over that device's own time span
+// in rows (first to last reading): a chunk that ends in the middle of a
+// device's readings and the next chunk, which starts with the rest of them,
+// do not overlap, so the second goes straight in too. (Checked over the
+// chunk's whole span, each chunk after the first would find its first
+// device's earlier readings and go the slow way.) The chunk's span bounds
+// the probe too, so only its partitions are searched.
+func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, _ []byte, idx map[key]int, lo, hi time.Time, inserted []bool) error {
 	conn := c.PgConn()
-	rr := conn.ExecParams(ctx, `SELECT count(*) FROM unnest($1::uuid[]) d
-		WHERE EXISTS (SELECT 1 FROM measurements m WHERE m.device = d AND m.t >= $2 AND m.t <= $3)`,
-		[][]byte{idArr, timestamptzBin(lo), timestamptzBin(hi)}, nil, bin(3), bin(1))
+	var ids []kettle.DeviceID
+	var firsts, lasts []time.Time
+	for i := range rows {
+		if i == 0 || rows[i].Device != rows[i-1].Device {
+			ids = append(ids, rows[i].Device)
+			firsts = append(firsts, rows[i].Time)
+			lasts = append(lasts, rows[i].Time)
+		} else {
+			lasts[len(lasts)-1] = rows[i].Time
+		}
+	}
+	rr := conn.ExecParams(ctx, `SELECT count(*) FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) d(id, lo, hi)
+		WHERE EXISTS (SELECT 1 FROM measurements m WHERE m.device = d.id AND m.t >= d.lo AND m.t <= d.hi AND m.t >= $4 AND m.t <= $5)`,
+		[][]byte{uuidArray(ids), timestamptzArray(firsts), timestamptzArray(lasts), timestamptzBin(lo), timestamptzBin(hi)}, nil, bin(5), bin(1))
 	var existing int64
 	for rr.NextRow() {
 		existing = decInt8(rr.Values()[0])
@@ -80,4 +104,55 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		return nil
 	}
 	return insertViaStage(ctx, c, rows, idx, inserted)
+}
+
+// SeedDone leaves a freshly seeded store compact for its readers: it folds
+// last_seen_moves and every closed hour's rollup shards into shard 0 (what
+// the background compactor does a slice of every second; a seeder can open
+// the store with a long Options.CompactEvery and fold once here), then
+// rewrites the small derived tables the statistics read (VACUUM FULL of
+// rollups, hours_of_day, last_seen_counts, last_seen_moves). A seeding's
+// chunks each merge hundreds of hours into rollups, which leaves tens of
+// megabytes of dead row versions around a few thousand live rows, and a
+// bounded-range statistic then reads pages, not rows. No figure changes.
+//
+// The rewrite takes each table's exclusive lock for milliseconds; it waits
+// at most 1 s for it (a live writer's open transaction) and otherwise skips
+// that table: autovacuum still cleans it, only less compactly.
+func (s *Store) SeedDone(ctx context.Context) error {
+	if err := s.compactSeen(ctx, true); err != nil {
+		return fmt.Errorf("postgres seed: fold last_seen_moves: %w", err)
+	}
+	for range 1000 { // foldRows a round; a 10-year hourly history of 16 shards is 280 rounds
+		if err := s.compactRollups(ctx, true); err != nil {
+			return fmt.Errorf("postgres seed: fold rollups: %w", err)
+		}
+		var left bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM rollups WHERE shard <> 0 AND hour < $1)`,
+			s.opts.Now().UTC().Truncate(time.Hour)).Scan(&left); err != nil {
+			return fmt.Errorf("postgres seed: fold rollups: %w", err)
+		}
+		if !left {
+			break
+		}
+	}
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres seed: %w", err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, "SET lock_timeout = '1s'"); err != nil {
+		return fmt.Errorf("postgres seed: %w", err)
+	}
+	defer c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
+	for _, t := range []string{"rollups", "hours_of_day", "last_seen_counts", "last_seen_moves"} {
+		if _, err := c.Exec(ctx, "VACUUM (FULL, ANALYZE) "+t); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				continue
+			}
+			return fmt.Errorf("postgres seed: VACUUM FULL %s: %w", t, err)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 package seed_test
 
 import (
+	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -167,4 +169,65 @@ func BenchmarkNext(b *testing.B) {
 			k = f.Kettle(0)
 		}
 	}
+}
+
+// TestChunks: the groups' chunks hold every reading of the fleet once, as
+// the device's own generation does; a chunk has at most maxRows readings, all
+// in one calendar month, grouped by device in increasing time with devices
+// in increasing id order, and a group's chunks of a month follow each other
+// in key order.
+func TestChunks(t *testing.T) {
+	f := seed.Fleet{Seed: 7, Devices: 23, Start: time.Date(2024, 5, 30, 13, 0, 0, 0, time.UTC), End: time.Date(2024, 6, 2, 0, 0, 0, 0, time.UTC), Interval: 10 * time.Minute}
+	f2 := func(groups, maxRows int) {
+		t.Helper()
+		want := map[kettle.DeviceID][]kettle.Measurement{}
+		for i := range f.Devices {
+			want[seed.DeviceID(f.Seed, i)] = all(f, i)
+		}
+		got := map[kettle.DeviceID][]kettle.Measurement{}
+		gs := f.Groups(groups)
+		if n := min(groups, f.Devices); len(gs) != n {
+			t.Fatalf("Groups(%d): %d groups, want %d", groups, len(gs), n)
+		}
+		var buf []kettle.Measurement
+		for _, g := range gs {
+			c := f.Chunks(g)
+			var prev *kettle.Measurement
+			for {
+				rows, ok := c.Next(buf, maxRows)
+				if !ok {
+					break
+				}
+				buf = rows
+				if len(rows) == 0 || len(rows) > maxRows {
+					t.Fatalf("chunk of %d rows, want 1…%d", len(rows), maxRows)
+				}
+				month := rows[0].Time.Month()
+				for i := range rows {
+					m := rows[i]
+					if m.Time.Month() != month {
+						t.Fatalf("chunk spans %s and %s", month, m.Time.Month())
+					}
+					if prev != nil && prev.Time.Month() == month {
+						if c := bytes.Compare(prev.Device[:], m.Device[:]); c > 0 || c == 0 && !m.Time.After(prev.Time) {
+							t.Fatalf("row %s %s after %s %s: not in key order", m.Device, m.Time, prev.Device, prev.Time)
+						}
+					}
+					got[m.Device] = append(got[m.Device], m)
+					prev = &m
+				}
+			}
+		}
+		for id, w := range want {
+			g := got[id]
+			slices.SortFunc(g, func(a, b kettle.Measurement) int { return a.Time.Compare(b.Time) })
+			if !slices.Equal(g, w) {
+				t.Fatalf("groups %d, chunks of %d: device %s has %d readings, want %d (or they differ)", groups, maxRows, id, len(g), len(w))
+			}
+		}
+	}
+	f2(1, 1_000_000)
+	f2(3, 100)
+	f2(4, 1)
+	f2(100, 77)
 }

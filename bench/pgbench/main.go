@@ -1,7 +1,7 @@
 // Command pgbench is the client side of the PostgreSQL benchmarks of issue 3
 // (bench/pg-*.sh run it; it is not a timed test):
 //
-//	pgbench ceiling --dsn DSN [fleet flags]   raw COPY of the seeder's rows into a scratch table
+//	pgbench ceiling --dsn DSN [fleet flags]   raw COPY of the seeder's rows into a scratch table of measurements' shape
 //	pgbench ingest  --url URL --data-dir DIR  POST /v1/measurements batches, acknowledged rows/s
 //	pgbench login   --url URL -n N            register N devices with POST /login, print their ids
 //	pgbench stats   --url URL --data-dir DIR  GET /v1/statistics latency; --dsn: the naive SQL beside it
@@ -61,11 +61,14 @@ func main() {
 
 // ---- ceiling ----
 
-// ceiling COPYs rows into a scratch table shaped like a measurements
-// partition (same columns, same primary key), with nothing else: no staging,
-// no devices, no rollups. --rows seed generates exactly kettle seed's rows,
-// in its chunks (a group of devices × one UTC day) and with its number of
-// parallel streams; --rows ingest generates the rows pgbench ingest sends.
+// ceiling COPYs rows into a scratch table shaped like measurements (same
+// columns, same primary key), with nothing else: no staging, no devices, no
+// rollups. --rows seed generates exactly kettle seed's rows, in its groups
+// and chunks (seed.Fleet.Groups, seed.Chunks) and with its number of
+// parallel streams, into a scratch table partitioned by month like
+// measurements, each chunk straight into its month's partition as kettle
+// seed does; --rows ingest generates the rows pgbench ingest sends, into
+// one unpartitioned table.
 func ceiling(args []string) error {
 	fs := flag.NewFlagSet("ceiling", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "PostgreSQL DSN")
@@ -76,7 +79,7 @@ func ceiling(args []string) error {
 	endFlag := fs.String("end", "", "seed: end of history, RFC 3339 (as kettle seed --end)")
 	seedN := fs.Uint64("seed", 42, "seed: random seed")
 	workers := fs.Int("workers", 3, "parallel COPY streams")
-	chunkRows := fs.Int("chunk-rows", 200_000, "seed: readings per COPY (as kettle seed --chunk-rows)")
+	chunkRows := fs.Int("chunk-rows", 200_000, "readings per COPY (seed: at most, as kettle seed --chunk-rows)")
 	total := fs.Int("total", 1_000_000, "ingest: rows to copy")
 	batch := fs.Int("batch", 500, "ingest: rows per device request (the COPY chunk is --chunk-rows)")
 	encoder := fs.String("encoder", "raw", "raw: binary rows encoded by hand (pgconn.CopyFrom, no allocation per row); pgx: pgx.Conn.CopyFrom with CopyFromSlice")
@@ -88,21 +91,20 @@ func ceiling(args []string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS ceiling_scratch;
-		CREATE TABLE ceiling_scratch (
-			device uuid NOT NULL, t timestamptz NOT NULL,
+	const columns = `device uuid NOT NULL, t timestamptz NOT NULL,
 			charge_mwh float8 NOT NULL, full_mwh float8 NOT NULL, rate_mw float8 NOT NULL,
 			ambient_c float8 NOT NULL, water_c float8 NOT NULL, level_ml float8 NOT NULL,
-			PRIMARY KEY (device, t))`); err != nil {
+			PRIMARY KEY (device, t)`
+	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS ceiling_scratch"); err != nil {
 		return err
 	}
 	if !*keep {
 		defer conn.Exec(context.Background(), "DROP TABLE IF EXISTS ceiling_scratch")
 	}
 
-	// chunks produces the row chunks; each worker calls next until it
-	// returns false.
-	var next func(buf []kettle.Measurement) ([]kettle.Measurement, bool)
+	// newSource returns one worker's chunk source: it fills buf[:0] with
+	// the next chunk and names the table to copy it into, until ok is false.
+	var newSource func() func(buf []kettle.Measurement) (rows []kettle.Measurement, table string, ok bool)
 	switch *rowsKind {
 	case "seed":
 		end := time.Now().UTC().Truncate(time.Hour)
@@ -116,9 +118,28 @@ func ceiling(args []string) error {
 		if err := f.Validate(); err != nil {
 			return err
 		}
-		next = seedChunks(f, *chunkRows, *workers)
+		// measurements' shape: partitioned by calendar month (UTC) of t
+		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
+			return err
+		}
+		for m := monthStart(f.Start); m.Before(f.End); m = m.AddDate(0, 1, 0) {
+			if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
+				scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
+				return err
+			}
+		}
+		newSource = seedSource(f, *chunkRows, *workers)
 	case "ingest":
-		next = ingestChunks(*devices, *batch, *total, *chunkRows)
+		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+")"); err != nil {
+			return err
+		}
+		next := ingestChunks(*devices, *batch, *total, *chunkRows)
+		newSource = func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
+			return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
+				rows, ok := next(buf)
+				return rows, "ceiling_scratch", ok
+			}
+		}
 	default:
 		return fmt.Errorf("--rows %q: want seed or ingest", *rowsKind)
 	}
@@ -128,6 +149,7 @@ func ceiling(args []string) error {
 	errs := make(chan error, *workers)
 	start := time.Now()
 	for range *workers {
+		next := newSource()
 		wg.Go(func() {
 			c, err := pgx.Connect(ctx, *dsn)
 			if err != nil {
@@ -137,7 +159,7 @@ func ceiling(args []string) error {
 			defer c.Close(ctx)
 			var buf []kettle.Measurement
 			for {
-				rows, ok := next(buf)
+				rows, table, ok := next(buf)
 				if !ok {
 					return
 				}
@@ -147,7 +169,7 @@ func ceiling(args []string) error {
 				}
 				var n int64
 				if *encoder == "pgx" {
-					n, err = c.CopyFrom(ctx, pgx.Identifier{"ceiling_scratch"},
+					n, err = c.CopyFrom(ctx, pgx.Identifier{table},
 						[]string{"device", "t", "charge_mwh", "full_mwh", "rate_mw", "ambient_c", "water_c", "level_ml"},
 						pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
 							m := &rows[i]
@@ -155,7 +177,7 @@ func ceiling(args []string) error {
 						}))
 				} else {
 					var tag interface{ RowsAffected() int64 }
-					tag, err = c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY ceiling_scratch FROM STDIN (FORMAT binary)")
+					tag, err = c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY "+table+" FROM STDIN (FORMAT binary)")
 					if err == nil {
 						n = tag.RowsAffected()
 					}
@@ -174,64 +196,49 @@ func ceiling(args []string) error {
 	if err := <-errs; err != nil {
 		return err
 	}
-	var bytes int64
-	conn.QueryRow(ctx, "SELECT pg_total_relation_size('ceiling_scratch')").Scan(&bytes)
+	var bytes, parts int64
+	conn.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), pg_total_relation_size('ceiling_scratch')), count(i.inhrelid)
+		FROM pg_class c LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+		WHERE i.inhparent = 'ceiling_scratch'::regclass OR (c.oid = 'ceiling_scratch'::regclass AND c.relkind = 'r')`).Scan(&bytes, &parts)
 	n := copied.Load()
-	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s bytes_per_row=%.1f\n",
-		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, float64(bytes)/float64(max(n, 1)))
+	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s partitions=%d bytes_per_row=%.1f\n",
+		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, parts, float64(bytes)/float64(max(n, 1)))
 	return nil
 }
 
-// seedChunks yields kettle seed's chunks: the same fleet, the same groups of
-// devices, one UTC day at a time (cmd/kettle/seed.go).
-func seedChunks(f seed.Fleet, chunkRows, workers int) func([]kettle.Measurement) ([]kettle.Measurement, bool) {
-	perDay := max(1, int(24*time.Hour/f.Interval))
-	// as cmd/kettle/seed.go's seedGroup
-	group := max(1, min(chunkRows/perDay, f.Devices))
-	ng := (f.Devices + group - 1) / group
-	ng = (ng + workers - 1) / workers * workers
-	group = max(1, (f.Devices+ng-1)/ng)
-	var mu sync.Mutex
-	nextGroup := 0
-	// each group is simulated day by day by one worker at a time: hand out
-	// (group, day) in order per group, groups in parallel
-	type state struct {
-		kettles []*seed.Kettle
-		day     time.Time
-	}
-	queue := []*state{}
-	return func(buf []kettle.Measurement) ([]kettle.Measurement, bool) {
-		mu.Lock()
-		var st *state
-		if len(queue) > 0 {
-			st, queue = queue[0], queue[1:]
-		} else if nextGroup < f.Devices {
-			lo, hi := nextGroup, min(nextGroup+group, f.Devices)
-			nextGroup = hi
-			st = &state{day: f.Start.Truncate(24 * time.Hour)}
-			for i := lo; i < hi; i++ {
-				st.kettles = append(st.kettles, f.Kettle(i))
+func monthStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+func scratchPartition(month time.Time) string {
+	return fmt.Sprintf("ceiling_scratch_y%04dm%02d", month.Year(), int(month.Month()))
+}
+
+// seedSource hands out kettle seed's work: the same groups of devices
+// (seed.Fleet.Groups, four per worker), each generated by one worker in the
+// same chunks (seed.Chunks), as cmd/kettle/seed.go does.
+func seedSource(f seed.Fleet, chunkRows, workers int) func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
+	groups := f.Groups(4 * workers)
+	var next atomic.Int64
+	return func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
+		var cur *seed.Chunks
+		return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
+			for {
+				if cur == nil {
+					g := int(next.Add(1)) - 1
+					if g >= len(groups) {
+						return buf, "", false
+					}
+					cur = f.Chunks(groups[g])
+				}
+				rows, ok := cur.Next(buf, chunkRows)
+				if ok {
+					return rows, scratchPartition(monthStart(rows[0].Time)), true
+				}
+				cur = nil
 			}
 		}
-		mu.Unlock()
-		if st == nil {
-			return buf, false
-		}
-		until := st.day.Add(24 * time.Hour)
-		rows := buf[:0]
-		var m kettle.Measurement
-		for _, k := range st.kettles {
-			for k.Next(until, &m) {
-				rows = append(rows, m)
-			}
-		}
-		st.day = until
-		if st.day.Before(f.End) {
-			mu.Lock()
-			queue = append([]*state{st}, queue...) // keep the same worker busy on it next
-			mu.Unlock()
-		}
-		return rows, true
 	}
 }
 

@@ -35,7 +35,11 @@ in the same transactions, so /v1/statistics and GET /command are right the
 moment seeding ends. A device's last-seen time is its last reading's time.
 
 PostgreSQL: binary COPY straight into the month partitions, --workers
-streams in parallel. SQLite: large transactions through the store's Write.`
+streams in parallel, each chunk a range of device ids × up to one calendar
+month in (device, time) order, so that every COPY appends to its partition's
+index; at the end the rollups' per-connection shards are folded once and the
+small tables the statistics read are rewritten (kept in the run's time).
+SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
 	fs := newFlagSet("seed", "--db DSN --devices N --days D [flags]", seedDoc)
@@ -46,7 +50,7 @@ func runSeed(ctx context.Context, args []string) error {
 	endFlag := fs.String("end", "", "end of history (RFC 3339 or YYYY-MM-DD, UTC; empty: the current hour, so re-runs within the hour are identical)")
 	seedFlag := fs.Uint64("seed", 42, "random seed: same seed, same fleet and readings")
 	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite)")
-	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (about; a chunk is a group of devices × one UTC day)")
+	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk never spans two UTC calendar months)")
 	pool := fs.Int("pg-pool", 0, "PostgreSQL: connections in the pool (0: --workers + 2)")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	if err := parseFlags(fs, args); err != nil {
@@ -98,7 +102,10 @@ func runSeed(ctx context.Context, args []string) error {
 		if *pool <= 0 {
 			*pool = *workers + 2
 		}
-		st, err := postgres.Open(ctx, *db, postgres.Options{MaxConns: int32(*pool)})
+		// The background compactor would fold the rollups the chunks
+		// merge every second, rewriting them as fast as the seeding writes
+		// them; SeedDone folds them once at the end instead.
+		st, err := postgres.Open(ctx, *db, postgres.Options{MaxConns: int32(*pool), CompactEvery: 24 * time.Hour})
 		if err != nil {
 			return err
 		}
@@ -121,6 +128,8 @@ type seedSink interface {
 	kettle.Store
 	// put stores rows and returns how many were new.
 	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
+	// done runs once after the last put.
+	done(ctx context.Context) error
 }
 
 // copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
@@ -130,9 +139,13 @@ func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.T
 	return s.SeedCopy(ctx, rows, reg)
 }
 
+func (s copySink) done(ctx context.Context) error { return s.SeedDone(ctx) }
+
 // writeSink seeds any store through Write, one transaction per chunk. The
 // chunk's newest reading stands in for the time it was received.
 type writeSink struct{ kettle.Store }
+
+func (writeSink) done(context.Context) error { return nil }
 
 func (s writeSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
 	recv := rows[0].Time
@@ -177,12 +190,13 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		}
 	}
 
-	// Work unit: a group of devices, all its days in order (the physics is
-	// continuous); one transaction per group × UTC day, so a chunk never
-	// spans two month partitions.
-	perDay := max(1, int(24*time.Hour/f.Interval))
-	group := seedGroup(f.Devices, perDay, r.chunkRows, r.workers)
-	groups := make(chan int)
+	// Work unit: a group of devices (a range of device ids), all its
+	// months in order (the physics is continuous); one transaction per chunk
+	// of about --chunk-rows readings within one month, device by device in
+	// id order, so each COPY appends to its partition's index (seed.Chunks).
+	// Four groups per worker keep the workers busy to the end.
+	groupList := f.Groups(4 * r.workers)
+	groups := make(chan []int)
 	total := int64(f.Devices) * f.RowsPerDevice()
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -197,7 +211,7 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		wg.Go(func() {
 			var rows []kettle.Measurement
 			for g := range groups {
-				if err := r.group(ctx, g, min(g+group, f.Devices), &rows); err != nil {
+				if err := r.group(ctx, g, &rows); err != nil {
 					fail(err)
 					return
 				}
@@ -207,7 +221,7 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	stopProgress := r.showProgress(start, total)
 	go func() {
 		defer close(groups)
-		for g := 0; g < f.Devices; g += group {
+		for _, g := range groupList {
 			select {
 			case groups <- g:
 			case <-ctx.Done():
@@ -221,6 +235,9 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		return firstErr
 	}
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := r.sink.done(ctx); err != nil {
 		return err
 	}
 	el := time.Since(start)
@@ -238,46 +255,24 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// group seeds devices [lo, hi) day by day.
-func (r *seedRun) group(ctx context.Context, lo, hi int, buf *[]kettle.Measurement) error {
+// group seeds the devices devs (indices in the fleet), chunk by chunk.
+func (r *seedRun) group(ctx context.Context, devs []int, buf *[]kettle.Measurement) error {
 	f := r.fleet
-	kettles := make([]*seed.Kettle, hi-lo)
-	for i := range kettles {
-		kettles[i] = f.Kettle(lo + i)
-	}
-	for day := f.Start.Truncate(24 * time.Hour); day.Before(f.End); day = day.Add(24 * time.Hour) {
-		until := day.Add(24 * time.Hour)
-		rows := (*buf)[:0]
-		var m kettle.Measurement
-		for _, k := range kettles {
-			for k.Next(until, &m) {
-				rows = append(rows, m)
-			}
-		}
+	c := f.Chunks(devs)
+	for {
+		rows, ok := c.Next(*buf, r.chunkRows)
 		*buf = rows
-		if len(rows) == 0 {
-			continue
+		if !ok {
+			return nil
 		}
 		n, err := r.sink.put(ctx, rows, f.Start)
 		if err != nil {
-			return fmt.Errorf("seed devices %d…%d, %s: %w", lo, hi-1, day.Format(time.DateOnly), err)
+			first, last := rows[0], rows[len(rows)-1]
+			return fmt.Errorf("seed %s %s … %s %s: %w", first.Device, first.Time.Format(time.RFC3339), last.Device, last.Time.Format(time.RFC3339), err)
 		}
 		r.generated.Add(int64(len(rows)))
 		r.stored.Add(n)
 	}
-	return nil
-}
-
-// seedGroup is how many devices a work unit simulates: about chunkRows
-// readings a day, but rounded so the number of groups is a multiple of the
-// workers. A group is simulated by one worker from the first day to the last
-// (the physics is continuous), so 10 groups on 3 workers would leave one
-// stream working alone for the last quarter of the run.
-func seedGroup(devices, perDay, chunkRows, workers int) int {
-	group := max(1, min(chunkRows/perDay, devices))
-	n := (devices + group - 1) / group
-	n = (n + workers - 1) / workers * workers
-	return max(1, (devices+n-1)/n)
 }
 
 // showProgress prints rows, rows/s and ETA every second (on one line when
