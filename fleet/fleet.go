@@ -31,7 +31,9 @@ type Config struct {
 	// batches still grow under load while the previous commit runs).
 	BatchWait time.Duration
 	// Writers is the number of concurrent batch transactions (1 for SQLite,
-	// which has one writer; a few for PostgreSQL).
+	// which has one writer; a few for PostgreSQL). Each writer has its own
+	// queue and owns the devices hashed to it, so two transactions never
+	// lock the same device row and one device's readings commit in order.
 	Writers int
 	// PollInterval is the poll_after_s a kettle is told when nothing
 	// time-dependent is due sooner.
@@ -92,10 +94,9 @@ type Service struct {
 	now   func() time.Time
 	hooks Hooks
 
-	queue      chan *request
-	queued     atomic.Int64 // readings in the queue
-	committing atomic.Int32 // batchers in a store write
-	gatherMu   sync.Mutex   // held by the batcher gathering a batch
+	queues     []chan *request // one per writer, by device hash (writerOf)
+	queued     atomic.Int64    // readings in the queues
+	committing atomic.Int32    // batchers in a store write
 	closed     atomic.Bool
 	wg         sync.WaitGroup
 	sendMu     sync.RWMutex // held (R) while sending to queue; (W) to close it
@@ -169,7 +170,6 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		log:     log,
 		now:     now,
 		hooks:   hooks,
-		queue:   make(chan *request, cfg.QueueRows),
 		devices: make(map[kettle.DeviceID]*device),
 	}
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
@@ -186,9 +186,12 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("load device cache: %w", err)
 	}
-	for i := 0; i < cfg.Writers; i++ {
+	for range cfg.Writers {
+		// capacity ≥ QueueRows ≥ queued requests: a send never blocks
+		q := make(chan *request, cfg.QueueRows)
+		s.queues = append(s.queues, q)
 		s.wg.Add(1)
-		go s.batcher()
+		go s.batcher(q)
 	}
 	if cfg.Refresh > 0 {
 		s.stopRefresh = make(chan struct{})
@@ -320,7 +323,7 @@ func (s *Service) Ingest(ctx context.Context, rows []kettle.Measurement) (stored
 		s.reject("shutting_down", len(rows))
 		return 0, 0, &kettle.Error{Code: kettle.EUnavailable, Message: "server is shutting down; retry on another node or after restart", RetryAfter: s.cfg.RetryAfter}
 	}
-	s.queue <- req // never blocks: capacity ≥ QueueRows ≥ queued requests
+	s.queues[s.writerOf(rows[0].Device)] <- req // never blocks: capacity ≥ QueueRows ≥ queued requests
 	s.sendMu.RUnlock()
 	<-req.done // not ctx: the commit decides; a gone client simply retries into a duplicate
 	if req.err != nil {
@@ -348,22 +351,35 @@ const (
 	busyWait    = time.Millisecond
 )
 
-// batcher takes whatever is queued, up to BatchRows, commits it in one
-// transaction, updates the caches and wakes every waiter.
-func (s *Service) batcher() {
+// writerOf is the writer that owns device id (a request of several devices
+// goes to the first one's: still correct, the store locks devices in order).
+// Writers partition the devices instead of sharing one queue: with a shared
+// queue, the two PostgreSQL writers' batches of single readings from 256
+// connections held overlapping devices, and each waited on the other's row
+// locks (SELECT … FOR UPDATE averaged 6.2 ms a call), so they committed one
+// after the other.
+func (s *Service) writerOf(id kettle.DeviceID) int {
+	if len(s.queues) == 1 {
+		return 0
+	}
+	h := uint64(0)
+	for _, b := range id[:8] {
+		h = h*0x100000001b3 ^ uint64(b)
+	}
+	return int(h % uint64(len(s.queues)))
+}
+
+// batcher takes whatever is queued on its queue, up to BatchRows, commits it
+// in one transaction, updates the caches and wakes every waiter.
+func (s *Service) batcher(queue chan *request) {
 	defer s.wg.Done()
 	var (
 		reqs  []*request
 		batch []kettle.Measurement
 	)
 	for {
-		// One batcher gathers at a time (the others commit or wait here),
-		// so that readings arriving while it waits are not dealt out among
-		// several waiting batchers in batches of one.
-		s.gatherMu.Lock()
-		first, ok := <-s.queue
+		first, ok := <-queue
 		if !ok {
-			s.gatherMu.Unlock()
 			return
 		}
 		reqs = append(reqs[:0], first)
@@ -393,7 +409,7 @@ func (s *Service) batcher() {
 	gather:
 		for len(batch) < limit {
 			select {
-			case r, ok := <-s.queue:
+			case r, ok := <-queue:
 				if !ok {
 					break gather
 				}
@@ -404,7 +420,7 @@ func (s *Service) batcher() {
 					break gather
 				}
 				select {
-				case r, ok := <-s.queue:
+				case r, ok := <-queue:
 					if !ok {
 						break gather
 					}
@@ -422,7 +438,7 @@ func (s *Service) batcher() {
 	more:
 		for len(batch) < s.cfg.BatchRows {
 			select {
-			case r, ok := <-s.queue:
+			case r, ok := <-queue:
 				if !ok {
 					break more
 				}
@@ -433,7 +449,6 @@ func (s *Service) batcher() {
 			}
 		}
 		s.committing.Add(1)
-		s.gatherMu.Unlock()
 		s.commit(reqs, batch)
 		s.committing.Add(-1)
 	}
@@ -545,7 +560,9 @@ func (s *Service) Close() {
 	}
 	s.sendMu.Lock()
 	if !s.closed.Swap(true) {
-		close(s.queue)
+		for _, q := range s.queues {
+			close(q)
+		}
 	}
 	s.sendMu.Unlock()
 	s.wg.Wait()

@@ -151,3 +151,91 @@ func BenchmarkIngest(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "acked/s")
 }
+
+// spyStore records which devices are inside a Write at once (a real store
+// underneath; each Write is held a moment so that writers overlap).
+type spyStore struct {
+	kettle.Store
+	mu       sync.Mutex
+	inFlight map[kettle.DeviceID]int
+	clashes  int // a device in two concurrent Writes
+	overlaps int // Writes that began while another was running
+	running  int
+}
+
+func (s *spyStore) Write(ctx context.Context, ms []kettle.Measurement, received time.Time) ([]bool, error) {
+	s.mu.Lock()
+	if s.running > 0 {
+		s.overlaps++
+	}
+	s.running++
+	mine := map[kettle.DeviceID]bool{}
+	for _, m := range ms {
+		if !mine[m.Device] {
+			mine[m.Device] = true
+			if s.inFlight[m.Device] > 0 {
+				s.clashes++
+			}
+			s.inFlight[m.Device]++
+		}
+	}
+	s.mu.Unlock()
+	time.Sleep(2 * time.Millisecond)
+	dup, err := s.Store.Write(ctx, ms, received)
+	s.mu.Lock()
+	for d := range mine {
+		s.inFlight[d]--
+	}
+	s.running--
+	s.mu.Unlock()
+	return dup, err
+}
+
+// TestWritersOwnDevices: with several writers, each device belongs to one
+// of them, so two concurrent transactions never hold the same device (on
+// PostgreSQL they would wait on each other's row locks) — while the writers
+// do run at the same time.
+func TestWritersOwnDevices(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := &spyStore{Store: st, inFlight: map[kettle.DeviceID]int{}}
+	svc, err := fleet.New(context.Background(), spy, fleet.Config{Writers: 3}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	devs := make([]kettle.DeviceID, 30)
+	for i := range devs {
+		devs[i] = uuid.New()
+	}
+	base := time.Now().Add(-time.Hour).UTC()
+	var wg sync.WaitGroup
+	for w := range 30 {
+		wg.Go(func() {
+			for i := range 40 {
+				m := reading(devs[(w+i)%len(devs)], base.Add(time.Duration(w*40+i)*time.Second), 100)
+				if _, _, err := svc.Ingest(context.Background(), []kettle.Measurement{m}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	svc.Close()
+	if spy.clashes != 0 {
+		t.Errorf("%d times a device was in two concurrent writes", spy.clashes)
+	}
+	if spy.overlaps == 0 {
+		t.Error("the three writers never wrote at the same time")
+	}
+	s, err := st.Statistics(context.Background(), kettle.StatsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MeasurementCount != 1200 {
+		t.Errorf("stored %d readings, sent 1200", s.MeasurementCount)
+	}
+}
