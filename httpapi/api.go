@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -725,6 +726,23 @@ func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// upload is the memory of one v1 upload, reused: allocating ~150 KB per
+// batch of 500 (the body and its readings, zeroed by the allocator) and
+// collecting it was a fifth of kettle serve's CPU on batched uploads.
+type upload struct {
+	body []byte
+	ms   []kettle.Measurement
+}
+
+var uploads = sync.Pool{New: func() any { return new(upload) }}
+
+func getUpload() *upload { return uploads.Get().(*upload) }
+
+func putUpload(u *upload) {
+	u.body, u.ms = u.body[:0], u.ms[:0]
+	uploads.Put(u)
+}
+
 func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	release, ok := a.admitIngest(w, r)
 	if !ok {
@@ -736,16 +754,22 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 		writeError(w, a.log, err)
 		return
 	}
-	body, err := readBody(w, r)
+	up := getUpload()
+	defer putUpload(up)
+	body, err := readBodyBuf(w, r, up.body)
 	if err != nil {
 		writeError(w, a.log, err)
 		return
 	}
-	ms, err := DecodeV1(body, id, a.svc.Now())
+	up.body = body
+	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Now())
 	if err != nil {
 		writeError(w, a.log, err)
 		return
 	}
+	up.ms = ms
+	// Ingest returns after the batcher copied the readings and committed:
+	// nothing keeps ms or body past it, so they go back to the pool.
 	stored, dups, err := a.svc.Ingest(r.Context(), ms)
 	if err != nil {
 		writeError(w, a.log, err)

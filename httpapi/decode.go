@@ -95,6 +95,11 @@ func truncate(s string, n int) string {
 
 // readBody reads a body of at most kettle.MaxBody bytes.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	return readBodyBuf(w, r, nil)
+}
+
+// readBodyBuf is readBody into buf's memory when it is large enough.
+func readBodyBuf(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error) {
 	rd := http.MaxBytesReader(w, r.Body, kettle.MaxBody)
 	var body []byte
 	var err error
@@ -102,7 +107,11 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 		// Sized from the header (net/http delivers exactly that many bytes
 		// or an error): one allocation instead of io.ReadAll's doublings,
 		// which cost a v1 batch of 500 readings ten copies.
-		body = make([]byte, n)
+		if int64(cap(buf)) >= n {
+			body = buf[:n]
+		} else {
+			body = make([]byte, n)
+		}
 		_, err = io.ReadFull(rd, body)
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -216,7 +225,12 @@ func DecodeV0(body []byte, dev kettle.DeviceID, now time.Time) (kettle.Measureme
 // DecodeV1 decodes and validates a v1 upload: one reading or an array of up
 // to kettle.MaxBatch. Field names in errors of an array are prefixed "[i].".
 func DecodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
-	if ms, ok := fastV1(body, dev, now); ok {
+	return decodeV1Buf(nil, body, dev, now)
+}
+
+// decodeV1Buf is DecodeV1 into dst's memory when it is large enough.
+func decodeV1Buf(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
+	if ms, ok := fastV1(body, dev, now, dst); ok {
 		return ms, nil
 	}
 	return decodeV1(body, dev, now)

@@ -176,3 +176,34 @@ func FuzzDecodeV1Fast(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseUTC: whatever the fast time parser accepts, time.Parse returns
+// as the identical time.Time; and it accepts what kettles send.
+func FuzzParseUTC(f *testing.F) {
+	accepted := 0
+	for _, s := range []string{"2026-10-13T07:00:05Z", "2026-10-13T07:00:05.000123Z", "2024-02-29T23:59:59.999999999Z",
+		"2023-02-29T00:00:00Z", "2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-10-13T24:00:00Z", "2026-10-13T07:60:00Z",
+		"2026-10-13T07:00:60Z", "2026-10-13T07:00:05.Z", "2026-10-13T07:00:05.1234567890Z", "2026-10-13T07:00:05+02:00",
+		"2026-10-13t07:00:05z", "0000-01-01T00:00:00Z", "2000-02-29T12:00:00.5Z", "1900-02-29T12:00:00Z", "2026-1x-13T07:00:05Z"} {
+		f.Add(s)
+		if _, ok := httpapi.ParseUTC(s); ok {
+			accepted++
+		}
+	}
+	if accepted != 5 {
+		f.Errorf("the fast parser took %d of the seeds, want 5 (the valid Z times)", accepted)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := httpapi.ParseUTC(s)
+		if !ok {
+			return
+		}
+		want, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatalf("%q: fast parser %v, time.Parse: %v", s, got, err)
+		}
+		if got != want {
+			t.Fatalf("%q: fast parser %#v, time.Parse %#v", s, got, want)
+		}
+	})
+}

@@ -415,12 +415,13 @@ func ingest(args []string) error {
 	conns := fs.Int("conns", 16, "concurrent connections")
 	dur := fs.Duration("duration", 20*time.Second, "how long to send")
 	warm := fs.Duration("warmup", 3*time.Second, "sent first, not counted")
+	shift := fs.Duration("shift", 0, "add this to every reading's time: a later run in one database sends new readings, not duplicates of the earlier run's (each run starts its devices' readings anew, 40 days ago)")
 	fs.Parse(args)
 	sec, err := server.ReadSecret(*dataDir, "secret")
 	if err != nil {
 		return err
 	}
-	base := ingestBase()
+	base := ingestBase().Add(*shift)
 	tr := &http.Transport{MaxIdleConnsPerHost: *conns, MaxConnsPerHost: *conns}
 	cl := &http.Client{Transport: tr, Timeout: 60 * time.Second}
 	var (

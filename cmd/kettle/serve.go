@@ -64,7 +64,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.OperatorToken, "operator-token", "", "bearer token for operator endpoints (empty: generated and kept in --data-dir)")
 	fs.StringVar(&cfg.Secret, "secret", "", "key device tokens are derived from (empty: generated and kept in --data-dir)")
 	fs.IntVar(&cfg.Ingest.QueueRows, "ingest-queue", 65536, "readings that may wait for a commit; beyond it ingest answers 503 + Retry-After")
-	fs.IntVar(&cfg.Ingest.BatchRows, "batch-rows", 0, "most readings committed in one transaction (0: 2000 for SQLite, 8000 for PostgreSQL)")
+	fs.IntVar(&cfg.Ingest.BatchRows, "batch-rows", 0, "most readings committed in one transaction (0: 2000 for SQLite, 16000 for PostgreSQL)")
 	fs.DurationVar(&cfg.Ingest.BatchWait, "batch-wait", 0, "wait this long for more readings before committing a partial batch (0: commit at once; batches still grow under load)")
 	fs.IntVar(&cfg.Ingest.Writers, "writers", 0, "concurrent batch transactions (0: 1 for SQLite, which has one writer; 2 for PostgreSQL)")
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
