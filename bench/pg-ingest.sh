@@ -92,6 +92,14 @@ while read -r _ vcs rvs cpu; do
 done <"$work/v1.txt"
 
 [ -n "$CONNS" ] || exit 0
+# The batched phase leaves autovacuum work (millions of new rows) that would
+# otherwise run during, and be counted in, the first single-reading run.
+t0=$(date +%s)
+for _ in $(seq 240); do
+	[ "$(pg_sql kettle "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")" = 0 ] && break
+	sleep 0.5
+done
+echo "waited $(( $(date +%s) - t0 )) s for autovacuum to finish before the single-reading runs"
 echo "--- case-study POST /measurement: registering $NDEV devices through POST /login ---"
 "$work/pgbench" login --url "http://127.0.0.1:$PORT_K" -n "$NDEV" >"$work/devices.txt"
 [ "$(grep -c . "$work/devices.txt")" = "$NDEV" ] || { echo "registration failed"; exit 1; }
@@ -127,7 +135,8 @@ for c in $CONNS; do
 	reqs=$(echo "$kett" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
 	errs=$(echo "$kett" | sed -n 's/.*errors_status=\([0-9]*\).*/\1/p')
 	echo "stored rows during wrk (GET /v1/statistics measurement_count delta): $((after - before)); wrk requests: $reqs; non-2xx: $errs"
-	[ "$((after - before))" = "$((reqs - errs))" ] || echo "WARNING: $((reqs - errs - after + before)) acknowledged requests stored no new row (duplicates): this run does not measure new readings"
+	# more stored than counted: requests in flight when wrk stopped counting
+	[ "$((after - before))" -ge "$((reqs - errs))" ] || echo "WARNING: $((reqs - errs - after + before)) acknowledged requests stored no new row (duplicates): this run does not measure new readings"
 	rb=$(echo "$bare" | rps); rk=$(echo "$kett" | rps)
 	awk -v k="$rk" -v b="$rb" -v c="$c" 'BEGIN { printf "RATIO kettle(postgres)/bare = %.3f at %d connections (%.0f / %.0f req/s); goal >= 0.50\n", k/b, c, k, b }'
 	best_b=$(awk -v a="$best_b" -v b="$rb" 'BEGIN { print (b > a ? b : a) }'); best_k=$(awk -v a="$best_k" -v b="$rk" 'BEGIN { print (b > a ? b : a) }')

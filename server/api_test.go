@@ -535,3 +535,89 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentUploadsKeepTheirReadings: v1 uploads reuse their body and
+// reading buffers once acknowledged; many devices uploading at once must
+// still each have exactly their own readings stored, value for value.
+func TestConcurrentUploadsKeepTheirReadings(t *testing.T) {
+	forEachStore(t, func(t *testing.T, dsn string) {
+		srv := start(t, dsn)
+		c := newClient(t, srv)
+		op := bearer(srv.OperatorToken())
+		const devices, uploads, per = 8, 12, 40
+		r := c.do("POST", "/v1/devices", op, fmt.Sprintf(`{"count":%d}`, devices))
+		if r.status != 201 {
+			t.Fatalf("provision: %d %s", r.status, r.body)
+		}
+		var prov struct {
+			Devices []struct{ ID, Token string }
+		}
+		r.json(t, &prov)
+		base := time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)
+		// reading j of upload u of device d: its time and charge say which
+		at := func(u, j int) time.Time { return base.Add(time.Duration(u*per+j) * time.Second) }
+		charge := func(d, u, j int) float64 { return float64(d*100000 + u*100 + j) }
+		var wg sync.WaitGroup
+		errs := make(chan string, devices)
+		for d := range devices {
+			wg.Go(func() {
+				hc := &http.Client{Timeout: 30 * time.Second}
+				for u := range uploads {
+					parts := make([]string, per)
+					for j := range per {
+						parts[j] = v1Body(at(u, j), charge(d, u, j), 1e6, -5, 21, 90, 800)
+					}
+					req, _ := http.NewRequest("POST", srv.URL()+"/v1/measurements", strings.NewReader("["+strings.Join(parts, ",")+"]"))
+					req.Header.Set("Authorization", "Bearer "+prov.Devices[d].Token)
+					req.Header.Set("Content-Type", "application/json")
+					res, err := hc.Do(req)
+					if err != nil {
+						errs <- err.Error()
+						return
+					}
+					var out struct{ Stored, Duplicates int }
+					err = json.NewDecoder(res.Body).Decode(&out)
+					res.Body.Close()
+					if res.StatusCode != 200 || err != nil || out.Stored != per {
+						errs <- fmt.Sprintf("device %d upload %d: %d %+v %v", d, u, res.StatusCode, out, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Fatal(e)
+		}
+		for d, dev := range prov.Devices {
+			seen := 0
+			after := ""
+			for {
+				r := c.do("GET", "/v1/devices/"+dev.ID+"/measurements?limit=1000"+after, op, "")
+				if r.status != 200 {
+					t.Fatalf("history: %d %s", r.status, r.body)
+				}
+				var h struct {
+					Measurements []httpapi.MeasurementJSON
+					Next         string
+				}
+				r.json(t, &h)
+				for _, m := range h.Measurements {
+					k := int(m.Time.Sub(base) / time.Second)
+					if want := charge(d, k/per, k%per); m.Charge != want {
+						t.Fatalf("device %d reading at %v: charge %v, sent %v", d, m.Time, m.Charge, want)
+					}
+					seen++
+				}
+				if h.Next == "" {
+					break
+				}
+				after = "&after=" + h.Next
+			}
+			if seen != uploads*per {
+				t.Errorf("device %d: %d readings stored, sent %d", d, seen, uploads*per)
+			}
+		}
+	})
+}
