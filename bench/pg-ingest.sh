@@ -59,7 +59,7 @@ ceiling() {
 	pg_sql ceiling "CHECKPOINT" >/dev/null
 }
 rate() { sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'; }
-echo "--- ceiling (before): raw binary COPY of pgbench ingest's rows ($CEIL_ROWS, 20000-row COPYs, 3 streams) into a scratch table (device, t primary key); encoder raw (by hand), then pgx (CopyFrom) ---"
+echo "--- ceiling (before): raw binary COPY of pgbench ingest's rows ($CEIL_ROWS, 20000-row COPYs, 3 streams) into a scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
 c1=$(ceiling raw); echo "$c1"
 p1=$(ceiling pgx); echo "$p1"
 

@@ -68,7 +68,9 @@ func main() {
 // parallel streams, into a scratch table partitioned by month like
 // measurements, each chunk straight into its month's partition as kettle
 // seed does; --rows ingest generates the rows pgbench ingest sends, into
-// one unpartitioned table.
+// the same monthly partitions, each chunk straight into its month's
+// partition when it falls in one (as kettle serve's COPY does), else into
+// the parent table.
 func ceiling(args []string) error {
 	fs := flag.NewFlagSet("ceiling", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "PostgreSQL DSN")
@@ -130,14 +132,37 @@ func ceiling(args []string) error {
 		}
 		newSource = seedSource(f, *chunkRows, *workers)
 	case "ingest":
-		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+")"); err != nil {
+		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
 			return err
+		}
+		// ingestRow's times: from ingestBase, one second per reading of a device
+		first := ingestBase()
+		last := first.Add(time.Duration(*total / *devices + *batch) * time.Second)
+		for m := monthStart(first); !m.After(last); m = m.AddDate(0, 1, 0) {
+			if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
+				scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
+				return err
+			}
 		}
 		next := ingestChunks(*devices, *batch, *total, *chunkRows)
 		newSource = func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
 			return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
 				rows, ok := next(buf)
-				return rows, "ceiling_scratch", ok
+				if !ok || len(rows) == 0 {
+					return rows, "ceiling_scratch", ok
+				}
+				lo, hi := rows[0].Time, rows[0].Time
+				for i := range rows {
+					if t := rows[i].Time; t.Before(lo) {
+						lo = t
+					} else if t.After(hi) {
+						hi = t
+					}
+				}
+				if monthStart(lo).Equal(monthStart(hi)) {
+					return rows, scratchPartition(monthStart(lo)), true
+				}
+				return rows, "ceiling_scratch", true
 			}
 		}
 	default:
