@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -100,29 +101,37 @@ func TestIngestCommitsAndCaches(t *testing.T) {
 // TestCloseDrains: Close commits everything queued before returning, and
 // refuses what comes after.
 func TestCloseDrains(t *testing.T) {
-	svc, st := newService(t, fleet.Config{})
-	dev := uuid.New()
-	base := time.Now().Add(-time.Hour).UTC()
-	var wg sync.WaitGroup
-	var acked atomic.Int64
-	for i := 0; i < 200; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			if s, _, err := svc.Ingest(context.Background(), []kettle.Measurement{reading(dev, base.Add(time.Duration(i)*time.Millisecond), 1)}); err == nil {
-				acked.Add(int64(s))
+	for _, writers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("writers=%d", writers), func(t *testing.T) {
+			svc, st := newService(t, fleet.Config{Writers: writers})
+			devs := make([]kettle.DeviceID, 10) // spread over every writer's queue
+			for i := range devs {
+				devs[i] = uuid.New()
 			}
-		}(i)
-	}
-	time.Sleep(5 * time.Millisecond)
-	svc.Close()
-	wg.Wait()
-	if _, _, err := svc.Ingest(context.Background(), []kettle.Measurement{reading(dev, base, 1)}); kettle.ErrorCode(err) != kettle.EUnavailable {
-		t.Errorf("ingest after Close: %v, want unavailable", err)
-	}
-	s, _ := st.Statistics(context.Background(), kettle.StatsQuery{})
-	if s.MeasurementCount != acked.Load() {
-		t.Errorf("stored %d, acked %d", s.MeasurementCount, acked.Load())
+			base := time.Now().Add(-time.Hour).UTC()
+			var wg sync.WaitGroup
+			var acked atomic.Int64
+			for i := 0; i < 200; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					m := reading(devs[i%len(devs)], base.Add(time.Duration(i)*time.Millisecond), 1)
+					if s, _, err := svc.Ingest(context.Background(), []kettle.Measurement{m}); err == nil {
+						acked.Add(int64(s))
+					}
+				}(i)
+			}
+			time.Sleep(5 * time.Millisecond)
+			svc.Close()
+			wg.Wait()
+			if _, _, err := svc.Ingest(context.Background(), []kettle.Measurement{reading(devs[0], base, 1)}); kettle.ErrorCode(err) != kettle.EUnavailable {
+				t.Errorf("ingest after Close: %v, want unavailable", err)
+			}
+			s, _ := st.Statistics(context.Background(), kettle.StatsQuery{})
+			if s.MeasurementCount != acked.Load() {
+				t.Errorf("stored %d, acked %d", s.MeasurementCount, acked.Load())
+			}
+		})
 	}
 }
 
