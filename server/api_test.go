@@ -164,24 +164,8 @@ func TestV1DevicesMeasurementsCommands(t *testing.T) {
 
 		// History pages in time order with a cursor.
 		var all []time.Time
-		after := ""
-		for page := 0; page < 10; page++ {
-			r = c.do("GET", "/v1/devices/"+d0.ID+"/measurements?limit=4"+after, op, "")
-			if r.status != 200 {
-				t.Fatalf("history: %d %s", r.status, r.body)
-			}
-			var h struct {
-				Measurements []httpapi.MeasurementJSON
-				Next         string
-			}
-			r.json(t, &h)
-			for _, m := range h.Measurements {
-				all = append(all, m.Time)
-			}
-			if h.Next == "" {
-				break
-			}
-			after = "&after=" + h.Next
+		for _, m := range history(t, c, op, d0.ID, 4) {
+			all = append(all, m.Time)
 		}
 		if len(all) != 11 || !sort.SliceIsSorted(all, func(i, j int) bool { return all[i].Before(all[j]) }) {
 			t.Errorf("history: %d rows, sorted=%v", len(all), sort.SliceIsSorted(all, func(i, j int) bool { return all[i].Before(all[j]) }))
@@ -223,7 +207,7 @@ func TestV1DevicesMeasurementsCommands(t *testing.T) {
 
 		// Device list with cursor pagination.
 		seen := map[string]bool{}
-		after = ""
+		after := ""
 		for page := 0; page < 5; page++ {
 			r = c.do("GET", "/v1/devices?limit=2"+after, op, "")
 			var l struct {
@@ -591,33 +575,43 @@ func TestConcurrentUploadsKeepTheirReadings(t *testing.T) {
 			t.Fatal(e)
 		}
 		for d, dev := range prov.Devices {
-			seen := 0
-			after := ""
-			for {
-				r := c.do("GET", "/v1/devices/"+dev.ID+"/measurements?limit=1000"+after, op, "")
-				if r.status != 200 {
-					t.Fatalf("history: %d %s", r.status, r.body)
+			got := history(t, c, op, dev.ID, 1000)
+			for _, m := range got {
+				k := int(m.Time.Sub(base) / time.Second)
+				if want := charge(d, k/per, k%per); m.Charge != want {
+					t.Fatalf("device %d reading at %v: charge %v, sent %v", d, m.Time, m.Charge, want)
 				}
-				var h struct {
-					Measurements []httpapi.MeasurementJSON
-					Next         string
-				}
-				r.json(t, &h)
-				for _, m := range h.Measurements {
-					k := int(m.Time.Sub(base) / time.Second)
-					if want := charge(d, k/per, k%per); m.Charge != want {
-						t.Fatalf("device %d reading at %v: charge %v, sent %v", d, m.Time, m.Charge, want)
-					}
-					seen++
-				}
-				if h.Next == "" {
-					break
-				}
-				after = "&after=" + h.Next
 			}
-			if seen != uploads*per {
-				t.Errorf("device %d: %d readings stored, sent %d", d, seen, uploads*per)
+			if len(got) != uploads*per {
+				t.Errorf("device %d: %d readings stored, sent %d", d, len(got), uploads*per)
 			}
 		}
 	})
+}
+
+// history reads a device's stored readings through GET
+// /v1/devices/{id}/measurements, page by page (limit a page) to the end.
+func history(t *testing.T, c *client, hdr map[string]string, id string, limit int) []httpapi.MeasurementJSON {
+	t.Helper()
+	var all []httpapi.MeasurementJSON
+	after := ""
+	for page := 0; ; page++ {
+		if page > 10000 {
+			t.Fatalf("history of %s: still paging after %d pages", id, page)
+		}
+		r := c.do("GET", fmt.Sprintf("/v1/devices/%s/measurements?limit=%d%s", id, limit, after), hdr, "")
+		if r.status != 200 {
+			t.Fatalf("history: %d %s", r.status, r.body)
+		}
+		var h struct {
+			Measurements []httpapi.MeasurementJSON
+			Next         string
+		}
+		r.json(t, &h)
+		all = append(all, h.Measurements...)
+		if h.Next == "" {
+			return all
+		}
+		after = "&after=" + h.Next
+	}
 }
