@@ -99,20 +99,30 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 		return false
 	}
 	p.i++
-	var (
-		seen uint8
-		ok   bool
-	)
+	// the values of v1Keys[i]; the time (nil) is parsed apart
+	fields := [len(v1Keys)]*float64{nil, &m.ChargeMWh, &m.FullMWh, &m.RateMW, &m.AmbientC, &m.WaterC, &m.LevelML}
+	var seen uint8
 	for k := 0; ; k++ {
 		p.ws()
 		// A kettle sends the keys in the documented order: try the next
 		// one first, a comparison instead of a search for the closing quote.
-		var key string
+		idx := -1
 		if k < len(v1Keys) && bytes.HasPrefix(p.b[p.i:], v1Keys[k]) {
-			key = v1KeyNames[k]
+			idx = k
 			p.i += len(v1Keys[k])
-		} else if key, ok = p.raw(); !ok {
-			return false
+		} else {
+			key, ok := p.raw()
+			if !ok {
+				return false
+			}
+			for i, q := range v1Keys {
+				if string(q[1:len(q)-1]) == key {
+					idx = i
+				}
+			}
+			if idx < 0 {
+				return false
+			}
 		}
 		p.ws()
 		if p.i >= len(p.b) || p.b[p.i] != ':' {
@@ -120,31 +130,12 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 		}
 		p.i++
 		p.ws()
-		var bit uint8
-		var dst *float64
-		switch key {
-		case "time":
-			bit = 1
-		case "battery_charge_mwh":
-			bit, dst = 2, &m.ChargeMWh
-		case "battery_full_mwh":
-			bit, dst = 4, &m.FullMWh
-		case "battery_rate_mw":
-			bit, dst = 8, &m.RateMW
-		case "ambient_temp_c":
-			bit, dst = 16, &m.AmbientC
-		case "water_temp_c":
-			bit, dst = 32, &m.WaterC
-		case "water_level_ml":
-			bit, dst = 64, &m.LevelML
-		default:
-			return false
-		}
+		bit := uint8(1) << idx
 		if seen&bit != 0 {
 			return false
 		}
 		seen |= bit
-		if dst == nil {
+		if dst := fields[idx]; dst == nil {
 			s, ok := p.raw()
 			if !ok {
 				return false
@@ -180,16 +171,14 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 	return len(m.Validate(now, &kettle.V1Names, "", nil)) == 0
 }
 
-// v1KeyNames in the documented order, and v1Keys the same quoted.
-var (
-	v1KeyNames = [...]string{"time", "battery_charge_mwh", "battery_full_mwh", "battery_rate_mw", "ambient_temp_c", "water_temp_c", "water_level_ml"}
-	v1Keys     = func() (q [len(v1KeyNames)][]byte) {
-		for i, k := range v1KeyNames {
-			q[i] = []byte(`"` + k + `"`)
-		}
-		return q
-	}()
-)
+// v1Keys are kettle.V1Names quoted, in the documented order.
+var v1Keys = func() (q [7][]byte) {
+	n := kettle.V1Names
+	for i, k := range [...]string{n.Time, n.Charge, n.Full, n.Rate, n.Ambient, n.Water, n.Level} {
+		q[i] = []byte(`"` + k + `"`)
+	}
+	return q
+}()
 
 // parseUTC parses the time every kettle sends, 2026-10-13T07:00:05Z with
 // up to nine fractional digits, to the time.Time time.Parse(RFC3339Nano)
@@ -209,7 +198,7 @@ func parseUTC(s string) (t time.Time, ok bool) {
 	year := d(0)*1000 + d(1)*100 + d(2)*10 + d(3)
 	month, day := d(5)*10+d(6), d(8)*10+d(9)
 	hour, minute, sec := d(11)*10+d(12), d(14)*10+d(15), d(17)*10+d(18)
-	if month < 1 || month > 12 || day < 1 || day > daysIn(month, year) || hour > 23 || minute > 59 || sec > 59 {
+	if month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || sec > 59 {
 		return t, false
 	}
 	ns := 0
@@ -228,20 +217,8 @@ func parseUTC(s string) (t time.Time, ok bool) {
 			}
 		}
 	}
-	return time.Date(year, time.Month(month), day, hour, minute, sec, ns, time.UTC), true
-}
-
-func daysIn(month, year int) int {
-	switch month {
-	case 2:
-		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
-			return 29
-		}
-		return 28
-	case 4, 6, 9, 11:
-		return 30
-	}
-	return 31
+	t = time.Date(year, time.Month(month), day, hour, minute, sec, ns, time.UTC)
+	return t, t.Day() == day // April 31 normalizes to May 1: time.Parse refuses it
 }
 
 // raw returns the bytes of a string up to its closing quote, unchecked: a
