@@ -7,6 +7,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
@@ -95,8 +96,9 @@ type Service struct {
 	hooks Hooks
 
 	queues     []chan *request // one per writer, by device hash (writerOf)
-	queued     atomic.Int64    // readings in the queues
-	committing atomic.Int32    // batchers in a store write
+	writerSeed maphash.Seed
+	queued     atomic.Int64 // readings in the queues
+	committing atomic.Int32 // batchers in a store write
 	closed     atomic.Bool
 	wg         sync.WaitGroup
 	sendMu     sync.RWMutex // held (R) while sending to queue; (W) to close it
@@ -165,12 +167,13 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		now = time.Now
 	}
 	s := &Service{
-		store:   store,
-		cfg:     cfg,
-		log:     log,
-		now:     now,
-		hooks:   hooks,
-		devices: make(map[kettle.DeviceID]*device),
+		store:      store,
+		cfg:        cfg,
+		log:        log,
+		now:        now,
+		hooks:      hooks,
+		devices:    make(map[kettle.DeviceID]*device),
+		writerSeed: maphash.MakeSeed(),
 	}
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
 		s.devices[d.ID] = &device{
@@ -362,11 +365,7 @@ func (s *Service) writerOf(id kettle.DeviceID) int {
 	if len(s.queues) == 1 {
 		return 0
 	}
-	h := uint64(0)
-	for _, b := range id[:8] {
-		h = h*0x100000001b3 ^ uint64(b)
-	}
-	return int(h % uint64(len(s.queues)))
+	return int(maphash.Comparable(s.writerSeed, id) % uint64(len(s.queues)))
 }
 
 // batcher takes whatever is queued on its queue, up to BatchRows, commits it
