@@ -124,11 +124,8 @@ func ceiling(args []string) error {
 		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
 			return err
 		}
-		for m := monthStart(f.Start); m.Before(f.End); m = m.AddDate(0, 1, 0) {
-			if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
-				scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
-				return err
-			}
+		if err := scratchPartitions(ctx, conn, f.Start, f.End); err != nil {
+			return err
 		}
 		newSource = seedSource(f, *chunkRows, *workers)
 	case "ingest":
@@ -138,11 +135,8 @@ func ceiling(args []string) error {
 		// ingestRow's times: from ingestBase, one second per reading of a device
 		first := ingestBase()
 		last := first.Add(time.Duration(*total / *devices + *batch) * time.Second)
-		for m := monthStart(first); !m.After(last); m = m.AddDate(0, 1, 0) {
-			if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
-				scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
-				return err
-			}
+		if err := scratchPartitions(ctx, conn, first, last.Add(time.Second)); err != nil {
+			return err
 		}
 		next := ingestChunks(*devices, *batch, *total, *chunkRows)
 		newSource = func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
@@ -234,6 +228,18 @@ func ceiling(args []string) error {
 func monthStart(t time.Time) time.Time {
 	t = t.UTC()
 	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// scratchPartitions creates the month partitions of ceiling_scratch that
+// hold [from, to).
+func scratchPartitions(ctx context.Context, conn *pgx.Conn, from, to time.Time) error {
+	for m := monthStart(from); m.Before(to); m = m.AddDate(0, 1, 0) {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
+			scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func scratchPartition(month time.Time) string {
