@@ -3,10 +3,11 @@
 # `kettle serve --db postgres://…`:
 #   2. batched ingest, POST /v1/measurements with batches of 500 readings of
 #      one device (a kettle uploading its backlog), acknowledged rows/s, for
-#      each client concurrency in V1_CONNS, against the ceiling: a raw binary
-#      COPY of the identical rows into a scratch table of the same shape,
-#      measured before and after in the same run, with rows encoded by hand
-#      (the stricter ceiling, used for the ratio) and with pgx's CopyFrom;
+#      each client concurrency in V1_CONNS (kettle serve on a fresh database
+#      each), against the ceiling: a raw binary COPY of as many identical rows
+#      (the count the ingest stored) into a fresh scratch table of the same
+#      shape, right after it in the same run, with rows encoded by hand (the
+#      stricter ceiling, used for the ratio) and with pgx's CopyFrom;
 #   3. acknowledged single-measurement requests/s (case-study POST
 #      /measurement, many devices, wrk + bench/measurement.lua as
 #      bench/ingest.sh) against the bare JSON-decoding handler (bench/bare)
@@ -27,7 +28,6 @@ CONNS=${CONNS-64 256 1024}   # wrk connections (benchmark 3), one run each
 THREADS=${THREADS:-2}
 V1_CONNS=${V1_CONNS:-16 64}   # pgbench ingest connections (benchmark 2), one run each
 V1_DEVICES=${V1_DEVICES:-2000}
-CEIL_ROWS=${CEIL_ROWS:-2000000}
 PORT_K=${PORT_K:-$(free_port)}
 PORT_B=${PORT_B:-$(free_port)}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
@@ -36,7 +36,7 @@ work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES CEIL_ROWS=$CEIL_ROWS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 # KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
 if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
@@ -45,68 +45,63 @@ go build -o "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 ceil_dsn=$(pg_db ceiling)
-dsn=$(pg_db kettle)
 wait_up() { for _ in $(seq 300); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1"; exit 1; }
+# serve DB DATA_DIR: start kettle serve on a fresh database DB at PORT_K; sets kpid
+serve() {
+	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$(pg_db "$1")" --data-dir "$2" \
+		--access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$2.log" & pids+=($!)
+	kpid=${pids[-1]}
+	wait_up "http://127.0.0.1:$PORT_K/readyz"
+}
 
-
-# ceiling ENCODER: one raw COPY run; prints its RESULT and a CPU line
+# ceiling ENCODER ROWS: one raw COPY run of ROWS rows into a fresh scratch
+# table; prints its RESULT and a CPU line
 ceiling() {
 	local s0 s1 out; s0=$(pg_cpu)
 	out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ceiling --dsn "$ceil_dsn" --rows ingest --devices "$V1_DEVICES" --batch 500 \
-		--total "$CEIL_ROWS" --chunk-rows 20000 --workers 3 --encoder "$1"; } 2>&1 ); sleep 1; s1=$(pg_cpu)
+		--total "$2" --chunk-rows 20000 --workers 3 --encoder "$1"; } 2>&1 ); sleep 1; s1=$(pg_cpu)
 	echo "$out" | grep RESULT
-	echo "$out" | awk -v s0="$s0" -v s1="$s1" -v r="$CEIL_ROWS" '/^__CPU/ { printf "CPU ceiling client_s=%.2f postgres_s=%.2f µs_per_row=%.2f\n", $2+$3, s1-s0, ($2+$3+s1-s0)/r*1e6 }'
+	echo "$out" | awk -v s0="$s0" -v s1="$s1" -v r="$2" '/^__CPU/ { printf "CPU ceiling client_s=%.2f postgres_s=%.2f µs_per_row=%.2f\n", $2+$3, s1-s0, ($2+$3+s1-s0)/r*1e6 }'
 	pg_sql ceiling "CHECKPOINT" >/dev/null
 }
 rate() { sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'; }
+cpurow() { sed -n 's/.*µs_per_row=\([0-9.]*\).*/\1/p'; }
 # Warm-up, not counted: the first heavy write into a fresh cluster also
 # creates its WAL segment files (later ones recycle them). Without it the
 # first ceiling was sometimes far slower than the same COPY after the ingest
 # (350,346 vs 484,933 rows/s); with it 414,613 vs 407,231.
-ceiling raw >/dev/null
-echo "--- ceiling (before): raw binary COPY of pgbench ingest's rows ($CEIL_ROWS, 20000-row COPYs, 3 streams) into a scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
-c1=$(ceiling raw); echo "$c1"
-p1=$(ceiling pgx); echo "$p1"
+ceiling raw 2000000 >/dev/null
 
-"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$dsn" --data-dir "$work/data" \
-	--access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$work/serve.log" & pids+=($!)
-wait_up "http://127.0.0.1:$PORT_K/readyz"
-kpid=${pids[-1]}
-: >"$work/v1.txt"
-shift=0
+# Each concurrency: kettle serve on a fresh database, the ingest, then the
+# ceiling COPYing as many of the same rows (the count the ingest stored) into
+# a fresh scratch table: COPY slows as the table and its index grow (into an
+# empty table, 2,000,000 rows went in at 885,375 rows/s; 4,000,000 at 519,058
+# in another run), so both sides start empty and end the same size.
 for vc in $V1_CONNS; do
-	echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION; kettle serve --db postgres ${SERVE_ARGS:-} ---"
+	echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
+	serve "kettle_v1_$vc" "$work/data-v1-$vc"
 	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
-	v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" --devices "$V1_DEVICES" \
-		--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s --shift ${shift}h; } 2>&1 )
-	shift=$((shift + 72)) # the next run's readings are new ones (3 days later)
+	v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc" --devices "$V1_DEVICES" \
+		--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s; } 2>&1 )
 	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+	kill "$kpid"; wait "$kpid" 2>/dev/null || true
 	echo "$v1out" | grep -v __CPU
 	sv=$(echo "$v1out" | sed -n 's/.*stored=\([0-9]*\).*/\1/p')
-	echo "$v1out" | awk -v vc="$vc" -v rv="$(echo "$v1out" | grep RESULT | rate)" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
-		'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }' | tee -a "$work/v1.txt"
-	pg_sql kettle "CHECKPOINT" >/dev/null
+	rv=$(echo "$v1out" | grep RESULT | rate)
+	v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
+		'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }')
+	echo "$v1cpu"
+	pg_sql postgres "CHECKPOINT" >/dev/null
+	echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
+	c=$(ceiling raw "$sv"); echo "$c"
+	p=$(ceiling pgx "$sv"); echo "$p"
+	awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {
+		printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY of as many rows %d rows/s); against pgx CopyFrom (%d rows/s): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, c, p, s/p, cu, iu, cu/iu }'
 done
-echo "--- ceiling (after) ---"
-c2=$(ceiling raw); echo "$c2"
-p2=$(ceiling pgx); echo "$p2"
-r1=$(echo "$c1" | rate); r2=$(echo "$c2" | rate); q1=$(echo "$p1" | rate); q2=$(echo "$p2" | rate)
-cu=$(echo "$c1"$'\n'"$c2" | awk -F'µs_per_row=' '/^CPU ceiling/ { s += $2; n++ } END { printf "%.2f", s / n }')
-while read -r _ vcs rvs cpu; do
-	awk -v vc="${vcs#conns=}" -v s="${rvs#rows_per_s=}" -v a="$r1" -v b="$r2" -v pa="$q1" -v pb="$q2" -v cu="$cu" -v cpu="$cpu" 'BEGIN { c=(a+b)/2; p=(pa+pb)/2; split(cpu, x, " "); printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY %d / %d rows/s before / after, mean %.0f); against pgx CopyFrom (%d / %d, mean %.0f): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, a, b, c, pa, pb, p, s/p, cu, x[3], cu/x[3] }'
-done <"$work/v1.txt"
 
 [ -n "$CONNS" ] || exit 0
-# The batched phase leaves vacuum work (millions of new rows) that autovacuum
-# would otherwise do during, and count in, the single-reading runs: do it now.
-t0=$(date +%s)
-pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
-for _ in $(seq 240); do
-	[ "$(pg_sql kettle "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'")" = 0 ] && break
-	sleep 0.5
-done
+serve kettle "$work/data"
 pg_sql kettle "CHECKPOINT" >/dev/null
-echo "VACUUM (ANALYZE) measurements and CHECKPOINT before the single-reading runs: $(( $(date +%s) - t0 )) s"
 echo "--- case-study POST /measurement: registering $NDEV devices through POST /login ---"
 "$work/pgbench" login --url "http://127.0.0.1:$PORT_K" -n "$NDEV" >"$work/devices.txt"
 [ "$(grep -c . "$work/devices.txt")" = "$NDEV" ] || { echo "registration failed"; exit 1; }
