@@ -78,6 +78,19 @@ func (s *Store) Register(ctx context.Context, ids []kettle.DeviceID, at time.Tim
 // run without a cancellable context (the driver would start a goroutine per
 // statement for one); ctx governs BEGIN and COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
+	return s.write(ctx, batch, receivedAt.UnixMicro(), false)
+}
+
+// SeedWrite is Write for a seeder's history: each device of the batch
+// counts as seen at the time of its newest reading in it (what a fleet that
+// sent that history live would have left), not at one receive time for the
+// whole batch.
+func (s *Store) SeedWrite(ctx context.Context, batch []kettle.Measurement) ([]bool, error) {
+	return s.write(ctx, batch, 0, true)
+}
+
+// write is Write; seenAtNewest: see SeedWrite (recv is then unused).
+func (s *Store) write(ctx context.Context, batch []kettle.Measurement, recv int64, seenAtNewest bool) ([]bool, error) {
 	dup := make([]bool, len(batch))
 	if len(batch) == 0 {
 		return dup, nil
@@ -97,7 +110,7 @@ func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedA
 		}
 		// Another process may have staged rows since the merge.
 		direct = direct && s.stage.rows == 0
-		return s.writeBatch(ctx, tx, batch, receivedAt.UnixMicro(), dup, direct)
+		return s.writeBatch(ctx, tx, batch, recv, seenAtNewest, dup, direct)
 	})
 	if err != nil {
 		// The commit may or may not have happened: rebuild from the file.
@@ -197,7 +210,7 @@ func dense(batch []kettle.Measurement) bool {
 	return true
 }
 
-func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, dup []bool, direct bool) error {
+func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, seenAtNewest bool, dup []bool, direct bool) error {
 	nc := context.WithoutCancel(ctx)
 	sc := &s.wsc
 	sc.reset()
@@ -255,7 +268,11 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 			args = append(args, m.Time.UnixMicro(), m.Device[:],
 				m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML)
 			if !direct {
-				args = append(args, recv)
+				if seenAtNewest {
+					args = append(args, m.Time.UnixMicro())
+				} else {
+					args = append(args, recv)
+				}
 			}
 		}
 		sc.args = args
@@ -350,13 +367,17 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		m := &batch[d.newest]
 		old, known := s.cache.devs[d.id]
 		st := old
+		seen := recv
+		if seenAtNewest {
+			seen = m.Time.UnixMicro()
+		}
 		// last_seen never goes back, even if the server clock does.
-		if !old.hasSeen || old.seen < recv {
+		if !old.hasSeen || old.seen < seen {
 			if old.hasSeen {
 				seenDelta[old.seen]--
 			}
-			seenDelta[recv]++
-			st.seen, st.hasSeen = recv, true
+			seenDelta[seen]++
+			st.seen, st.hasSeen = seen, true
 		}
 		st.n += d.n
 		if known {
@@ -390,7 +411,11 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 			if _, known := s.cache.devs[sc.devs[k].id]; known {
 				continue
 			}
-			if _, err := reg.ExecContext(nc, sc.devs[k].id[:], recv); err != nil {
+			at := recv
+			if seenAtNewest {
+				at = batch[sc.devs[k].newest].Time.UnixMicro()
+			}
+			if _, err := reg.ExecContext(nc, sc.devs[k].id[:], at); err != nil {
 				return fmt.Errorf("register device %s: %w", sc.devs[k].id, err)
 			}
 		}
