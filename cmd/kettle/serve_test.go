@@ -33,8 +33,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build kettle: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	pgtest.Main(m) // runs the tests, removes a cluster if one was started
+	code := pgtest.Run(m) // runs the tests, removes a cluster if one was started
 	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // proc is a kettle serve process started as a user starts it.

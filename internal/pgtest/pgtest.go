@@ -50,7 +50,12 @@ var (
 
 // Main runs the tests of m and then stops and removes the cluster, if one was
 // started. Call it from TestMain.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main for a TestMain with its own cleanup after the tests: it runs
+// them, removes the cluster if one was started and returns the exit code
+// for os.Exit.
+func Run(m *testing.M) int {
 	inMain.Store(true)
 	code := m.Run()
 	if shared != nil {
@@ -58,7 +63,7 @@ func Main(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Start returns the DSN of a new, empty database for the calling test. The
