@@ -32,6 +32,9 @@ func New(t testing.TB, parent context.Context, width, height int, extra ...chrom
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("disable-extensions", true),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium's singleton socket directory goes to TMPDIR and
+		// outlives a killed browser: keep it in the test's directory.
+		chromedp.Env("TMPDIR=" + t.TempDir()),
 		chromedp.WindowSize(width, height),
 	}, extra...)
 	actx, acancel := chromedp.NewExecAllocator(parent, opts...)
