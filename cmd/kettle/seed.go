@@ -91,7 +91,7 @@ func runSeed(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		sink = writeSink{st}
+		sink = sqliteSink{st}
 		if *workers <= 0 {
 			*workers = 2
 		}
@@ -141,30 +141,14 @@ func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.T
 
 func (s copySink) done(ctx context.Context) error { return s.SeedDone(ctx) }
 
-// writeSink seeds any store through Write, one transaction per chunk. A
-// store that has SeedWrite (SQLite) counts each device as seen at its own
-// newest reading, as SeedCopy does; any other stands the chunk's newest
-// reading in for the time the whole chunk was received.
-type writeSink struct{ kettle.Store }
+// sqliteSink seeds SQLite through SeedWrite, one transaction per chunk:
+// each device counts as seen at its own newest reading, as with SeedCopy.
+type sqliteSink struct{ *sqlite.Store }
 
-func (writeSink) done(context.Context) error { return nil }
+func (sqliteSink) done(context.Context) error { return nil }
 
-func (s writeSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
-	var dup []bool
-	var err error
-	if sw, ok := s.Store.(interface {
-		SeedWrite(context.Context, []kettle.Measurement) ([]bool, error)
-	}); ok {
-		dup, err = sw.SeedWrite(ctx, rows)
-	} else {
-		recv := rows[0].Time
-		for i := range rows {
-			if rows[i].Time.After(recv) {
-				recv = rows[i].Time
-			}
-		}
-		dup, err = s.Write(ctx, rows, recv)
-	}
+func (s sqliteSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
+	dup, err := s.SeedWrite(ctx, rows)
 	if err != nil {
 		return 0, err
 	}

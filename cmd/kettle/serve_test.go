@@ -205,6 +205,12 @@ func audit(t *testing.T, p *proc, op string, devs []string, acked []reading) (st
 	return len(have)
 }
 
+// operatorToken is the operator token kettle serve generated in dir.
+func operatorToken(dir string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, "operator-token"))
+	return strings.TrimSpace(string(b))
+}
+
 func storesUnderTest(t *testing.T, f func(t *testing.T, db string)) {
 	t.Run("sqlite", func(t *testing.T) { f(t, "sqlite:"+t.TempDir()+"/kettle.db") })
 	t.Run("postgres", func(t *testing.T) { f(t, pgtest.Start(t)) })
@@ -217,8 +223,7 @@ func TestKill9LosesNothing(t *testing.T) {
 	storesUnderTest(t, func(t *testing.T, db string) {
 		dir := t.TempDir()
 		p := serve(t, dir, db)
-		opb, _ := os.ReadFile(filepath.Join(dir, "operator-token"))
-		op := strings.TrimSpace(string(opb))
+		op := operatorToken(dir)
 		var devs []string
 		for i := 0; i < 8; i++ {
 			_, b, err := req("POST", p.url+"/login", nil, `{"username":"k"}`)
@@ -271,8 +276,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	dir := t.TempDir()
 	db := "sqlite:" + dir + "/kettle.db"
 	p := serve(t, dir, db)
-	opb, _ := os.ReadFile(filepath.Join(dir, "operator-token"))
-	op := strings.TrimSpace(string(opb))
+	op := operatorToken(dir)
 	var devs []string
 	for i := 0; i < 8; i++ {
 		_, b, _ := req("POST", p.url+"/login", nil, `{"username":"k"}`)
