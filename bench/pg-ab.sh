@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-15s}
 CONNS=${CONNS:-64}
-V1_CONNS=${V1_CONNS:-16}
+V1_CONNS=${V1_CONNS-16}   # "" skips the v1 phase
 NDEV=${DEVICES:-2000}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 . bench/pg-cluster.sh
@@ -58,6 +58,7 @@ for r in $(seq "$ROUNDS"); do
 			   printf "AB single round=%d bin=%s rps=%s p50_ms=%s p99_ms=%s non2xx=%s kettle_cpu_us_per_req=%.0f postgres_cpu_us_per_req=%.0f load=%s\n",
 			   r, v, x["rps"], x["p50_ms"], x["p99_ms"], x["errors_status"], k / x["requests"] * 1e6, p / x["requests"] * 1e6, "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
 		stop
+		[ -n "$V1_CONNS" ] || continue
 		serve $v v1_${v,,}_$r
 		k0=$(proc_cpu $kpid); s0=$(pg_cpu)
 		out=$("$work/pgbench" ingest --url "$url" --data-dir "$work/data-v1_${v,,}_$r" --devices "$NDEV" --batch 500 --conns "$V1_CONNS" --duration "$DURATION" --warmup 2s | grep RESULT)
@@ -74,5 +75,6 @@ median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2
 ratios() { # ratios KIND FIELD: B/A per round, one a line
 	awk -v kind="$1" -v f="$2" '$2 == kind { split($3, r, "="); split($4, b, "="); for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
 		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
+[ -n "$V1_CONNS" ] || { echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"; exit 0; }
 echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"\
 "; v1 rows/s $(ratios v1 rows_per_s | median) (rounds: $(ratios v1 rows_per_s | tr '\n' ' '))"
