@@ -127,7 +127,8 @@ export BASE_EPOCH=$base0 # every kettle serve run starts on an empty table: no d
 count() { curl -s -H "Authorization: Bearer $tok" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
 # drive NAME PORT PID CONNS: one wrk run, its RESULT and CPU µs per request
 drive() {
-	local k0 k1 s0 s1 out n prof=(); k0=$(proc_cpu "$3"); s0=$(pg_cpu)
+	local k0 k1 s0 s1 x0 x1 m0 m1 out n prof=(); k0=$(proc_cpu "$3"); s0=$(pg_cpu)
+	x0=$(awk '/^ctxt/ { print $2 }' /proc/stat); [ "$1" = kettle ] && m0=$(batches)
 	if ((PROFILE > 0)); then # from the middle of the run, in the background
 		local d=${DURATION%s}
 		[ "$1" = kettle ] && (sleep $(((d - PROFILE) / 2)); curl -fsS --max-time $((PROFILE + 30)) -o "$OUT/kettle-$4-$5.pprof" \
@@ -135,13 +136,21 @@ drive() {
 		(sleep $(((d - PROFILE) / 2)); perf record -q -a -e cpu-clock -g -o "$OUT/$1-$4-$5.perf" -- sleep "$PROFILE" >/dev/null 2>&1) & prof+=($!)
 	fi
 	out=$( { /usr/bin/time -f "__CPU %U %S" wrk -t"$THREADS" -c"$4" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$2"; } 2>&1 )
-	k1=$(proc_cpu "$3"); s1=$(pg_cpu)
+	k1=$(proc_cpu "$3"); s1=$(pg_cpu); x1=$(awk '/^ctxt/ { print $2 }' /proc/stat); [ "$1" = kettle ] && m1=$(batches)
 	((${#prof[@]} == 0)) || wait "${prof[@]}"
 	echo "$out" | grep RESULT
 	n=$(echo "$out" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
+	# context switches of the whole machine; kettle serve's batches (rows and
+	# commit time, means over the run)
+	awk -v t="$1" -v n="$n" -v x="$((x1 - x0))" 'BEGIN { printf "context switches %s: %.2f a request (machine)\n", t, x / n }'
+	[ "$1" = kettle ] && awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, p); split(b, q); r = q[1] - p[1]; c = q[2] - p[2]; s = q[3] - p[3]
+		printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'
 	echo "$out" | awk -v t="$1" -v n="$n" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
 		'/^__CPU/ { printf "CPU %s µs/request: wrk %.1f server %.1f postgres %.1f\n", t, ($2+$3)/n*1e6, k/n*1e6, pg/n*1e6 }'
 }
+# batches: kettle serve's batch rows sum, batch count and commit seconds sum
+batches() { curl -s "http://127.0.0.1:$PORT_K/metrics" | awk '/^kettle_ingest_batch_rows_sum/ { r = $2 } /^kettle_ingest_batch_rows_count/ { c = $2 }
+	/^kettle_ingest_commit_seconds_sum/ { s = $2 } END { print r + 0, c + 0, s + 0 }'; }
 rps() { sed -n 's/.*rps=\([0-9.]*\).*/\1/p'; }
 median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
 best_b=0; best_k=0; run=0; summary=()
