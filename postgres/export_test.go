@@ -2,12 +2,12 @@ package postgres
 
 import "context"
 
-// SetSmallBatchRows sets the largest batch written by INSERT from arrays
-// and returns a function that restores it. Not for parallel tests.
-func SetSmallBatchRows(n int) (restore func()) {
-	old := smallBatchRows
-	smallBatchRows = n
-	return func() { smallBatchRows = old }
+// SetPlainBatchRows sets the largest live batch written by INSERT from
+// arrays and returns a function that restores it. Not for parallel tests.
+func SetPlainBatchRows(n int) (restore func()) {
+	old := plainBatchRows
+	plainBatchRows = n
+	return func() { plainBatchRows = old }
 }
 
 // CompactSeen folds last_seen_moves into last_seen_counts now.

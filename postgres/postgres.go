@@ -2,13 +2,14 @@
 // PostgreSQL through pgx and its pool.
 //
 // Measurements live in a table partitioned by month of device time. A write
-// batch locks its devices, then goes in with binary COPY straight into the
-// month's partition; only if a row is already stored does it fall back (to a
-// savepoint) to a per-connection staging table and INSERT … ON CONFLICT DO
-// NOTHING, so duplicates are detected and counted. Small batches use INSERT
-// … ON CONFLICT from arrays in the first round trip instead. The devices'
-// latest state, the hourly rollups and the fleet totals are updated in the
-// same transaction, four round trips in all (two for a small batch). The
+// batch locks its devices, then goes in optimistically: by a plain INSERT
+// from arrays in the same round trip (up to 1000 readings), or by binary COPY
+// straight into the month's partition; only if a row is already stored does
+// it fall back (to a savepoint) to a per-connection staging table and
+// INSERT … ON CONFLICT DO NOTHING, so duplicates are detected and counted.
+// The devices' latest state, the hourly rollups and the fleet totals are
+// updated in the same transaction, two round trips in all (three with the
+// COPY, more on the fallback). The
 // rows every batch would update (totals, the current hour's rollups) are
 // sharded per connection, and the counts of devices per last_seen value are
 // appended and folded in the background, so concurrent writers do not queue

@@ -50,9 +50,9 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceCopyPath runs the suite again with every live batch, even
 // a single reading, written by the optimistic COPY (and its fallback to the
-// staging table on a duplicate) instead of INSERT from arrays.
+// staging table on a duplicate) instead of the plain INSERT from arrays.
 func TestConformanceCopyPath(t *testing.T) {
-	defer postgres.SetSmallBatchRows(0)()
+	defer postgres.SetPlainBatchRows(0)()
 	TestConformance(t)
 }
 
@@ -386,7 +386,7 @@ func TestTwoNodesOverlap(t *testing.T) {
 // the COPY path: overlapping batches make the optimistic COPY fail on
 // duplicates and fall back, under concurrency.
 func TestTwoNodesOverlapCopyPath(t *testing.T) {
-	defer postgres.SetSmallBatchRows(0)()
+	defer postgres.SetPlainBatchRows(0)()
 	TestTwoNodesOverlap(t)
 }
 

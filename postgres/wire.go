@@ -191,25 +191,3 @@ func insertParams(rows []kettle.Measurement) [][]byte {
 	}
 	return p
 }
-
-// readInserted reads the RETURNING device, t of an insert and marks the rows.
-func readInserted(rr *pgconn.ResultReader, idx map[key]int, inserted []bool) error {
-	for rr.NextRow() {
-		v := rr.Values()
-		if len(v) != 2 || len(v[0]) != 16 || len(v[1]) != 8 {
-			rr.Close()
-			return fmt.Errorf("insert: unexpected row shape")
-		}
-		var id kettle.DeviceID
-		copy(id[:], v[0])
-		us := int64(binary.BigEndian.Uint64(v[1])) + pgEpochMicros
-		i, ok := idx[key{id, us}]
-		if !ok {
-			rr.Close()
-			return fmt.Errorf("insert returned a row (%s, %s) that is not in the batch", id, time.UnixMicro(us).UTC().Format(time.RFC3339Nano))
-		}
-		inserted[i] = true
-	}
-	_, err := rr.Close()
-	return err
-}

@@ -83,8 +83,7 @@ const (
 		charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml
 		FROM devices WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
 	sqlInsertArrays = `INSERT INTO measurements (device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml)
-		SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::float8[], $4::float8[], $5::float8[], $6::float8[], $7::float8[], $8::float8[])
-		ON CONFLICT DO NOTHING RETURNING device, t`
+		SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::float8[], $4::float8[], $5::float8[], $6::float8[], $7::float8[], $8::float8[])`
 	sqlInsertStaged = `INSERT INTO measurements SELECT * FROM stage ON CONFLICT DO NOTHING RETURNING device, t`
 	sqlUpdateDevs   = `UPDATE devices d SET measurements = u.n, capacity_ml = u.cap, last_seen = u.seen,
 		latest_t = u.t, charge_mwh = u.c, full_mwh = u.f, rate_mw = u.r, ambient_c = u.a, water_c = u.w, level_ml = u.l
@@ -135,16 +134,19 @@ const (
 // Write stores batch in one transaction and returns per row whether it was a
 // duplicate. See kettle.Store.
 //
-// The transaction: binary COPY of the batch (its first occurrence of each
-// key) into the session's staging table; then, pipelined in one round trip,
-// register unknown devices, lock the batch's devices in id order (so that two
-// nodes writing overlapping devices queue instead of deadlocking) and
-// INSERT … ON CONFLICT DO NOTHING RETURNING the keys that were new; then,
-// aggregated in Go over the new rows and again in one round trip, the
+// The transaction, two round trips for a batch of up to plainBatchRows
+// readings (three above): first, pipelined, BEGIN, the registration of
+// devices this store has not seen exist, the lock of the batch's devices in
+// id order, reading their state (so that two nodes writing overlapping
+// devices queue instead of deadlocking), a savepoint and the optimistic
+// plain INSERT of the rows from arrays (a larger batch goes by binary COPY
+// straight into the month's partition, in a round trip of its own); only if
+// a row is already stored does the batch return to the savepoint and insert
+// through the staging table with INSERT … ON CONFLICT DO NOTHING RETURNING
+// the keys that were new. Last, aggregated in Go over the new rows, the
 // devices' new state, the changes in the counts of devices per last_seen
 // value (appended to last_seen_moves), the hourly and hour-of-day rollups
-// and, last, the totals row (those three in the connection's shard); then
-// COMMIT.
+// and the totals row (those three in the connection's shard), and COMMIT.
 func (s *Store) Write(ctx context.Context, batch []kettle.Measurement, receivedAt time.Time) ([]bool, error) {
 	dup := make([]bool, len(batch))
 	if len(batch) == 0 {
@@ -336,8 +338,9 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	}()
 
 	// Round trip 1: begin, lock the batch's devices and read their state;
-	// live writes also set the savepoint the optimistic COPY returns to when
-	// a row is already stored.
+	// live writes also set the savepoint the optimistic insert returns to
+	// when a row is already stored, and a live batch of up to plainBatchRows
+	// rows is inserted right there (see plainBatchRows).
 	//
 	// The lock order. Every write transaction takes its locks in one global
 	// order: first the registration of the batch's unknown devices (an
@@ -357,42 +360,41 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// every device of the batch exist (the common case: registering costs a
 	// statement and an index probe per device), and registers first
 	// otherwise, so that a device's first batch does not lock, roll back
-	// and start again. A small batch (what a trickle of single readings makes) does
-	// everything in this round trip: lock, and INSERT … ON CONFLICT DO
-	// NOTHING from arrays, RETURNING the new keys (rolled back with the rest
-	// if a device turns out unregistered). Its cost is round trips and the
-	// commit, not rows.
+	// and start again.
 	devs := make(map[kettle.DeviceID]*devState, len(ids))
 	idArr := uuidArray(ids)
-	small := !bulk && len(rows) <= smallBatchRows
+	plain := !bulk && len(rows) <= plainBatchRows
 	res.inserted = make([]bool, len(rows))
-	if idx == nil && small {
-		idx = indexRows(rows)
-	}
 	var newDevs int64
+	var stored bool // a plain insert hit a row already stored (and failed)
 	for register := !s.allKnown(ids); ; register = true {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
 		iReg, iLock, iIns := -1, 1, -1
+		stored = false
 		if register {
 			b.ExecPrepared("kettle_register", [][]byte{idArr, timestamptzBin(at)}, bin(2), nil)
 			iReg, iLock = 1, 2
 		}
 		b.ExecPrepared("kettle_lock", [][]byte{idArr}, bin(1), bin(12))
-		if small {
+		if !bulk {
+			b.ExecParams("SAVEPOINT kettle_insert", nil, nil, nil, nil)
+		}
+		if plain {
 			// In key order: this insert runs before the batch knows that
 			// all its devices are locked (a device not registered yet is
 			// not), so two writers may insert rows of the same new device
 			// at once; in one key order, one waits for the other instead
 			// of each waiting for a key the other holds ("deadlock
 			// detected … while inserting index tuple", seen in
-			// ConcurrentRegistration).
-			b.ExecPrepared("kettle_insert", insertParams(byKey(rows)), bin(8), bin(2))
-			iIns = iLock + 1
-		} else if !bulk {
-			b.ExecParams("SAVEPOINT kettle_copy", nil, nil, nil, nil)
+			// ConcurrentRegistration). A row already stored fails it
+			// (and, it being the last statement, nothing after it).
+			b.ExecPrepared("kettle_insert", insertParams(byKey(rows)), bin(8), nil)
+			iIns = iLock + 2
 		}
-		if err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
+		got := 0 // results read
+		err := execBatch(ctx, pg, &b, func(i int, rr *pgconn.ResultReader) error {
+			got = i + 1
 			switch i {
 			case iReg:
 				tag, err := rr.Close()
@@ -400,16 +402,25 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 				return err
 			case iLock:
 				return readLocked(rr, devs)
-			case iIns:
-				return readInserted(rr, idx, res.inserted)
 			}
 			_, err := rr.Close()
 			return err
-		}); err != nil {
+		})
+		if plain && got == iIns && isUniqueViolation(err) {
+			// Everything before the insert succeeded and the insert
+			// failed on a row already stored (pgconn hands a statement
+			// that fails no result of its own).
+			stored, err = true, nil
+		}
+		if err != nil {
+			what := "lock devices"
 			if register {
-				return res, fmt.Errorf("register and lock devices: %w", err)
+				what = "register and lock devices"
 			}
-			return res, fmt.Errorf("lock devices: %w", err)
+			if plain {
+				what += ", insert"
+			}
+			return res, fmt.Errorf("%s: %w", what, err)
 		}
 		if len(devs) == len(ids) {
 			break
@@ -425,7 +436,18 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	}
 
 	switch {
-	case small:
+	case plain && !stored:
+		for i := range res.inserted {
+			res.inserted[i] = true
+		}
+	case plain:
+		// The careful way, as the COPY's (see liveInsert).
+		if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_insert"); err != nil {
+			return res, err
+		}
+		if err := insertViaStage(ctx, conn, rows, idx, res.inserted); err != nil {
+			return res, err
+		}
 	case bulk:
 		if err := s.bulkInsert(ctx, conn, rows, idArr, idx, lo, hi, res.inserted); err != nil {
 			return res, err
@@ -731,11 +753,19 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// smallBatchRows is the largest live batch written with INSERT from arrays
-// in the first round trip; larger ones go by COPY (see liveInsert), which
-// costs two more round trips but much less per row.
-// A variable so tests can send every batch down the COPY path.
-var smallBatchRows = 200
+// plainBatchRows is the largest live batch inserted in the first round
+// trip, by a plain INSERT from arrays (optimistic, like the COPY: under the
+// savepoint, falling back to the staging table if a row is already stored);
+// larger ones go by COPY (see liveInsert), a round trip more but less per
+// row. For the batches single readings make, the INSERT costs less than
+// both the COPY and the INSERT … ON CONFLICT DO NOTHING RETURNING it
+// replaced, which probed the primary key once before inserting and sent
+// every new key back (bench/pg-ab.sh, single readings, median of rounds:
+// 1.044 of COPY above 200 rows at 1024 connections, 1.037 of ON CONFLICT
+// up to 200 at 64; batches of 500-reading uploads by COPY: plain INSERT
+// for all sizes gave 0.885 of their rows/s). A variable so tests can send
+// every batch down the COPY path.
+var plainBatchRows = 1000
 
 // ksum is a Neumaier-compensated running sum: the total is s + c.
 type ksum struct{ s, c float64 }
@@ -750,8 +780,8 @@ func (k *ksum) add(x float64) {
 	k.s = t
 }
 
-// liveInsert is the insert step of Write, run with the devices locked and
-// the savepoint kettle_copy set. Duplicates of stored rows are rare (a
+// liveInsert is the insert step of Write for batches over plainBatchRows,
+// run with the devices locked and the savepoint kettle_insert set. Duplicates of stored rows are rare (a
 // kettle re-sending a reading it got no answer for), so it first tries the
 // fastest path: binary COPY straight into the measurements (into the month's
 // partition when the batch falls in one month, skipping tuple routing).
@@ -775,7 +805,7 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
 		return fmt.Errorf("copy into %s: %w", table, err)
 	}
-	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_copy"); err != nil {
+	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_insert"); err != nil {
 		return err
 	}
 	return insertViaStage(ctx, c, rows, idx, inserted)
@@ -797,6 +827,11 @@ func insertViaStage(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement,
 		return fmt.Errorf("insert measurements: %w", err)
 	}
 	return br.Close()
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // seenChanges returns the nonzero changes of delta (last_seen in unix µs →
