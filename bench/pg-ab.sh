@@ -71,7 +71,6 @@ for r in $(seq "$ROUNDS"); do
 	done
 done | tee "$work/ab.txt"
 # (CPU per row includes the 2 s warm-up's work in the numerator: an overestimate, alike for A and B.)
-median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
 ratios() { # ratios KIND FIELD: B/A per round, one a line
 	awk -v kind="$1" -v f="$2" '$2 == kind { split($3, r, "="); split($4, b, "="); for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
 		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }

@@ -92,3 +92,5 @@ pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
 		t=$((t + f[11] + f[12])); [ "$p" = "$pm" ] && t=$((t + f[13] + f[14]))
 	done; awk -v t=$t -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
 proc_cpu() { local f; f=($(sed 's/.*) //' /proc/$1/stat)); awk -v t=$((f[11] + f[12])) -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
+# median: the median of the numbers on standard input, one a line.
+median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }

@@ -152,7 +152,6 @@ drive() {
 batches() { curl -s "http://127.0.0.1:$PORT_K/metrics" | awk '/^kettle_ingest_batch_rows_sum/ { r = $2 } /^kettle_ingest_batch_rows_count/ { c = $2 }
 	/^kettle_ingest_commit_seconds_sum/ { s = $2 } END { print r + 0, c + 0, s + 0 }'; }
 rps() { sed -n 's/.*rps=\([0-9.]*\).*/\1/p'; }
-median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
 best_b=0; best_k=0; run=0; summary=()
 for c in $CONNS; do
 	ratios=()

@@ -441,11 +441,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			res.inserted[i] = true
 		}
 	case plain:
-		// The careful way, as the COPY's (see liveInsert).
-		if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_insert"); err != nil {
-			return res, err
-		}
-		if err := insertViaStage(ctx, conn, rows, idx, res.inserted); err != nil {
+		if err := insertCareful(ctx, conn, rows, idx, res.inserted); err != nil {
 			return res, err
 		}
 	case bulk:
@@ -786,8 +782,7 @@ func (k *ksum) add(x float64) {
 // fastest path: binary COPY straight into the measurements (into the month's
 // partition when the batch falls in one month, skipping tuple routing).
 // If a row is already stored, the COPY fails on the primary key; then it
-// returns to the savepoint and goes the careful way: COPY into the session's
-// staging table, INSERT … ON CONFLICT DO NOTHING RETURNING the new keys.
+// goes the careful way (insertCareful).
 func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, lo, hi time.Time, inserted []bool) error {
 	conn := c.PgConn()
 	table := "measurements"
@@ -801,10 +796,16 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		}
 		return nil
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23505" { // unique_violation
+	if !isUniqueViolation(err) {
 		return fmt.Errorf("copy into %s: %w", table, err)
 	}
+	return insertCareful(ctx, c, rows, idx, inserted)
+}
+
+// insertCareful is the way of a live batch whose optimistic insert (plain
+// INSERT or COPY) failed on a row already stored: back to the savepoint
+// kettle_insert, then through the staging table (insertViaStage).
+func insertCareful(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, inserted []bool) error {
 	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_insert"); err != nil {
 		return err
 	}
@@ -829,6 +830,7 @@ func insertViaStage(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement,
 	return br.Close()
 }
 
+// isUniqueViolation reports whether err is PostgreSQL's unique_violation.
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
