@@ -24,6 +24,13 @@
 #   bench/pg-ingest.sh
 #   DURATION=30s CONNS="256" V1_CONNS="64" DEVICES=4000 SERVE_ARGS="--writers 3" bench/pg-ingest.sh
 #
+# WAIT=1: after each kettle serve run, the bare handler once more with
+# --delay set to that run's median latency (bare-wait): a handler that only
+# waits as long as kettle serve's requests wait for their commit, no store.
+# Its CPU per request against the plain bare handler's is what the wait alone
+# costs (at 1024 connections, Little's law makes that wait ~30 ms whatever
+# the server does with it).
+#
 # PROFILE=S (with OUT=DIR, default the work dir, removed at exit): during
 # each single-measurement run, from its middle, a machine-wide perf record
 # (cpu-clock, call graphs: `perf report --sort comm,dso` splits it by
@@ -43,6 +50,8 @@ PORT_K=${PORT_K:-$(free_port)}
 PORT_B=${PORT_B:-$(free_port)}
 ROUNDS=${ROUNDS:-3}   # single readings: rounds of (bare, kettle serve) at each of CONNS
 PROFILE=${PROFILE:-0}
+WAIT=${WAIT:-0}
+PORT_W=$(free_port)
 PORT_D=$(free_port)
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 . bench/pg-cluster.sh
@@ -51,7 +60,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 # KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
 if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
@@ -176,6 +185,15 @@ for c in $CONNS; do
 		# more stored than counted: requests in flight when wrk stopped counting
 		[ "$((after - before))" -ge "$((reqs - errs))" ] || echo "WARNING: $((reqs - errs - after + before)) acknowledged requests stored no new row (duplicates): this run does not measure new readings"
 		rb=$(echo "$bare" | rps); rk=$(echo "$kett" | rps)
+		if ((WAIT > 0)); then # the bare handler holding each request as long as kettle serve's median
+			wait_ms=$(echo "$kett" | sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p')
+			"$work/bare" --addr 127.0.0.1:$PORT_W --delay "${wait_ms}ms" 2>"$work/bare-wait.log" & pids+=($!)
+			wpid=${pids[-1]}
+			for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT_W/" && break; sleep 0.1; done
+			echo "bare-wait: the bare handler with --delay ${wait_ms}ms (kettle serve's p50 in this round)"
+			drive bare-wait "$PORT_W" "$wpid" "$c" "$r"
+			kill "$wpid"; wait "$wpid" 2>/dev/null || true
+		fi
 		ratio=$(awk -v k="$rk" -v b="$rb" 'BEGIN { printf "%.3f", k/b }'); ratios+=("$ratio")
 		awk -v k="$rk" -v b="$rb" -v c="$c" -v x="$ratio" -v r="$r" 'BEGIN { printf "RATIO kettle(postgres)/bare = %s at %d connections, round %d (%.0f / %.0f req/s); goal >= 0.50\n", x, c, r, k, b }'
 		best_b=$(awk -v a="$best_b" -v b="$rb" 'BEGIN { print (b > a ? b : a) }'); best_k=$(awk -v a="$best_k" -v b="$rk" 'BEGIN { print (b > a ? b : a) }')

@@ -19,6 +19,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8090", "listen address")
+	delay := flag.Duration("delay", 0, "hold each decoded measurement this long before answering, as kettle serve holds it until its commit: shows what a request's wait alone costs the server (parked goroutines, colder caches)")
 	flag.Parse()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /login", func(w http.ResponseWriter, r *http.Request) {
@@ -39,6 +40,9 @@ func main() {
 		if _, err := httpapi.DecodeV0(body, id, time.Now()); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
+		}
+		if *delay > 0 {
+			time.Sleep(*delay)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte("[]\n"))
