@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Issue 3: insert speed must not fall as the table grows. One throwaway
+# PostgreSQL cluster, one kettle database, one fleet (kettle seed's DEVICES
+# kettles), grown in STEPS: before each step's measurement `kettle seed`
+# adds older history (--days D, the same --end, so each run adds only the
+# days before the last), every row of it in one calendar month: END is the
+# 20th of the previous month, 00:00 UTC, and D < 20. The live readings of
+# every step go into that same month's partition, right after END: the
+# partition the seeder filled is the one being written. Each step:
+#   single: acknowledged case-study POST /measurement req/s from the seeded
+#           kettles (wrk + bench/measurement.lua, CONNS connections);
+#   v1:     acknowledged rows/s of POST /v1/measurements, batches of 500
+#           readings of one device (pgbench ingest, V1_CONNS connections),
+# each with CPU µs of kettle serve and of PostgreSQL per reading and the
+# blocks PostgreSQL read from outside shared_buffers per reading (a growing
+# index whose hot pages no longer fit would show there first; the pages an
+# insert adds at the end of the table and index count too, ~0.02 a reading
+# into an empty one), then the
+# partition's table and index size. Last, a fresh database with the same
+# devices and no history (seeded with one reading each) is measured again
+# ("fresh"), to bracket what the machine's noise does to the rates.
+#
+#   bench/pg-growth.sh                                   # 20,000 kettles, 0 → 19 days at 10 min (54.7M rows)
+#   DEVICES=2000 STEPS="0 2 4" INTERVAL=10m DURATION=10s bench/pg-growth.sh   # a quick run
+#
+# The first step's "0 days" seeds one reading a kettle (registering them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+NDEV=${DEVICES:-20000}
+STEPS=${STEPS:-0 6 12 19}
+INTERVAL=${INTERVAL:-10m}
+DURATION=${DURATION:-20s}
+CONNS=${CONNS:-1024}
+V1_CONNS=${V1_CONNS:-64}
+WORKERS=${WORKERS:-3}
+PORT_K=$(free_port)
+command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+# the 20th of the previous month, 00:00 UTC
+END=${END:-$(date -u -d "$(date -u +%Y-%m-01) - 1 month + 19 days" +%Y-%m-%dT00:00:00Z)}
+end_s=$(date -u -d "$END" +%s)
+for d in $STEPS; do ((d < 20)) || { echo "STEPS: at most 19 days (the history must stay in END's month)"; exit 2; }; done
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-pggrowth-XXXXXX)
+kpid=
+cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
+trap cleanup EXIT
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS END=$END bench/pg-growth.sh"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+part="measurements_y$(date -u -d "$END" +%Ym%m)"
+
+serve() { # serve DB: kettle serve on database DB at PORT_K
+	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$2" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
+	kpid=$!
+	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	echo "not up"; cat "$work/serve-$1.log"; exit 1
+}
+stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
+# blocks: blocks read into shared_buffers and found there, database $1
+blocks() { pg_sql "$1" "SELECT blks_read || ' ' || blks_hit FROM pg_stat_database WHERE datname = '$1'"; }
+count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
+
+# measure NAME DB STEP: one single-readings and one v1 run against kettle
+# serve on DB; STEP (0, 1, …) places its device times after END
+measure() {
+	local name=$1 db=$2 step=$3 dsn k0 k1 s0 s1 b0 b1 n0 n1 out
+	dsn="postgres://postgres@/$db?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
+	pg_sql "$db" "CHECKPOINT" >/dev/null
+	serve "$name" "$dsn"
+	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
+	export DEVICES="$work/devices.txt" BASE_EPOCH=$((end_s + 3600 + step * 4 * 3600))
+	n0=$(count "$name"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db")
+	out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
+	n1=$(count "$name"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db")
+	echo "$out" | awk -v s="$name" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
+		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+		  split(b0, p0, " "); split(b1, q1, " ")
+		  printf "STEP %s single conns=%s req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f blocks_read=%.3f blocks_hit=%.1f (per reading)\n",
+		    s, '"$CONNS"', x["rps"], x["p99_ms"], x["errors_status"], n, k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n }'
+	# v1: pgbench ingest's readings start at (now - 40 days, whole hour);
+	# shift them to 2 h after this step's single readings
+	local base_s=$(( ($(date -u +%s) - 40 * 86400) / 3600 * 3600 ))
+	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db")
+	out=$("$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$name" --devices 2000 --batch 500 \
+		--conns "$V1_CONNS" --duration "$DURATION" --warmup 0s --shift "$((BASE_EPOCH + 7200 - base_s))s" | grep RESULT)
+	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db")
+	echo "$out" | awk -v s="$name" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
+		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+		  n = x["stored"]; split(b0, p0, " "); split(b1, q1, " ")
+		  printf "STEP %s v1 conns=%s rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f blocks_read=%.4f blocks_hit=%.1f (per reading)\n",
+		    s, '"$V1_CONNS"', x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n }'
+	echo "STEP $name size: $(count "$name") measurements stored; $(pg_sql "$db" "SELECT 'partition $part ' || pg_size_pretty(pg_table_size('$part')) || ' table + ' || pg_size_pretty(pg_indexes_size('$part')) || ' index; all measurements ' || pg_size_pretty(pg_total_relation_size('measurements'::regclass) + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = 'measurements'::regclass), 0))")"
+	stop
+}
+
+# seed DB DAYS: kettle seed's fleet with DAYS of history ending at END (0: one
+# reading a kettle, at END)
+seed() {
+	local dsn="postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable" args
+	if [ "$2" = 0 ]; then args=(--days 1 --interval 24h); else args=(--days "$2" --interval "$INTERVAL"); fi
+	local s0 t0 t1 s1; s0=$(pg_cpu); t0=$(date +%s.%N)
+	"$work/kettle" seed --db "$dsn" --devices "$NDEV" "${args[@]}" --end "$END" --workers "$WORKERS" --quiet | tail -1
+	t1=$(date +%s.%N); s1=$(pg_cpu)
+	awk -v a="$t0" -v b="$t1" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" 'BEGIN { printf "seeded in %.1f s (postgres CPU %.1f s)\n", b - a, p }'
+}
+
+pg_db kettle >/dev/null
+step=0
+for d in $STEPS; do
+	echo "--- step $step: kettle seed --devices $NDEV --days $d --end $END, then single readings ($CONNS connections) and v1 batches ($V1_CONNS connections), $DURATION each, into $part ---"
+	seed kettle "$d"
+	measure "days-$d" kettle "$step"
+	step=$((step + 1))
+done
+echo "--- fresh: a new database with the same $NDEV kettles and one reading each ---"
+pg_db fresh >/dev/null
+seed fresh 0
+measure fresh fresh 0
