@@ -16,11 +16,23 @@
 # index whose hot pages no longer fit would show there first; the pages an
 # insert adds at the end of the table and index count too, ~0.02 a reading
 # into an empty one), then the
-# partition's table and index size. Last, a fresh database with the same
-# devices and no history (seeded with one reading each) is measured again
-# ("fresh"), to bracket what the machine's noise does to the rates.
+# partition's table and index size. After each seeding the script runs
+# VACUUM (ANALYZE) on measurements, as after any bulk load (its time is
+# printed): otherwise autovacuum's first pass over the seeded rows lands in
+# a measurement and its CPU counts as the inserts'; each phase prints how
+# many autovacuum/autoanalyze runs finished during it (autovac=).
+# Each phase also prints the WAL it wrote per reading, and how many of
+# its records were full-page images (fpi): a page's first change after a
+# checkpoint logs the whole page, and every phase starts after one.
+# Last, ROUNDS times (default 3), a small database — the same kettles with
+# REF_DAYS (default 1) of history, a month's partition one day in, a new
+# database each round — and the grown one are measured in turn, and the
+# script prints the median ratio grown / small of each figure: one 20 s run
+# here swings by ±10%. (REF_DAYS=0: one reading a kettle, an empty
+# partition; there every kettle's keys share a few index pages, as they do
+# only in a partition's first minutes.)
 #
-#   bench/pg-growth.sh                                   # 20,000 kettles, 0 → 19 days at 10 min (54.7M rows)
+#   bench/pg-growth.sh                                   # 20,000 kettles, 0, 1, 6, 12, 19 days at 10 min (54.7M rows)
 #   DEVICES=2000 STEPS="0 2 4" INTERVAL=10m DURATION=10s bench/pg-growth.sh   # a quick run
 #
 # The first step's "0 days" seeds one reading a kettle (registering them).
@@ -28,12 +40,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 NDEV=${DEVICES:-20000}
-STEPS=${STEPS:-0 6 12 19}
+STEPS=${STEPS:-0 1 6 12 19}
+REF_DAYS=${REF_DAYS:-1}
 INTERVAL=${INTERVAL:-10m}
 DURATION=${DURATION:-20s}
 CONNS=${CONNS:-1024}
 V1_CONNS=${V1_CONNS:-64}
 WORKERS=${WORKERS:-3}
+ROUNDS=${ROUNDS:-3}
 PORT_K=$(free_port)
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 # the 20th of the previous month, 00:00 UTC
@@ -45,7 +59,7 @@ work=$(mktemp -d /tmp/kettle-pggrowth-XXXXXX)
 kpid=
 cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS END=$END bench/pg-growth.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
 go build -o "$work/pgbench" ./bench/pgbench
@@ -62,37 +76,41 @@ serve() { # serve DB: kettle serve on database DB at PORT_K
 stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
 # blocks: blocks read into shared_buffers and found there, database $1
 blocks() { pg_sql "$1" "SELECT blks_read || ' ' || blks_hit FROM pg_stat_database WHERE datname = '$1'"; }
+# wal: WAL records, full-page images and bytes written so far (the cluster)
+wal() { pg_sql postgres "SELECT wal_records || ' ' || wal_fpi || ' ' || wal_bytes FROM pg_stat_wal"; }
+# autovac DB: autovacuum and autoanalyze runs finished so far in DB
+autovac() { pg_sql "$1" "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables"; }
 count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
 
 # measure NAME DB STEP: one single-readings and one v1 run against kettle
 # serve on DB; STEP (0, 1, …) places its device times after END
 measure() {
-	local name=$1 db=$2 step=$3 dsn k0 k1 s0 s1 b0 b1 n0 n1 out
+	local name=$1 db=$2 step=$3 dsn k0 k1 s0 s1 b0 b1 n0 n1 a0 a1 w0 w1 out
 	dsn="postgres://postgres@/$db?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
 	pg_sql "$db" "CHECKPOINT" >/dev/null
 	serve "$name" "$dsn"
 	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
 	export DEVICES="$work/devices.txt" BASE_EPOCH=$((end_s + 3600 + step * 4 * 3600))
-	n0=$(count "$name"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db")
+	n0=$(count "$name"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db"); a0=$(autovac "$db"); w0=$(wal)
 	out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
-	n1=$(count "$name"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db")
-	echo "$out" | awk -v s="$name" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
+	n1=$(count "$name"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db"); a1=$(autovac "$db"); w1=$(wal)
+	echo "$out" | awk -v s="$name" -v av=$((a1 - a0)) -v w0="$w0" -v w1="$w1" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
 		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
-		  split(b0, p0, " "); split(b1, q1, " ")
-		  printf "STEP %s single conns=%s req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f blocks_read=%.3f blocks_hit=%.1f (per reading)\n",
-		    s, '"$CONNS"', x["rps"], x["p99_ms"], x["errors_status"], n, k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n }'
+		  split(b0, p0, " "); split(b1, q1, " "); split(w0, v0, " "); split(w1, v1, " ")
+		  printf "STEP %s single conns=%s req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f blocks_read=%.3f blocks_hit=%.1f wal_bytes=%.0f wal_fpi=%.4f (per reading) autovac=%d\n",
+		    s, '"$CONNS"', x["rps"], x["p99_ms"], x["errors_status"], n, k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n, (v1[3] - v0[3]) / n, (v1[2] - v0[2]) / n, av }'
 	# v1: pgbench ingest's readings start at (now - 40 days, whole hour);
 	# shift them to 2 h after this step's single readings
 	local base_s=$(( ($(date -u +%s) - 40 * 86400) / 3600 * 3600 ))
-	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db")
+	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db"); a0=$(autovac "$db"); w0=$(wal)
 	out=$("$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$name" --devices 2000 --batch 500 \
 		--conns "$V1_CONNS" --duration "$DURATION" --warmup 0s --shift "$((BASE_EPOCH + 7200 - base_s))s" | grep RESULT)
-	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db")
-	echo "$out" | awk -v s="$name" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
+	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db"); a1=$(autovac "$db"); w1=$(wal)
+	echo "$out" | awk -v s="$name" -v av=$((a1 - a0)) -v w0="$w0" -v w1="$w1" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
 		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
-		  n = x["stored"]; split(b0, p0, " "); split(b1, q1, " ")
-		  printf "STEP %s v1 conns=%s rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f blocks_read=%.4f blocks_hit=%.1f (per reading)\n",
-		    s, '"$V1_CONNS"', x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n }'
+		  n = x["stored"]; split(b0, p0, " "); split(b1, q1, " "); split(w0, v0, " "); split(w1, v1, " ")
+		  printf "STEP %s v1 conns=%s rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f blocks_read=%.4f blocks_hit=%.1f wal_bytes=%.0f wal_fpi=%.4f (per reading) autovac=%d\n",
+		    s, '"$V1_CONNS"', x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n, (v1[3] - v0[3]) / n, (v1[2] - v0[2]) / n, av }'
 	echo "STEP $name size: $(count "$name") measurements stored; $(pg_sql "$db" "SELECT 'partition $part ' || pg_size_pretty(pg_table_size('$part')) || ' table + ' || pg_size_pretty(pg_indexes_size('$part')) || ' index; all measurements ' || pg_size_pretty(pg_total_relation_size('measurements'::regclass) + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = 'measurements'::regclass), 0))")"
 	stop
 }
@@ -106,6 +124,8 @@ seed() {
 	"$work/kettle" seed --db "$dsn" --devices "$NDEV" "${args[@]}" --end "$END" --workers "$WORKERS" --quiet | tail -1
 	t1=$(date +%s.%N); s1=$(pg_cpu)
 	awk -v a="$t0" -v b="$t1" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" 'BEGIN { printf "seeded in %.1f s (postgres CPU %.1f s)\n", b - a, p }'
+	t0=$(date +%s.%N); pg_sql "$1" "VACUUM (ANALYZE) measurements"; t1=$(date +%s.%N)
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "VACUUM (ANALYZE) measurements: %.1f s\n", b - a }'
 }
 
 pg_db kettle >/dev/null
@@ -116,7 +136,23 @@ for d in $STEPS; do
 	measure "days-$d" kettle "$step"
 	step=$((step + 1))
 done
-echo "--- fresh: a new database with the same $NDEV kettles and one reading each ---"
-pg_db fresh >/dev/null
-seed fresh 0
-measure fresh fresh 0
+echo "--- grown ($STEPS days seeded) against small (a new database each round: the same $NDEV kettles, $REF_DAYS days of history), $ROUNDS rounds ---"
+for r in $(seq "$ROUNDS"); do
+	pg_db "small$r" >/dev/null
+	seed "small$r" "$REF_DAYS"
+	measure "small-$r" "small$r" 0 >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
+	pg_sql postgres "DROP DATABASE small$r"
+	measure "grown-$r" kettle "$step" >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
+	step=$((step + 1))
+done
+# the median over the rounds of grown / small, per phase and figure
+for ph in single v1; do
+	for f in $([ $ph = single ] && echo req_per_s || echo rows_per_s) kettle_cpu_us postgres_cpu_us wal_bytes; do
+		for r in $(seq "$ROUNDS"); do
+			g=$(grep "^STEP grown-$r $ph " "$work/ab.txt" | sed -n "s/.* $f=\([0-9.]*\).*/\1/p")
+			h=$(grep "^STEP small-$r $ph " "$work/ab.txt" | sed -n "s/.* $f=\([0-9.]*\).*/\1/p")
+			awk -v g="$g" -v h="$h" 'BEGIN { printf "%.3f\n", g / h }'
+		done >"$work/r.txt"
+		echo "GROWN/SMALL $ph $f median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+	done
+done
