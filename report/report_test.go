@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kettlefleet/kettlefleet/sim"
+	"github.com/kettlefleet/kettlefleet/sysstat"
 )
 
 // recorded is a real kettle demo run on this project's 2-core machine,
@@ -210,5 +211,38 @@ func TestReportInBrowser(t *testing.T) {
 	defer mu.Unlock()
 	if len(problems) > 0 {
 		t.Errorf("the page complained:\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// TestSamplesAfterRunIgnored: system samples taken after the run ended
+// (the audit reads every stored row, at full CPU) are not the run's and
+// must not become its peak.
+func TestSamplesAfterRunIgnored(t *testing.T) {
+	r := loadRecorded(t)
+	before, err := Build(r, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = loadRecorded(t)
+	hot := r.System.Samples[len(r.System.Samples)-1]
+	hot.Time = r.End.Add(500 * time.Millisecond)
+	hot.Procs = map[string]*sysstat.Proc{sysstat.RoleServer: {Count: 1, CPUPct: 190}}
+	hot.CPU.User, hot.CPU.Idle = 195, 5
+	r.System.Samples = append(r.System.Samples, hot)
+	after, err := Build(r, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Verdict.Text != before.Verdict.Text {
+		t.Fatalf("a sample after the run's end changed the verdict:\n%s\n%s", before.Verdict.Text, after.Verdict.Text)
+	}
+	tl, err := TimelineOf(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range tl.ServerCPU {
+		if float64(v) >= 190 {
+			t.Fatalf("server CPU series holds the post-run sample: %v", tl.ServerCPU)
+		}
 	}
 }

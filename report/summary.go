@@ -272,6 +272,11 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		tl.CPUs, tl.SameProcess, tl.Sampled, tl.MemTotalBytes = sys.CPUs, sys.SameProcess, true, float64(sys.MemTotalBytes)
 		diskPeak := map[string]float64{}
 		for _, smp := range sys.Samples {
+			// A sample covers the second before it: one taken after the
+			// run ended is (mostly) the audit or the shutdown, not the run.
+			if !r.End.IsZero() && smp.Time.After(r.End) {
+				continue
+			}
 			i := int(math.Round(smp.Time.Sub(r.Start).Seconds())) - 1 // second T covers (T-1, T]
 			if n > 0 && r.Seconds[0].T != 1 {
 				i = int(math.Round(smp.Time.Sub(r.Start).Seconds())) - r.Seconds[0].T
