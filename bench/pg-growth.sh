@@ -18,8 +18,8 @@
 # into an empty one), then the
 # partition's table and index size. After each seeding the script runs
 # VACUUM (ANALYZE) on measurements, as after any bulk load (its time is
-# printed): otherwise autovacuum's first pass over the seeded rows lands in
-# a measurement and its CPU counts as the inserts'; each phase prints how
+# printed): otherwise autovacuum's first pass over the seeded rows could land
+# in a measurement and its CPU count as the inserts'; each phase prints how
 # many autovacuum/autoanalyze runs finished during it (autovac=).
 # Each phase also prints the WAL it wrote per reading, and how many of
 # its records were full-page images (fpi): a page's first change after a
@@ -30,9 +30,9 @@
 # script prints the median ratio grown / small of each figure: one 20 s run
 # here swings by ±10%. (REF_DAYS=0: one reading a kettle, an empty
 # partition; there every kettle's keys share a few index pages, as they do
-# only in a partition's first minutes.)
+# only in a partition's first hour or so.)
 #
-#   bench/pg-growth.sh                                   # 20,000 kettles, 0, 1, 6, 12, 19 days at 10 min (54.7M rows)
+#   bench/pg-growth.sh                                   # 20,000 kettles, 0, 1, 6, 12, 19 days at 10 min (54.7M rows seeded, ~25 min)
 #   DEVICES=2000 STEPS="0 2 4" INTERVAL=10m DURATION=10s bench/pg-growth.sh   # a quick run
 #
 # The first step's "0 days" seeds one reading a kettle (registering them).
