@@ -34,8 +34,8 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }CONNS=$CONNS INFLIGHT=$INFLIGHT BATCH=$BATCH DURATION=$DURATION WARMUP=$WARMUP SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/mqtt.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) (others' load counts against both sides alike)"
-if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+machine_line "(others' load counts against both sides alike)"
+build_kettle "$work"
 go build -o "$work/mqttpub" ./bench/mqttpub
 pg_start
 pg_settings

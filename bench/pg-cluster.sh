@@ -94,3 +94,10 @@ pg_cpu() { local pm t=0 p f; pm=$(head -1 "$PG_DIR/data/postmaster.pid")
 proc_cpu() { local f; f=($(sed 's/.*) //' /proc/$1/stat)); awk -v t=$((f[11] + f[12])) -v h=$(getconf CLK_TCK) 'BEGIN { printf "%.2f", t/h }'; }
 # median: the median of the numbers on standard input, one a line.
 median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }'; }
+# machine_line [NOTE]: the machine, its load average and the time, printed
+# at the top of every run (the load others put on this shared machine).
+machine_line() { echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)${1:+ $1}"; }
+# build_kettle DIR: DIR/kettle, built from the tree or copied from
+# KETTLE_BIN (a prebuilt kettle, e.g. when the working tree has unrelated
+# work in progress).
+build_kettle() { if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$1/kettle"; else go build -o "$1/kettle" ./cmd/kettle; fi; }

@@ -60,8 +60,8 @@ kpid=
 cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+machine_line
+build_kettle "$work"
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings

@@ -61,9 +61,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-# KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
-if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+machine_line
+build_kettle "$work"
 go build -o "$work/bare" ./bench/bare
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
@@ -125,9 +124,16 @@ for vc in $V1_CONNS; do
 done
 
 [ -n "$CONNS" ] || exit 0
-"$work/bare" --addr 127.0.0.1:$PORT_B 2>"$work/bare.log" & pids+=($!)
-bpid=${pids[-1]}
-for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT_B/" && break; sleep 0.1; done
+# start_bare PORT NAME [FLAG...]: the bare handler on PORT, its pid in
+# bare_pid once it answers
+start_bare() {
+	local port=$1 name=$2; shift 2
+	"$work/bare" --addr 127.0.0.1:$port "$@" 2>"$work/$name.log" & pids+=($!)
+	bare_pid=$!
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+}
+start_bare "$PORT_B" bare
+bpid=$bare_pid
 export DEVICES="$work/devices.txt"
 # the bare handler takes any UUID; each kettle serve run registers its own
 python3 -c 'import uuid, sys; [print(uuid.uuid4()) for _ in range(int(sys.argv[1]))]' "$NDEV" >"$DEVICES"
@@ -187,9 +193,8 @@ for c in $CONNS; do
 		rb=$(echo "$bare" | rps); rk=$(echo "$kett" | rps)
 		if ((WAIT > 0)); then # the bare handler holding each request as long as kettle serve's median
 			wait_ms=$(echo "$kett" | sed -n 's/.*p50_ms=\([0-9.]*\).*/\1/p')
-			"$work/bare" --addr 127.0.0.1:$PORT_W --delay "${wait_ms}ms" 2>"$work/bare-wait.log" & pids+=($!)
-			wpid=${pids[-1]}
-			for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT_W/" && break; sleep 0.1; done
+			start_bare "$PORT_W" bare-wait --delay "${wait_ms}ms"
+			wpid=$bare_pid
 			echo "bare-wait: the bare handler with --delay ${wait_ms}ms (kettle serve's p50 in this round)"
 			drive bare-wait "$PORT_W" "$wpid" "$c" "$r"
 			kill "$wpid"; wait "$wpid" 2>/dev/null || true

@@ -32,9 +32,8 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK END=$END bench/pg-seed.sh"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-# KETTLE_BIN: a prebuilt kettle (e.g. when the working tree has unrelated work in progress)
-if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
+machine_line
+build_kettle "$work"
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
