@@ -96,9 +96,11 @@ echo "kettle serve ready after $(( $(date +%s) - t0 ))s"
 range="from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
 echo "--- the same, bounded range (from=start&to=end of the seeded history: one rollup row per hour of it) ---"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
-# Autovacuum's first pass over the freshly filled partitions (reading
-# gigabytes on a 2-core machine) may still be running: say so, then measure
-# both ranges again on the store at rest, after an explicit VACUUM.
+# kettle seed ends with VACUUM (ANALYZE) of the partitions it filled (in its
+# time), so autovacuum has no first pass over gigabytes of them to make
+# while the statistics are measured. An autovacuum run still in progress is
+# named here; the explicit VACUUM shows what was left to do (its time), and
+# both ranges are measured again on the store at rest.
 echo "--- at rest: VACUUM (ANALYZE) measurements, then both ranges again ---"
 echo "autovacuum running: $(pg_sql kettle "SELECT coalesce(string_agg(c.relname || ' ' || p.phase, ', '), 'none') FROM pg_stat_progress_vacuum p JOIN pg_class c ON c.oid = p.relid")"
 v0=$(date +%s.%N); pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null

@@ -428,7 +428,7 @@ func TestSeedCopy(t *testing.T) {
 	f(append(chunk(22, 1, 250, 100), chunk(23, 1, 0, 10)...), 60) // 22: 250..299 stored
 	// A live write after seeding: duplicates detected, latest kept.
 	before := checkExactOnce(t, s, dsn)
-	if err := s.SeedDone(ctx); err != nil {
+	if err := s.SeedDone(ctx, base, base.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pgx.Connect(ctx, dsn)
@@ -442,6 +442,16 @@ func TestSeedCopy(t *testing.T) {
 	}
 	if unfolded != 0 || moves != 0 {
 		t.Errorf("after SeedDone: %d rollup rows outside shard 0, %d last_seen_moves; want none", unfolded, moves)
+	}
+	// The seeded partition was vacuumed (its visibility map set) and
+	// analyzed (planner statistics), not left to autovacuum.
+	var pages, visible, stats int64
+	if err := conn.QueryRow(ctx, `SELECT relpages, relallvisible, (SELECT count(*) FROM pg_stats WHERE tablename = 'measurements_y2023m05')
+		FROM pg_class WHERE relname = 'measurements_y2023m05'`).Scan(&pages, &visible, &stats); err != nil {
+		t.Fatal(err)
+	}
+	if pages == 0 || visible != pages || stats == 0 {
+		t.Errorf("after SeedDone: measurements_y2023m05 has %d of %d pages all-visible and %d pg_stats rows; want all pages and > 0 (VACUUM (ANALYZE))", visible, pages, stats)
 	}
 	if after := checkExactOnce(t, s, dsn); after != before {
 		t.Errorf("SeedDone changed the statistics: %v, then %v", before, after)

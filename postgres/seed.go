@@ -119,7 +119,15 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 // The rewrite takes each table's exclusive lock for milliseconds; it waits
 // at most 1 s for it (a live writer's open transaction) and otherwise skips
 // that table: autovacuum still cleans it, only less compactly.
-func (s *Store) SeedDone(ctx context.Context) error {
+//
+// Last, VACUUM (ANALYZE) of the measurement partitions of the months from
+// from to to (the seeded span), as after any bulk load: their visibility
+// map and planner statistics are set in the seeding's time. Otherwise
+// autovacuum's first pass over the new rows (it starts on inserted rows
+// alone) reads every seeded page in the first minutes of live traffic.
+// VACUUM takes no lock that blocks writers; a partition autovacuum holds
+// for longer than the 1 s lock timeout is left to it.
+func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 	if err := s.compactSeen(ctx, true); err != nil {
 		return fmt.Errorf("postgres seed: fold last_seen_moves: %w", err)
 	}
@@ -152,6 +160,21 @@ func (s *Store) SeedDone(ctx context.Context) error {
 				continue
 			}
 			return fmt.Errorf("postgres seed: VACUUM FULL %s: %w", t, err)
+		}
+	}
+	for m := monthOf(from); m <= monthOf(to); m++ {
+		s.partMu.Lock()
+		exists := s.parts[m]
+		s.partMu.Unlock()
+		if !exists {
+			continue
+		}
+		if _, err := c.Exec(ctx, "VACUUM (ANALYZE) "+partitionName(m)); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // autovacuum is at it already
+				continue
+			}
+			return fmt.Errorf("postgres seed: VACUUM (ANALYZE) %s: %w", partitionName(m), err)
 		}
 	}
 	return nil

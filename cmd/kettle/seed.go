@@ -38,7 +38,10 @@ PostgreSQL: binary COPY straight into the month partitions, --workers
 streams in parallel, each chunk a range of device ids × up to one calendar
 month in (device, time) order, so that every COPY appends to its partition's
 index; at the end the rollups' per-connection shards are folded once and the
-small tables the statistics read are rewritten (kept in the run's time).
+small tables the statistics read are rewritten, and the seeded months'
+partitions get VACUUM (ANALYZE), as after any bulk load, so that
+autovacuum's first pass over them does not land in live traffic (all in
+the run's time, shown as "finishing" in the summary).
 SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
@@ -128,8 +131,10 @@ type seedSink interface {
 	kettle.Store
 	// put stores rows and returns how many were new.
 	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
-	// done runs once after the last put.
-	done(ctx context.Context) error
+	// done runs once after the last put, with the seeded span.
+	done(ctx context.Context, from, to time.Time) error
+	// finishing says what done does, for the summary.
+	finishing() string
 }
 
 // copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
@@ -139,13 +144,21 @@ func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.T
 	return s.SeedCopy(ctx, rows, reg)
 }
 
-func (s copySink) done(ctx context.Context) error { return s.SeedDone(ctx) }
+func (s copySink) done(ctx context.Context, from, to time.Time) error {
+	return s.SeedDone(ctx, from, to)
+}
+
+func (copySink) finishing() string {
+	return "rollup shards folded, small tables rewritten, seeded partitions VACUUM (ANALYZE)d"
+}
 
 // sqliteSink seeds SQLite through SeedWrite, one transaction per chunk:
 // each device counts as seen at its own newest reading, as with SeedCopy.
 type sqliteSink struct{ *sqlite.Store }
 
-func (sqliteSink) done(context.Context) error { return nil }
+func (sqliteSink) done(context.Context, time.Time, time.Time) error { return nil }
+
+func (sqliteSink) finishing() string { return "nothing to do" }
 
 func (s sqliteSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
 	dup, err := s.SeedWrite(ctx, rows)
@@ -231,15 +244,18 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := r.sink.done(ctx); err != nil {
+	finish := time.Now()
+	if err := r.sink.done(ctx, f.Start, f.End); err != nil {
 		return err
 	}
 	el := time.Since(start)
+	finished := time.Since(finish)
 	gen, st := r.generated.Load(), r.stored.Load()
 	fmt.Fprintf(out, "seeded %d devices × %s at %s (%s … %s, seed %d)\n", f.Devices, f.End.Sub(f.Start), f.Interval,
 		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
 	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
 	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
+	fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), r.sink.finishing())
 	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
 	if err != nil {
 		return fmt.Errorf("read statistics: %w", err)
