@@ -16,10 +16,12 @@
 # index whose hot pages no longer fit would show there first; the pages an
 # insert adds at the end of the table and index count too, ~0.02 a reading
 # into an empty one), then the
-# partition's table and index size. After each seeding the script runs
-# VACUUM (ANALYZE) on measurements, as after any bulk load (its time is
-# printed): otherwise autovacuum's first pass over the seeded rows could land
-# in a measurement and its CPU count as the inserts'; each phase prints how
+# partition's table and index size. kettle seed ends with VACUUM (ANALYZE)
+# of the partitions it filled, as after any bulk load; the script runs
+# VACUUM (ANALYZE) on all of measurements once more after each seeding (its
+# time is printed: what was left, e.g. the live rows of the step before).
+# Otherwise autovacuum's first pass over the rows could land in a
+# measurement and its CPU count as the inserts'; each phase prints how
 # many autovacuum/autoanalyze runs finished during it (autovac=).
 # Each phase also prints the WAL it wrote per reading, and how many of
 # its records were full-page images (fpi): a page's first change after a
