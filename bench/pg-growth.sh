@@ -26,15 +26,21 @@
 # Each phase also prints the WAL it wrote per reading, and how many of
 # its records were full-page images (fpi): a page's first change after a
 # checkpoint logs the whole page, and every phase starts after one.
-# Last, ROUNDS times (default 3), a small database — the same kettles with
+# Last, ROUNDS times (default 4), a small database — the same kettles with
 # REF_DAYS (default 1) of history, a month's partition one day in, a new
-# database each round — and the grown one are measured in turn, and the
-# script prints the median ratio grown / small of each figure: one 20 s run
-# here swings by ±10%. (REF_DAYS=0: one reading a kettle, an empty
+# database each round — and the grown one are measured in turn (small first
+# in odd rounds, grown first in even ones), and the
+# script prints the geometric mean and the median (the lower middle one of
+# an even count) of the ratio grown / small of each figure: one 20 s run
+# here swings by ±10%, and the second of two runs gains up to ~10% on the
+# first (v1 batches, 2 rounds of `STEPS="0 12"`: 1.101 with the small
+# database first, 0.964 with the grown one first); an even ROUNDS puts each
+# side first equally often, and the geometric mean cancels that.
+# (REF_DAYS=0: one reading a kettle, an empty
 # partition; there every kettle's keys share a few index pages, as they do
 # only in a partition's first hour or so.)
 #
-#   bench/pg-growth.sh                                   # 20,000 kettles, 0, 1, 6, 12, 19 days at 10 min (54.7M rows seeded, ~25 min)
+#   bench/pg-growth.sh                                   # 20,000 kettles, 0, 1, 6, 12, 19 days at 10 min (54.7M rows seeded, ~35 min)
 #   DEVICES=2000 STEPS="0 2 4" INTERVAL=10m DURATION=10s bench/pg-growth.sh   # a quick run
 #
 # The first step's "0 days" seeds one reading a kettle (registering them).
@@ -49,7 +55,7 @@ DURATION=${DURATION:-20s}
 CONNS=${CONNS:-1024}
 V1_CONNS=${V1_CONNS:-64}
 WORKERS=${WORKERS:-3}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 PORT_K=$(free_port)
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 # the 20th of the previous month, 00:00 UTC
@@ -139,15 +145,23 @@ for d in $STEPS; do
 	step=$((step + 1))
 done
 echo "--- grown ($STEPS days seeded) against small (a new database each round: the same $NDEV kettles, $REF_DAYS days of history), $ROUNDS rounds ---"
-for r in $(seq "$ROUNDS"); do
-	pg_db "small$r" >/dev/null
-	seed "small$r" "$REF_DAYS"
-	measure "small-$r" "small$r" 0 >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
-	pg_sql postgres "DROP DATABASE small$r"
-	measure "grown-$r" kettle "$step" >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
+small() {
+	pg_db "small$1" >/dev/null
+	seed "small$1" "$REF_DAYS"
+	measure "small-$1" "small$1" 0 >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
+	pg_sql postgres "DROP DATABASE small$1"
+}
+grown() {
+	measure "grown-$1" kettle "$step" >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
 	step=$((step + 1))
+}
+# small first in odd rounds, grown first in even ones: whatever the second
+# of two runs gains (WAL segments recycled by the first, say) falls on each
+# side alike over the rounds
+for r in $(seq "$ROUNDS"); do
+	if ((r % 2)); then small "$r"; grown "$r"; else grown "$r"; small "$r"; fi
 done
-# the median over the rounds of grown / small, per phase and figure
+# the geometric mean and median over the rounds of grown / small, per phase and figure
 for ph in single v1; do
 	for f in $([ $ph = single ] && echo req_per_s || echo rows_per_s) kettle_cpu_us postgres_cpu_us wal_bytes; do
 		for r in $(seq "$ROUNDS"); do
@@ -155,6 +169,6 @@ for ph in single v1; do
 			h=$(grep "^STEP small-$r $ph " "$work/ab.txt" | sed -n "s/.* $f=\([0-9.]*\).*/\1/p")
 			awk -v g="$g" -v h="$h" 'BEGIN { printf "%.3f\n", g / h }'
 		done >"$work/r.txt"
-		echo "GROWN/SMALL $ph $f median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+		echo "GROWN/SMALL $ph $f geomean $(awk '{ s += log($1) } END { printf "%.3f", exp(s / NR) }' "$work/r.txt") median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
 	done
 done
