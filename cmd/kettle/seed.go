@@ -133,7 +133,7 @@ type seedSink interface {
 	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
 	// done runs once after the last put, with the seeded span.
 	done(ctx context.Context, from, to time.Time) error
-	// finishing says what done does, for the summary.
+	// finishing says what done does, for the summary ("": nothing).
 	finishing() string
 }
 
@@ -158,7 +158,7 @@ type sqliteSink struct{ *sqlite.Store }
 
 func (sqliteSink) done(context.Context, time.Time, time.Time) error { return nil }
 
-func (sqliteSink) finishing() string { return "nothing to do" }
+func (sqliteSink) finishing() string { return "" } // done does nothing
 
 func (s sqliteSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
 	dup, err := s.SeedWrite(ctx, rows)
@@ -255,7 +255,9 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
 	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
 	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
-	fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), r.sink.finishing())
+	if what := r.sink.finishing(); what != "" {
+		fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), what)
+	}
 	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
 	if err != nil {
 		return fmt.Errorf("read statistics: %w", err)

@@ -30,6 +30,9 @@ func TestSeedCommand(t *testing.T) {
 			if m == nil {
 				t.Fatalf("no summary in:\n%s", out)
 			}
+			if pg := !strings.HasPrefix(db, "sqlite:"); pg != strings.Contains(string(out), "finishing (") {
+				t.Errorf("summary on %s has a finishing line: %v, want %v (PostgreSQL's SeedDone):\n%s", db, !pg, pg, out)
+			}
 			return m[1], m[2], m[3]
 		}
 		gen, stored, _ := run()
