@@ -2,12 +2,10 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/kettlefleet/kettlefleet"
 )
 
@@ -153,28 +151,22 @@ func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 		return fmt.Errorf("postgres seed: %w", err)
 	}
 	defer c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
+	var vacuums []string
 	for _, t := range []string{"rollups", "hours_of_day", "last_seen_counts", "last_seen_moves"} {
-		if _, err := c.Exec(ctx, "VACUUM (FULL, ANALYZE) "+t); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-				continue
-			}
-			return fmt.Errorf("postgres seed: VACUUM FULL %s: %w", t, err)
+		vacuums = append(vacuums, "VACUUM (FULL, ANALYZE) "+t)
+	}
+	s.partMu.Lock()
+	for m := monthOf(from); m <= monthOf(to); m++ {
+		if s.parts[m] {
+			vacuums = append(vacuums, "VACUUM (ANALYZE) "+partitionName(m))
 		}
 	}
-	for m := monthOf(from); m <= monthOf(to); m++ {
-		s.partMu.Lock()
-		exists := s.parts[m]
-		s.partMu.Unlock()
-		if !exists {
-			continue
-		}
-		if _, err := c.Exec(ctx, "VACUUM (ANALYZE) "+partitionName(m)); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // autovacuum is at it already
-				continue
-			}
-			return fmt.Errorf("postgres seed: VACUUM (ANALYZE) %s: %w", partitionName(m), err)
+	s.partMu.Unlock()
+	for _, v := range vacuums {
+		// Not waiting longer than 1 s for a table's lock: a live
+		// writer's open transaction, or autovacuum already at it.
+		if _, err := c.Exec(ctx, v); err != nil && !isLockNotAvailable(err) {
+			return fmt.Errorf("postgres seed: %s: %w", v, err)
 		}
 	}
 	return nil

@@ -836,6 +836,13 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
+// isLockNotAvailable reports whether err is PostgreSQL's lock_not_available
+// (lock_timeout passed).
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // seenChanges returns the nonzero changes of delta (last_seen in unix µs →
 // change in its device count) in increasing order of last_seen.
 func seenChanges(delta map[int64]int64) (ats, ns []int64) {

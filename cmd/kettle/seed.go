@@ -131,10 +131,9 @@ type seedSink interface {
 	kettle.Store
 	// put stores rows and returns how many were new.
 	put(ctx context.Context, rows []kettle.Measurement, registeredAt time.Time) (int64, error)
-	// done runs once after the last put, with the seeded span.
-	done(ctx context.Context, from, to time.Time) error
-	// finishing says what done does, for the summary ("": nothing).
-	finishing() string
+	// done runs once after the last put, with the seeded span, and says
+	// what it did for the summary ("": nothing).
+	done(ctx context.Context, from, to time.Time) (string, error)
 }
 
 // copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
@@ -144,21 +143,15 @@ func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.T
 	return s.SeedCopy(ctx, rows, reg)
 }
 
-func (s copySink) done(ctx context.Context, from, to time.Time) error {
-	return s.SeedDone(ctx, from, to)
-}
-
-func (copySink) finishing() string {
-	return "rollup shards folded, small tables rewritten, seeded partitions VACUUM (ANALYZE)d"
+func (s copySink) done(ctx context.Context, from, to time.Time) (string, error) {
+	return "rollup shards folded, small tables rewritten, seeded partitions VACUUM (ANALYZE)d", s.SeedDone(ctx, from, to)
 }
 
 // sqliteSink seeds SQLite through SeedWrite, one transaction per chunk:
 // each device counts as seen at its own newest reading, as with SeedCopy.
 type sqliteSink struct{ *sqlite.Store }
 
-func (sqliteSink) done(context.Context, time.Time, time.Time) error { return nil }
-
-func (sqliteSink) finishing() string { return "" } // done does nothing
+func (sqliteSink) done(context.Context, time.Time, time.Time) (string, error) { return "", nil }
 
 func (s sqliteSink) put(ctx context.Context, rows []kettle.Measurement, _ time.Time) (int64, error) {
 	dup, err := s.SeedWrite(ctx, rows)
@@ -245,7 +238,8 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	finish := time.Now()
-	if err := r.sink.done(ctx, f.Start, f.End); err != nil {
+	finishing, err := r.sink.done(ctx, f.Start, f.End)
+	if err != nil {
 		return err
 	}
 	el := time.Since(start)
@@ -255,8 +249,8 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
 	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
 	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
-	if what := r.sink.finishing(); what != "" {
-		fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), what)
+	if finishing != "" {
+		fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), finishing)
 	}
 	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
 	if err != nil {
