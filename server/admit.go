@@ -318,22 +318,22 @@ func at(s []uint64, i int) uint64 {
 	return 0
 }
 
-// admit decides on one ingest request before its body is read (release is
-// a no-op: nothing is held while the request is served).
-func (a *admission) admit(*http.Request) (release func(), err error) {
+// admit decides on one ingest request before its body is read: nil admits
+// it, else the refusal (503 + Retry-After) to answer.
+func (a *admission) admit(*http.Request) error {
 	a.ingest.Add(1)
 	if a.shedding.Load() {
 		a.shedCPU.Inc()
 		ra := a.jitter(a.shedRetry)
-		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: ra,
+		return &kettle.Error{Code: kettle.EUnavailable, RetryAfter: ra,
 			Message: fmt.Sprintf("server overloaded: requests wait more than %s for a CPU; keep the readings and send them together after %s (Retry-After), or add a node", a.policy.Latency, ra)}
 	}
 	if rows, capacity := a.queue(); rows >= capacity {
 		a.shedQueue.Inc()
-		return nil, &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
+		return &kettle.Error{Code: kettle.EUnavailable, RetryAfter: a.queueRetry,
 			Message: fmt.Sprintf("ingest queue full (%d readings); retry after %s or raise --ingest-queue", capacity, a.queueRetry)}
 	}
-	return func() {}, nil
+	return nil
 }
 
 // pollMaxAge is the max-age of a v1 command poll's answer: about the shed

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,7 @@ type limitListener struct {
 	max     int64
 	active  atomic.Int64
 	refused atomic.Int64
+	held    atomic.Int64 // background reads answered at once (trackedConn.Read)
 }
 
 func newLimitListener(l net.Listener, max int) *limitListener {
@@ -39,7 +42,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return &trackedConn{Conn: c, l: l}, nil
+		tc := &trackedConn{Conn: c, l: l}
+		tc.unhold = func() { tc.holding.Store(false) } // once per connection, not per upload
+		return tc, nil
 	}
 }
 
@@ -49,11 +54,67 @@ func (l *limitListener) Refused() int64 { return l.refused.Load() }
 
 type trackedConn struct {
 	net.Conn
-	l    *limitListener
-	once sync.Once
+	l       *limitListener
+	once    sync.Once
+	holding atomic.Bool
+	unhold  func()
+}
+
+// Read is the connection's Read, except that net/http's background read is
+// answered at once, having read nothing, while an upload on the connection
+// waits for its commit (hold).
+//
+// During every handler, once the request's body is read, net/http reads one
+// byte of the connection in the background, to notice the client going away
+// (it then cancels the request's context) or a pipelined request. An upload
+// waits 10–30 ms for its commit under load; meanwhile that read parks on the
+// socket, and answering must wake it through a read deadline: ~2.5 µs of CPU
+// per request, 7% of kettle serve's per single reading at 1,024 connections
+// (bench/pg-ab.sh; docs/performance.md). An upload does not need it: the
+// commit decides its answer whether or not the client stays (one that went
+// away sends the reading again and is told it is a duplicate). net/http's
+// background read takes (0, nil) as "nothing happened" and ends; a pipelined
+// request's bytes stay in the socket for the next ordinary read. Only 1-byte
+// reads are answered so: net/http's own reads of requests and bodies go
+// through its 4 KiB bufio.Reader, and TestUploadHoldsBackgroundRead checks
+// that the background read is still one read per request and that the
+// connection is still whole after it.
+func (c *trackedConn) Read(p []byte) (int, error) {
+	if len(p) == 1 && c.holding.Load() {
+		c.l.held.Add(1)
+		return 0, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// hold marks the connection's upload as waiting for its commit until the
+// returned func is called (before the upload is answered).
+func (c *trackedConn) hold() (unhold func()) {
+	c.holding.Store(true)
+	return c.unhold
 }
 
 func (c *trackedConn) Close() error {
 	c.once.Do(func() { c.l.active.Add(-1) })
 	return c.Conn.Close()
+}
+
+type connKey struct{}
+
+// withConn is http.Server.ConnContext: a request's context carries its
+// connection, so that an upload can hold the connection's background read.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*trackedConn); ok {
+		return context.WithValue(ctx, connKey{}, tc)
+	}
+	return ctx
+}
+
+// holdReads holds the background read of r's connection (trackedConn.Read)
+// until the returned func is called.
+func holdReads(r *http.Request) (unhold func()) {
+	if c, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
+		return c.hold()
+	}
+	return func() {}
 }

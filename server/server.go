@@ -253,7 +253,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
 		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	s.admit.start()
-	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admit.admit, PollMaxAge: s.admit.pollMaxAge}, s.log)
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admitIngest, PollMaxAge: s.admit.pollMaxAge}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
 	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
@@ -275,6 +275,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    16 << 10,
+		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	go func() { s.serveErr <- s.http.Serve(s.ln) }()
@@ -282,6 +283,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
+}
+
+// admitIngest is httpapi's AdmitIngest: the admission's verdict (shed or
+// not) and, for an admitted upload, its connection's background read held
+// until it is answered (trackedConn.Read).
+func (s *Server) admitIngest(r *http.Request) (release func(), err error) {
+	if err := s.admit.admit(r); err != nil {
+		return nil, err
+	}
+	return holdReads(r), nil
 }
 
 // Addr is the bound listen address.
