@@ -18,7 +18,7 @@ type limitListener struct {
 	max     int64
 	active  atomic.Int64
 	refused atomic.Int64
-	held    atomic.Int64 // background reads answered at once (trackedConn.Read)
+	held    atomic.Int64 // background reads answered at once (trackedConn.Read), the evidence TestUploadHoldsBackgroundRead reads
 }
 
 func newLimitListener(l net.Listener, max int) *limitListener {
@@ -68,9 +68,9 @@ type trackedConn struct {
 // byte of the connection in the background, to notice the client going away
 // (it then cancels the request's context) or a pipelined request. An upload
 // waits 10–30 ms for its commit under load; meanwhile that read parks on the
-// socket, and answering must wake it through a read deadline: ~2.5 µs of CPU
-// per request, 7% of kettle serve's per single reading at 1,024 connections
-// (bench/pg-ab.sh; docs/performance.md). An upload does not need it: the
+// socket, and answering must wake it through a read deadline: ~3 µs of CPU
+// a request (kettle serve 33–36 µs a single reading at 1,024 connections
+// with it, 30–32 without; bench/pg-ab.sh, docs/performance.md). An upload does not need it: the
 // commit decides its answer whether or not the client stays (one that went
 // away sends the reading again and is told it is a duplicate). net/http's
 // background read takes (0, nil) as "nothing happened" and ends; a pipelined
