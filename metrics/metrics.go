@@ -124,6 +124,10 @@ func New(reg *prometheus.Registry) *Server {
 	reg.MustRegister(
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
 			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)},
+			// go_gc_heap_live_bytes: what the last collection kept. Under
+			// --gc-percent 400 RSS may reach 5× it between collections, so
+			// kettle report judges "memory kept growing" on this instead.
+			collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)},
 		)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

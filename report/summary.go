@@ -85,6 +85,11 @@ type SimTotals struct {
 	Dropped, Unacked int64
 }
 
+// HeapLive is the key of the server's live Go heap (go_gc_heap_live_bytes,
+// scraped from its /metrics) among Series.RSSMiB, charted with the resident
+// memory it explains.
+const HeapLive = "server live heap"
+
 // Series are the charts' data, one value per second of the run.
 type Series struct {
 	T         []int                      `json:"t"`
@@ -96,7 +101,7 @@ type Series struct {
 	LagMs     []Num                      `json:"lag_ms"`
 	Late      []Num                      `json:"late_starts"`
 	CPU       map[string][]Num           `json:"cpu"`     // role or "machine" / "other" → %
-	RSSMiB    map[string][]Num           `json:"rss_mib"` // role → MiB; "available" = machine
+	RSSMiB    map[string][]Num           `json:"rss_mib"` // role → MiB; "available" = machine; HeapLive = the server's live Go heap
 	DiskAwait map[string][]Num           `json:"disk_await_ms"`
 	DiskUtil  map[string][]Num           `json:"disk_util"`
 	Queue     map[string][]Num           `json:"queue"` // rows, capacity, rejected_per_s
@@ -327,6 +332,9 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "acquired", g.PoolAcquiredConns)
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
+				if g.HeapLiveBytes != nil {
+					get(se.RSSMiB, HeapLive)[i] = Num(*g.HeapLiveBytes / (1 << 20))
+				}
 			}
 		}
 		// The disk the verdict watches: the busiest one.
@@ -355,6 +363,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			return out
 		}
 		tl.ServerRSS, tl.PostgresRSS, tl.MemAvailable = mb(se.RSSMiB[sysstat.RoleServer]), mb(se.RSSMiB[sysstat.RolePostgres]), mb(se.RSSMiB["available"])
+		tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
 		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
 		tl.PoolWait, tl.PoolAcquired, tl.PoolMax = se.Pool["wait"], se.Pool["acquired"], se.Pool["max"]
 	}
@@ -411,8 +420,12 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		if !allNaN(tl.PostgresRSS) {
 			pg = ", PostgreSQL " + mib(peak(tl.PostgresRSS))
 		}
-		mem.Utilisation = fmt.Sprintf("server RSS peak %s%s; machine memory available min %s of %s",
-			mib(peak(tl.ServerRSS)), pg, mib(-peak(neg(tl.MemAvailable))), mib(tl.MemTotalBytes))
+		heap := ""
+		if !allNaN(tl.ServerHeapLive) {
+			heap = " (live Go heap peak " + mib(peak(tl.ServerHeapLive)) + ")"
+		}
+		mem.Utilisation = fmt.Sprintf("server RSS peak %s%s%s; machine memory available min %s of %s",
+			mib(peak(tl.ServerRSS)), heap, pg, mib(-peak(neg(tl.MemAvailable))), mib(tl.MemTotalBytes))
 		if p := s.Series.PSI["memory"]; p != nil {
 			mem.Saturation = "memory pressure (PSI some) peak " + pct(peak(p))
 		}

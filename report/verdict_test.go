@@ -158,6 +158,24 @@ func syntheticFixtures() map[string]fixture {
 	ramp(tl.ServerRSS, 10, 100<<20, 1500<<20)
 	add("memory-growth", "server RSS grows steadily under steady load (the case study's unbounded queue)", ClassMemory, 0, []string{"server memory kept growing", "something is queueing without bound"}, tl)
 
+	// The live heap moves only when a collection ends: a step every 7 s.
+	steps := func(xs []Num, v0, v1 float64) {
+		for i := range xs {
+			xs[i] = Num(v0 + (v1-v0)*float64(i/7*7)/float64(len(xs)))
+		}
+	}
+	tl = base()
+	ramp(tl.ServerRSS, 10, 87<<20, 194<<20)
+	tl.ServerHeapLive = make([]Num, len(tl.T))
+	steps(tl.ServerHeapLive, 38<<20, 38<<20)
+	add("memory-gc-slack", "server RSS 87 → 194 MiB over a steady run while its live heap stays at 38 MiB: the collector's slack under GOGC=400 (bench/locust-vs-swarm.sh, 2026-11-25), not a queue", ClassNone, 0, []string{"no resource saturated"}, tl)
+
+	tl = base()
+	ramp(tl.ServerRSS, 10, 100<<20, 1500<<20)
+	tl.ServerHeapLive = make([]Num, len(tl.T))
+	steps(tl.ServerHeapLive, 40<<20, 900<<20)
+	add("memory-growth-heap", "the server's live heap grows steadily under steady load: judged on it, RSS quoted", ClassMemory, 0, []string{"server memory kept growing: live heap", "RSS 1500 MiB at the end", "something is queueing without bound"}, tl)
+
 	tl = base()
 	ramp(tl.QueueRows, 30, 500, 30000)
 	add("queue-growth", "the ingest queue grows steadily without any resource at its limit", ClassQueue, 30, []string{"ingest queue kept growing"}, tl)

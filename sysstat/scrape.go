@@ -70,6 +70,7 @@ func (s *scraper) scrape(now time.Time) *ServerGauges {
 	g.PoolMaxConns = gauge("kettle_pg_pool_max_conns")
 	g.PoolAcquiredConns = gauge("kettle_pg_pool_acquired_conns")
 	g.HeapBytes = gauge("go_memstats_heap_alloc_bytes")
+	g.HeapLiveBytes = gauge("go_gc_heap_live_bytes")
 	g.Goroutines = gauge("go_goroutines")
 
 	dt := now.Sub(s.prevAt).Seconds()

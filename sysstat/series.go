@@ -158,7 +158,11 @@ type ServerGauges struct {
 	PoolEmptyPerS     *float64 `json:"pool_empty_acquires_per_s,omitempty"`
 	SQLiteBusyPerS    *float64 `json:"sqlite_busy_per_s,omitempty"`
 	HeapBytes         *float64 `json:"heap_bytes,omitempty"`
-	Goroutines        *float64 `json:"goroutines,omitempty"`
+	// HeapLiveBytes is the Go heap the server's last collection kept
+	// (go_gc_heap_live_bytes): unlike RSS and HeapBytes it does not include
+	// the garbage a collector target such as GOGC=400 lets pile up.
+	HeapLiveBytes *float64 `json:"heap_live_bytes,omitempty"`
+	Goroutines    *float64 `json:"goroutines,omitempty"`
 	// CommitMeanMs is the mean ingest transaction time over the interval.
 	CommitMeanMs *float64 `json:"commit_mean_ms,omitempty"`
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,6 +40,7 @@ func TestSamplerAgainstServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	runtime.GC() // the server is this process: a collection has set its live heap
 	time.Sleep(1100 * time.Millisecond)
 	ser := s.Close()
 	if len(ser.Samples) < 2 {
@@ -61,6 +63,10 @@ func TestSamplerAgainstServer(t *testing.T) {
 	g := last.Server
 	if g == nil || !g.Up || g.QueueCapacityRows == nil || *g.QueueCapacityRows <= 0 || g.ConnsOpen == nil || g.RejectedPerS == nil {
 		t.Fatalf("server gauges: %+v", g)
+	}
+	// The live heap the report judges memory growth on (go_gc_heap_live_bytes).
+	if g.HeapLiveBytes == nil || *g.HeapLiveBytes <= 0 || g.HeapBytes == nil || *g.HeapLiveBytes > 4**g.HeapBytes {
+		t.Errorf("server live heap: %v (heap %v)", g.HeapLiveBytes, g.HeapBytes)
 	}
 	if _, err := os.Stat("/proc/pressure/cpu"); err == nil && last.PSI["cpu"] == nil {
 		t.Error("PSI present on this kernel but not sampled")

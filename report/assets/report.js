@@ -193,8 +193,10 @@
   add('cpu', 'CPU by process (%, 100 = one core)', () => timeSpec(
     names(S.cpu).map(r => ({name: r === 'machine' ? 'machine busy' : r === 'other' ? 'other processes' : r, y: S.cpu[r], color: roleColor[r], dash: r === 'machine' || r === 'iowait'})),
     {unit: '%', hlines: [{y: 100 * (D.cpus || 1), label: 'machine: ' + 100 * (D.cpus || 1) + ' %', color: '#6b7280'}], empty: 'not sampled (results have no system section)'}));
-  add('memory', 'Resident memory by process (MiB)', () => timeSpec(
-    names(S.rss_mib).filter(r => r !== 'available').map(r => ({name: r, y: S.rss_mib[r], color: roleColor[r]})), {unit: 'MiB', empty: 'not sampled'}));
+  add('memory', 'Resident memory by process, and the server\'s live Go heap (MiB)', () => timeSpec(
+    names(S.rss_mib).filter(r => r !== 'available').map(r => r === 'server live heap'
+      ? {name: 'server live heap (after GC)', y: S.rss_mib[r], color: roleColor.server, dash: true}
+      : {name: r, y: S.rss_mib[r], color: roleColor[r]}), {unit: 'MiB', empty: 'not sampled'}));
   add('disk', 'Disk await (ms per I/O)', () => timeSpec(
     names(S.disk_await_ms).map(d => ({name: d + ' await', y: S.disk_await_ms[d]})), {unit: 'ms', empty: 'no block device sampled'}));
   add('queue', 'Ingest queue depth (rows) and 503 refusals (readings/s)', () => {
