@@ -261,6 +261,14 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			}
 		}
 	}
+	for k, xs := range se.ErrorKind {
+		if tl.ErrorKinds == nil {
+			tl.ErrorKinds = map[string]float64{}
+		}
+		for _, x := range xs {
+			tl.ErrorKinds[k] += float64(x)
+		}
+	}
 	tl.Kettles, tl.LagMs, tl.Late = se.Kettles, se.LagMs, se.Late
 
 	// The simulator's own CPU, from its cumulative CPU seconds, when the

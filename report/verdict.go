@@ -30,9 +30,12 @@ type Timeline struct {
 	Kettles  []Num `json:"kettles"`
 	Requests []Num `json:"requests"` // completed per second, all endpoints
 	Errors   []Num `json:"errors"`
-	P99Ms    []Num `json:"p99_ms"` // worst endpoint's p99 that second
-	LagMs    []Num `json:"lag_ms"` // simulator dispatch lag
-	Late     []Num `json:"late_starts"`
+	// ErrorKinds counts the run's failed requests by kind (http_401,
+	// timeout, …), all endpoints.
+	ErrorKinds map[string]float64 `json:"error_kinds,omitempty"`
+	P99Ms      []Num              `json:"p99_ms"` // worst endpoint's p99 that second
+	LagMs      []Num              `json:"lag_ms"` // simulator dispatch lag
+	Late       []Num              `json:"late_starts"`
 
 	ServerCPU   []Num `json:"server_cpu"` // % (100 = one core)
 	PostgresCPU []Num `json:"postgres_cpu"`
@@ -71,6 +74,7 @@ const (
 	ClassMemory      = "memory"
 	ClassQueue       = "ingest-queue"
 	ClassLoadGen     = "load-generator"
+	ClassErrors      = "errors"
 	ClassNone        = "none"
 	ClassUnexplained = "unexplained"
 )
@@ -100,9 +104,12 @@ const (
 	diskUtilSat   = 90
 	queueSatFrac  = 0.80
 	memLowFrac    = 0.10 // of the machine's memory available
-	memGrowthFrac = 1.5  // RSS (or the live heap) grew to this multiple of its early level
-	memGrowthMin  = 64 << 20
-	rootWindowS   = 5 // a root cause this close after a symptom wins
+	// defaultMaxErrorRate is kettle swarm's --max-error-rate default: how
+	// many failed requests a run without that gate may have and still hold.
+	defaultMaxErrorRate = 0.001
+	memGrowthFrac       = 1.5 // RSS (or the live heap) grew to this multiple of its early level
+	memGrowthMin        = 64 << 20
+	rootWindowS         = 5 // a root cause this close after a symptom wins
 )
 
 type finding struct {
@@ -290,11 +297,66 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 					at(tl.P99Ms, i), tl.SLOP99Ms, clock(i))}
 		}
 	}
+	// Failures that no saturated resource explains (a wrong token, a route
+	// the server does not have, a server refusing for its own reasons) are
+	// the run's result: more than the run's error gate allows (or, with the
+	// gate off, more than the swarm's default 0.001) and it did not hold.
+	var reqs, errs float64
+	for i := range n {
+		reqs, errs = reqs+nz(at(tl.Requests, i)), errs+nz(at(tl.Errors, i))
+	}
+	limit := tl.MaxErrorRate
+	if limit < 0 {
+		limit = defaultMaxErrorRate
+	}
+	if errs > 0 && errs > limit*reqs {
+		first := 0
+		for first < n-1 && nz(at(tl.Errors, first)) == 0 {
+			first++
+		}
+		return Verdict{Class: ClassErrors, T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("requests failed with no resource saturated: %.0f of %.0f (%s) from %s, %s; look at the client's configuration and the server's log, not its capacity",
+				errs, reqs, ratePct(errs/reqs), clock(first), topKinds(tl.ErrorKinds, 3))}
+	}
 	if !tl.Sampled {
 		return Verdict{Class: ClassNone, Text: "the simulator kept up and nothing it measures saturated; the system was not sampled (no system section in the results), so server resources are unknown"}
 	}
 	return Verdict{Class: ClassNone, Text: fmt.Sprintf("no resource saturated: the target held (peak CPU: machine %s of %s, server %s)",
 		pct(peak(tl.MachineCPU)), pct(100*float64(max(tl.CPUs, 1))), pct(peak(tl.ServerCPU)))}
+}
+
+// ratePct is an error rate as a percentage, with as many decimals as a
+// small one needs.
+func ratePct(r float64) string {
+	switch {
+	case r >= 0.1:
+		return fmt.Sprintf("%.0f %%", 100*r)
+	case r >= 0.001:
+		return fmt.Sprintf("%.2f %%", 100*r)
+	}
+	return fmt.Sprintf("%.4f %%", 100*r)
+}
+
+// topKinds lists the k most frequent error kinds, most frequent first.
+func topKinds(kinds map[string]float64, k int) string {
+	names := make([]string, 0, len(kinds))
+	for name := range kinds {
+		names = append(names, name)
+	}
+	sort.Slice(names, func(a, b int) bool {
+		if kinds[names[a]] != kinds[names[b]] {
+			return kinds[names[a]] > kinds[names[b]]
+		}
+		return names[a] < names[b]
+	})
+	if len(names) == 0 {
+		return "kinds not recorded"
+	}
+	parts := make([]string, 0, k)
+	for _, name := range names[:min(k, len(names))] {
+		parts = append(parts, fmt.Sprintf("%s %.0f", name, kinds[name]))
+	}
+	return "by kind: " + strings.Join(parts, ", ")
 }
 
 func atTime(tl *Timeline, i int) time.Time {

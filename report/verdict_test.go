@@ -67,7 +67,7 @@ func TestVerdictFixtures(t *testing.T) {
 	if len(classes) < 10 { // a -run filter picked a few
 		return
 	}
-	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassNone, ClassUnexplained} {
+	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassNone, ClassUnexplained} {
 		if !classes[c] {
 			t.Errorf("no fixture exercises class %s", c)
 		}
@@ -175,6 +175,18 @@ func syntheticFixtures() map[string]fixture {
 	tl.ServerHeapLive = make([]Num, len(tl.T))
 	steps(tl.ServerHeapLive, 40<<20, 900<<20)
 	add("memory-growth-heap", "the server's live heap grows steadily under steady load: judged on it, RSS quoted", ClassMemory, 0, []string{"server memory kept growing: live heap", "RSS 1500 MiB at the end", "something is queueing without bound"}, tl)
+
+	tl = base()
+	from(tl.Errors, 1, 666)
+	tl.MaxErrorRate = -1 // the gate off, as bench/locust-vs-swarm.sh runs the swarm
+	tl.ErrorKinds = map[string]float64{"http_401": 666 * float64(len(tl.T))}
+	add("errors", "every request refused with 401 (the swarm given another server's secret), nothing saturated, error gate off", ClassErrors, 1, []string{"requests failed with no resource saturated", "(100 %)", "http_401 39960", "not its capacity"}, tl)
+
+	tl = base()
+	from(tl.Errors, 10, 0.5)
+	tl.MaxErrorRate = 0.001
+	tl.ErrorKinds = map[string]float64{"timeout": 25.5}
+	add("errors-under-gate", "a timeout every 2 s of 666 requests/s (0.075 %) is under the 0.001 gate: the run held", ClassNone, 0, []string{"no resource saturated: the target held"}, tl)
 
 	tl = base()
 	ramp(tl.QueueRows, 30, 500, 30000)

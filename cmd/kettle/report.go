@@ -33,7 +33,10 @@ that needs no network to view: latency percentiles per endpoint over time
 CPU and memory per process, disk await, ingest queue depth and pool wait; the
 run's parameters and the command that reproduces it; a USE table (utilisation,
 saturation, errors) per resource; and a verdict naming the first resource to
-saturate, with its evidence and time.
+saturate, with its evidence and time. When nothing saturated, the verdict
+says the target held only if the p99 stayed within --slo-p99 and failed
+requests within --max-error-rate (0.001 when the run had that gate off);
+otherwise it says what broke and, for failures, their kinds (http_401, …).
 
 kettle swarm --out DIR and kettle demo write DIR/report.html themselves.
 --system FILE uses system samples recorded elsewhere (sysstat.Series JSON,
