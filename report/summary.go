@@ -340,6 +340,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "acquired", g.PoolAcquiredConns)
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
+				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
 				if g.HeapLiveBytes != nil {
 					get(se.RSSMiB, HeapLive)[i] = Num(*g.HeapLiveBytes / (1 << 20))
 				}
@@ -373,6 +374,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		tl.ServerRSS, tl.PostgresRSS, tl.MemAvailable = mb(se.RSSMiB[sysstat.RoleServer]), mb(se.RSSMiB[sysstat.RolePostgres]), mb(se.RSSMiB["available"])
 		tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
 		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
+		tl.MergeBusy = se.Queue["merge_s_per_s"]
 		tl.PoolWait, tl.PoolAcquired, tl.PoolMax = se.Pool["wait"], se.Pool["acquired"], se.Pool["max"]
 	}
 	if tl.SimCPU == nil && !tl.SameProcess {
@@ -478,6 +480,13 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		p.Saturated = satAt(func(i int) bool { return at(tl.PoolWait, i) >= poolWaitSat })
 	} else if b := s.Series.Pool["sqlite_busy_per_s"]; b != nil {
 		p.Saturation = fmt.Sprintf("SQLite busy retries peak %.0f/s", nz(peak(b)))
+		if !allNaN(tl.MergeBusy) {
+			p.Resource = "SQLite writer"
+			p.Utilisation = fmt.Sprintf("merging staged rows: peak %s of a second, mean %s", pct(100*peak(tl.MergeBusy)), pct(100*mean(tl.MergeBusy, 0, len(tl.MergeBusy))))
+		}
+		if s.Verdict.Class == ClassStoreWriter {
+			p.Saturated = s.Verdict.T
+		}
 	}
 	rows = append(rows, row(p))
 	// Simulator.

@@ -59,6 +59,9 @@ type Timeline struct {
 	QueueCap     []Num `json:"queue_cap"`
 	RejectedPerS []Num `json:"rejected_per_s"`
 	CommitMs     []Num `json:"commit_ms,omitempty"`
+	// MergeBusy is the share of each second the SQLite writer spent merging
+	// staged rows (kettle_sqlite_merge_seconds_total's rate).
+	MergeBusy    []Num `json:"merge_busy,omitempty"`
 	PoolWait     []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
 	PoolAcquired []Num `json:"pool_acquired"`
 	PoolMax      []Num `json:"pool_max"`
@@ -75,6 +78,7 @@ const (
 	ClassQueue       = "ingest-queue"
 	ClassLoadGen     = "load-generator"
 	ClassErrors      = "errors"
+	ClassStoreWriter = "store-writer"
 	ClassNone        = "none"
 	ClassUnexplained = "unexplained"
 )
@@ -292,6 +296,9 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 	n := len(tl.T)
 	if tl.SLOP99Ms > 0 {
 		if i := onset(n, func(i int) bool { return at(tl.P99Ms, i) > tl.SLOP99Ms }); i >= 0 {
+			if v, ok := writerStalls(tl, i, clock); ok {
+				return v
+			}
 			return Verdict{Class: ClassUnexplained, T: tl.T[i], At: atTime(tl, i),
 				Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s but no sampled resource saturated: suspect a serialised stage (one SQLite writer, a lock) — see the commit time and the server's log",
 					at(tl.P99Ms, i), tl.SLOP99Ms, clock(i))}
@@ -323,6 +330,72 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 	}
 	return Verdict{Class: ClassNone, Text: fmt.Sprintf("no resource saturated: the target held (peak CPU: machine %s of %s, server %s)",
 		pct(peak(tl.MachineCPU)), pct(100*float64(max(tl.CPUs, 1))), pct(peak(tl.ServerCPU)))}
+}
+
+// Store writer stalls: the commits of the seconds the p99 broke the SLO took
+// at least stallFactor times the run's median commit (and stallMinMs).
+const (
+	stallFactor = 5
+	stallMinMs  = 10
+)
+
+// writerStalls explains a p99 that broke the SLO from second first with no
+// machine resource saturated when the store's commits stalled in those
+// seconds (or the one before: a stall's slow answers land as it ends):
+// the one writer a batch waits for is the serialised stage. For the
+// embedded store it says how much of those seconds the writer spent
+// merging staged rows.
+func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, bool) {
+	n := len(tl.T)
+	var all []float64
+	for i := range n {
+		if c := at(tl.CommitMs, i); !math.IsNaN(c) {
+			all = append(all, c)
+		}
+	}
+	if len(all) < sustainS {
+		return Verdict{}, false
+	}
+	sort.Float64s(all)
+	median := all[len(all)/2]
+	var broke, stalled int
+	worst, queue, merging, mergeSecs := 0.0, 0.0, 0.0, 0
+	for i := first; i < n; i++ {
+		if !(at(tl.P99Ms, i) > tl.SLOP99Ms) {
+			continue
+		}
+		broke++
+		c := math.Max(nz(at(tl.CommitMs, i)), nz(at(tl.CommitMs, max(i-1, 0))))
+		c = math.Max(c, nz(at(tl.CommitMs, min(i+1, n-1))))
+		if c < stallFactor*median || c < stallMinMs {
+			continue
+		}
+		stalled++
+		worst = math.Max(worst, c)
+		for _, j := range []int{max(i-1, 0), i, min(i+1, n-1)} {
+			queue = math.Max(queue, nz(at(tl.QueueRows, j)))
+		}
+		if m := math.Max(nz(at(tl.MergeBusy, i)), nz(at(tl.MergeBusy, max(i-1, 0)))); m > 0 {
+			merging += m
+			mergeSecs++
+		}
+	}
+	// Most of the breaking seconds must coincide with a stall.
+	if broke == 0 || 2*stalled < broke {
+		return Verdict{}, false
+	}
+	why := "the one writer every batch waits for (a lock held across a commit, or the store's own work)"
+	if !allNaN(tl.MergeBusy) {
+		if mergeSecs > 0 {
+			why = fmt.Sprintf("the one SQLite writer, held by its merges of staged rows in %d of those %d seconds (%.0f %% of each on average; kettle_sqlite_merge_seconds_total)",
+				mergeSecs, stalled, 100*merging/float64(mergeSecs))
+		} else {
+			why = "the one SQLite writer (not merging then: see its checkpoints and the server's log)"
+		}
+	}
+	return Verdict{Class: ClassStoreWriter, Resource: "store writer", T: tl.T[first], At: atTime(tl, first),
+		Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run) and the ingest queue reached %.0f rows; no machine resource saturated — the limit is %s",
+			at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), stalled, broke, worst, median, queue, why)}, true
 }
 
 // ratePct is an error rate as a percentage, with as many decimals as a

@@ -67,7 +67,7 @@ func TestVerdictFixtures(t *testing.T) {
 	if len(classes) < 10 { // a -run filter picked a few
 		return
 	}
-	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassNone, ClassUnexplained} {
+	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassStoreWriter, ClassNone, ClassUnexplained} {
 		if !classes[c] {
 			t.Errorf("no fixture exercises class %s", c)
 		}
@@ -175,6 +175,18 @@ func syntheticFixtures() map[string]fixture {
 	tl.ServerHeapLive = make([]Num, len(tl.T))
 	steps(tl.ServerHeapLive, 40<<20, 900<<20)
 	add("memory-growth-heap", "the server's live heap grows steadily under steady load: judged on it, RSS quoted", ClassMemory, 0, []string{"server memory kept growing: live heap", "RSS 1500 MiB at the end", "something is queueing without bound"}, tl)
+
+	// Every 11 s the writer merges for 3 s: commits stall, the queue backs
+	// up and the p99 breaks the SLO, with every machine resource idle.
+	tl = base()
+	tl.SLOP99Ms = 100
+	tl.MergeBusy = make([]Num, len(tl.T))
+	for i := range tl.T {
+		if i >= 10 && i%11 < 3 {
+			tl.MergeBusy[i], tl.CommitMs[i], tl.QueueRows[i], tl.P99Ms[i] = 0.6, 70, 900, 200
+		}
+	}
+	add("store-writer", "the SQLite writer's merges stall commits every 11 s; the p99 breaks the SLO then, nothing else near a limit", ClassStoreWriter, 12, []string{"p99 200 ms broke the SLO (100 ms)", "the mean commit reached up to 70 ms (median 4.0 ms", "queue reached 900 rows", "held by its merges of staged rows in 15 of those 15 seconds (60 %"}, tl)
 
 	tl = base()
 	from(tl.Errors, 1, 666)

@@ -37,6 +37,7 @@ const (
 	mPoolWait     = "kettle_pg_pool_acquire_wait_seconds_total"
 	mPoolEmpty    = "kettle_pg_pool_empty_acquires_total"
 	mSQLiteBusy   = "kettle_sqlite_busy_retries_total"
+	mSQLiteMerge  = "kettle_sqlite_merge_seconds_total"
 	mCommitSum    = "kettle_ingest_commit_seconds_sum"
 	mCommitCount  = "kettle_ingest_commit_seconds_count"
 )
@@ -93,6 +94,7 @@ func (s *scraper) scrape(now time.Time) *ServerGauges {
 	g.PoolWaitSecPerS = rate(mPoolWait)
 	g.PoolEmptyPerS = rate(mPoolEmpty)
 	g.SQLiteBusyPerS = rate(mSQLiteBusy)
+	g.SQLiteMergeSecPerS = rate(mSQLiteMerge)
 	if n, had := s.prev[mCommitCount]; had {
 		if dn := vals[mCommitCount] - n; dn > 0 {
 			m := (vals[mCommitSum] - s.prev[mCommitSum]) / dn * 1000

@@ -157,7 +157,10 @@ type ServerGauges struct {
 	PoolWaitSecPerS   *float64 `json:"pool_wait_s_per_s,omitempty"` // mean acquirers waiting
 	PoolEmptyPerS     *float64 `json:"pool_empty_acquires_per_s,omitempty"`
 	SQLiteBusyPerS    *float64 `json:"sqlite_busy_per_s,omitempty"`
-	HeapBytes         *float64 `json:"heap_bytes,omitempty"`
+	// SQLiteMergeSecPerS is the share of the interval the embedded store's
+	// writer spent merging staged rows (ingest batches wait meanwhile).
+	SQLiteMergeSecPerS *float64 `json:"sqlite_merge_s_per_s,omitempty"`
+	HeapBytes          *float64 `json:"heap_bytes,omitempty"`
 	// HeapLiveBytes is the Go heap the server's last collection kept
 	// (go_gc_heap_live_bytes): unlike RSS and HeapBytes it does not include
 	// the garbage a collector target such as GOGC=400 lets pile up.
