@@ -116,7 +116,8 @@ func (s *Store) startMerger() {
 			case <-st.wake:
 			case <-tick.C:
 			}
-			// One bucket per lock: batches run between them.
+			// One bucket per lock, then a pause as long: batches run
+			// between them.
 			for b := 0; b < stageBuckets; b++ {
 				select {
 				case <-st.stop: // Close: the rest stays staged
@@ -124,9 +125,23 @@ func (s *Store) startMerger() {
 				default:
 				}
 				s.wmu.Lock()
+				t0 := time.Now()
 				err := s.mergeBucket(context.Background(), b)
+				held := time.Since(t0)
 				s.wmu.Unlock()
 				if err == nil {
+					// Leave the writer to the batches for as long as this
+					// bucket held it, so that what queued up meanwhile
+					// commits before the next bucket. sync.Mutex is not
+					// fair: without the pause the merger took the lock
+					// straight back, and at 280,000 kettles the mean
+					// commit of a second reached 64 ms (6.5 with it) and
+					// the p99 172 ms (81; kettle capacity, 2026-11-25).
+					select {
+					case <-st.stop: // Close: the rest stays staged
+						return
+					case <-time.After(min(held, time.Second)):
+					}
 					continue
 				}
 				st.mergeErr.Store(&err)
