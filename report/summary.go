@@ -270,6 +270,9 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		}
 	}
 	tl.Kettles, tl.LagMs, tl.Late = se.Kettles, se.LagMs, se.Late
+	for _, e := range r.Totals.Endpoints {
+		tl.P99RunMs = math.Max(tl.P99RunMs, e.P99Ms)
+	}
 
 	// The simulator's own CPU, from its cumulative CPU seconds, when the
 	// sampler did not run.
@@ -279,6 +282,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 	}
 
 	sys := r.System
+	heap := filled(n) // the server's Go heap, for the verdict only (not charted)
 	if sys != nil {
 		s.Roles, s.Missing = sys.Roles, sys.Missing
 		s.CPUs = sys.CPUs
@@ -341,6 +345,9 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
 				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
+				if g.HeapBytes != nil {
+					heap[i] = Num(*g.HeapBytes)
+				}
 				if g.HeapLiveBytes != nil {
 					get(se.RSSMiB, HeapLive)[i] = Num(*g.HeapLiveBytes / (1 << 20))
 				}
@@ -375,6 +382,9 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
 		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
 		tl.MergeBusy = se.Queue["merge_s_per_s"]
+		if !allNaN(heap) {
+			tl.ServerHeap = heap
+		}
 		tl.PoolWait, tl.PoolAcquired, tl.PoolMax = se.Pool["wait"], se.Pool["acquired"], se.Pool["max"]
 	}
 	if tl.SimCPU == nil && !tl.SameProcess {

@@ -34,8 +34,10 @@ type Timeline struct {
 	// timeout, …), all endpoints.
 	ErrorKinds map[string]float64 `json:"error_kinds,omitempty"`
 	P99Ms      []Num              `json:"p99_ms"` // worst endpoint's p99 that second
-	LagMs      []Num              `json:"lag_ms"` // simulator dispatch lag
-	Late       []Num              `json:"late_starts"`
+	// P99RunMs is the worst endpoint's p99 over the whole run.
+	P99RunMs float64 `json:"p99_run_ms,omitempty"`
+	LagMs    []Num   `json:"lag_ms"` // simulator dispatch lag
+	Late     []Num   `json:"late_starts"`
 
 	ServerCPU   []Num `json:"server_cpu"` // % (100 = one core)
 	PostgresCPU []Num `json:"postgres_cpu"`
@@ -44,6 +46,9 @@ type Timeline struct {
 	RunQueue    []Num `json:"run_queue,omitempty"`
 
 	ServerRSS []Num `json:"server_rss"` // bytes
+	// ServerHeap is the server's Go heap (go_memstats_heap_alloc_bytes): it
+	// falls when a collection ends.
+	ServerHeap []Num `json:"server_heap,omitempty"`
 	// ServerHeapLive is the live Go heap after the server's last collection
 	// (bytes; empty when its /metrics has no go_gc_heap_live_bytes).
 	ServerHeapLive []Num   `json:"server_heap_live,omitempty"`
@@ -79,6 +84,7 @@ const (
 	ClassLoadGen     = "load-generator"
 	ClassErrors      = "errors"
 	ClassStoreWriter = "store-writer"
+	ClassGC          = "gc"
 	ClassNone        = "none"
 	ClassUnexplained = "unexplained"
 )
@@ -304,6 +310,11 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 					at(tl.P99Ms, i), tl.SLOP99Ms, clock(i))}
 		}
 	}
+	// A p99 over the run above the SLO from spikes too short to count as a
+	// saturation (no 3 s in a row) is not a run that held.
+	if tl.SLOP99Ms > 0 && tl.P99RunMs > tl.SLOP99Ms {
+		return spikes(tl, clock)
+	}
 	// Failures that no saturated resource explains (a wrong token, a route
 	// the server does not have, a server refusing for its own reasons) are
 	// the run's result: more than the run's error gate allows (or, with the
@@ -330,6 +341,61 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 	}
 	return Verdict{Class: ClassNone, Text: fmt.Sprintf("no resource saturated: the target held (peak CPU: machine %s of %s, server %s)",
 		pct(peak(tl.MachineCPU)), pct(100*float64(max(tl.CPUs, 1))), pct(peak(tl.ServerCPU)))}
+}
+
+// spikes explains a run whose p99 broke the SLO in seconds that never lasted
+// sustainS in a row. A spike in the second a collection of the server's heap
+// ended, or the one before or after (the heap falls by a third or more), is
+// the collector's: its mark phase takes a share of the CPU and makes the
+// goroutines that allocate help it.
+func spikes(tl *Timeline, clock func(int) string) Verdict {
+	n := len(tl.T)
+	var over, atGC []int
+	for i := range n {
+		if at(tl.P99Ms, i) > tl.SLOP99Ms {
+			over = append(over, i)
+		}
+	}
+	gcAt := func(j int) bool {
+		return j >= 1 && j < n && at(tl.ServerHeap, j) < 0.67*at(tl.ServerHeap, j-1)
+	}
+	var peakHeap, live float64
+	for _, i := range over {
+		if gcAt(i-1) || gcAt(i) || gcAt(i+1) {
+			atGC = append(atGC, i)
+			for _, j := range []int{i - 2, i - 1, i} {
+				peakHeap = math.Max(peakHeap, nz(at(tl.ServerHeap, j)))
+			}
+			live = math.Max(live, nz(at(tl.ServerHeapLive, min(i+1, n-1))))
+		}
+	}
+	first := 0
+	if len(over) > 0 {
+		first = over[0]
+	}
+	seconds := func(is []int) string {
+		var parts []string
+		for k, i := range is {
+			if k == 4 {
+				parts = append(parts, "…")
+				break
+			}
+			parts = append(parts, fmt.Sprintf("t=%ds %.0f ms", tl.T[i], at(tl.P99Ms, i)))
+		}
+		return strings.Join(parts, ", ")
+	}
+	if len(over) > 0 && 2*len(atGC) >= len(over) {
+		liveTxt := ""
+		if live > 0 {
+			liveTxt = ", live heap " + mib(live)
+		}
+		return Verdict{Class: ClassGC, Resource: "server garbage collector", T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them in the seconds the server's garbage collector finished a cycle (%s; heap up to %s%s); no resource saturated for %d s — the collector's mark phase, whose work grows with the live heap",
+				tl.P99RunMs, tl.SLOP99Ms, len(atGC), len(over), seconds(over), mib(peakHeap), liveTxt, sustainS)}
+	}
+	return Verdict{Class: ClassUnexplained, T: tl.T[first], At: atTime(tl, first),
+		Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes (%s) but no sampled resource saturated for %d s: see the report's latency and CPU charts at those seconds, and the server's log",
+			tl.P99RunMs, tl.SLOP99Ms, seconds(over), sustainS)}
 }
 
 // Store writer stalls: the commits of the seconds the p99 broke the SLO took

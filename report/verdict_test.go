@@ -67,7 +67,7 @@ func TestVerdictFixtures(t *testing.T) {
 	if len(classes) < 10 { // a -run filter picked a few
 		return
 	}
-	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassStoreWriter, ClassNone, ClassUnexplained} {
+	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassStoreWriter, ClassGC, ClassNone, ClassUnexplained} {
 		if !classes[c] {
 			t.Errorf("no fixture exercises class %s", c)
 		}
@@ -175,6 +175,25 @@ func syntheticFixtures() map[string]fixture {
 	tl.ServerHeapLive = make([]Num, len(tl.T))
 	steps(tl.ServerHeapLive, 40<<20, 900<<20)
 	add("memory-growth-heap", "the server's live heap grows steadily under steady load: judged on it, RSS quoted", ClassMemory, 0, []string{"server memory kept growing: live heap", "RSS 1500 MiB at the end", "something is queueing without bound"}, tl)
+
+	// A collection ends every 15 s (the heap falls from 1200 to 300 MiB)
+	// and the p99 spikes for that second only.
+	tl = base()
+	tl.SLOP99Ms, tl.P99RunMs = 100, 190
+	tl.ServerHeap, tl.ServerHeapLive = make([]Num, len(tl.T)), make([]Num, len(tl.T))
+	for i := range tl.T {
+		tl.ServerHeap[i], tl.ServerHeapLive[i] = Num(300<<20+float64(i%15)*(60<<20)), 250<<20
+		if i%15 == 0 && i > 0 {
+			tl.P99Ms[i] = 260
+		}
+	}
+	add("gc", "p99 spikes only in the seconds the server's collector ends a cycle; nothing saturates for 3 s", ClassGC, 16, []string{"p99 190 ms over the run broke the SLO (100 ms) in short spikes, 3 of 3 of them in the seconds the server's garbage collector finished a cycle", "t=16s 260 ms", "heap up to 1140 MiB, live heap 250 MiB"}, tl)
+
+	tl = base()
+	tl.SLOP99Ms, tl.P99RunMs = 100, 150
+	from(tl.P99Ms, 1, 20)
+	tl.P99Ms[20], tl.P99Ms[40] = 400, 350
+	add("spikes", "two one-second p99 spikes, no heap data, nothing saturated: the run did not hold, cause unknown", ClassUnexplained, 21, []string{"p99 150 ms over the run broke the SLO (100 ms) in short spikes (t=21s 400 ms, t=41s 350 ms) but no sampled resource saturated"}, tl)
 
 	// Every 11 s the writer merges for 3 s: commits stall, the queue backs
 	// up and the p99 breaks the SLO, with every machine resource idle.
