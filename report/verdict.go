@@ -313,7 +313,7 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 	// A p99 over the run above the SLO from spikes too short to count as a
 	// saturation (no 3 s in a row) is not a run that held.
 	if tl.SLOP99Ms > 0 && tl.P99RunMs > tl.SLOP99Ms {
-		return spikes(tl, clock)
+		return spikes(tl)
 	}
 	// Failures that no saturated resource explains (a wrong token, a route
 	// the server does not have, a server refusing for its own reasons) are
@@ -348,7 +348,7 @@ func noSaturation(tl *Timeline, clock func(int) string) Verdict {
 // ended, or the one before or after (the heap falls by a third or more), is
 // the collector's: its mark phase takes a share of the CPU and makes the
 // goroutines that allocate help it.
-func spikes(tl *Timeline, clock func(int) string) Verdict {
+func spikes(tl *Timeline) Verdict {
 	n := len(tl.T)
 	var over, atGC []int
 	for i := range n {
