@@ -133,7 +133,7 @@ func (s *Store) startMerger() {
 					// Leave the writer to the batches for as long as this
 					// bucket held it, so that what queued up meanwhile
 					// commits before the next bucket. sync.Mutex is not
-					// fair: without the pause the merger took the lock
+					// fair: without the pause the merger can take the lock
 					// straight back, and at 280,000 kettles the mean
 					// commit of a second reached 64 ms (6.5 with it) and
 					// the p99 172 ms (81; kettle capacity, 2026-11-25).
