@@ -261,13 +261,11 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			}
 		}
 	}
-	for k, xs := range se.ErrorKind {
+	for k, c := range r.Totals.ErrorsByKind {
 		if tl.ErrorKinds == nil {
 			tl.ErrorKinds = map[string]float64{}
 		}
-		for _, x := range xs {
-			tl.ErrorKinds[k] += float64(x)
-		}
+		tl.ErrorKinds[k] = float64(c)
 	}
 	tl.Kettles, tl.LagMs, tl.Late = se.Kettles, se.LagMs, se.Late
 	for _, e := range r.Totals.Endpoints {
