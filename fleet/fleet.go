@@ -77,16 +77,6 @@ type Hooks struct {
 // on the committing goroutine: keep it short and non-blocking.
 type ChangeFunc func(ids []kettle.DeviceID)
 
-// device is the cached state of one kettle. Guarded by Service.mu.
-type device struct {
-	registeredAt time.Time
-	lastSeen     time.Time
-	latest       *kettle.Measurement
-	capacityML   float64
-	override     *kettle.Override
-	revoked      bool
-}
-
 // Service owns the ingest queue, the batcher goroutines and the caches.
 type Service struct {
 	store kettle.Store
@@ -103,8 +93,8 @@ type Service struct {
 	wg         sync.WaitGroup
 	sendMu     sync.RWMutex // held (R) while sending to queue; (W) to close it
 
-	mu      sync.RWMutex
-	devices map[kettle.DeviceID]*device
+	mu    sync.RWMutex
+	cache cache
 
 	stored     atomic.Int64
 	duplicates atomic.Int64
@@ -172,17 +162,19 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		log:        log,
 		now:        now,
 		hooks:      hooks,
-		devices:    make(map[kettle.DeviceID]*device),
+		cache:      newCache(),
 		writerSeed: maphash.MakeSeed(),
 	}
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
-		s.devices[d.ID] = &device{
-			registeredAt: d.RegisteredAt,
-			lastSeen:     d.LastSeen,
-			latest:       d.Latest,
-			capacityML:   d.CapacityML,
-			override:     d.Override,
-			revoked:      !d.RevokedAt.IsZero(),
+		c := s.cache.add(d.ID)
+		c.lastSeen = unixNano(d.LastSeen)
+		if d.Latest != nil {
+			c.setLatest(d.Latest)
+		}
+		c.capacityML = d.CapacityML
+		c.revoked = !d.RevokedAt.IsZero()
+		if d.Override != nil {
+			s.cache.overrides[d.ID] = d.Override
 		}
 		return nil
 	})
@@ -239,28 +231,24 @@ func (s *Service) Refresh(ctx context.Context) error {
 	var changed []kettle.DeviceID
 	err := s.store.Scan(ctx, func(d kettle.DeviceState) error {
 		s.mu.Lock()
-		c := s.devices[d.ID]
-		if c == nil {
-			c = &device{registeredAt: d.RegisteredAt}
-			s.devices[d.ID] = c
-		}
+		c := s.cache.add(d.ID)
 		moved := false
-		if d.Latest != nil && (c.latest == nil || d.Latest.Time.After(c.latest.Time)) {
-			c.latest = d.Latest
+		if d.Latest != nil && c.newer(d.Latest) {
+			c.setLatest(d.Latest)
 			moved = true
 		}
 		if d.CapacityML > c.capacityML {
 			c.capacityML = d.CapacityML
 		}
-		if d.LastSeen.After(c.lastSeen) {
-			c.lastSeen = d.LastSeen
+		if ls := unixNano(d.LastSeen); ls > c.lastSeen {
+			c.lastSeen = ls
 		}
 		if !d.RevokedAt.IsZero() && !c.revoked {
 			c.revoked = true
 			moved = true
 		}
-		if !overrideEqual(c.override, d.Override) && (c.override == nil || c.override.SetAt.Before(began.Add(-time.Second))) {
-			c.override = d.Override
+		if o := s.cache.overrides[d.ID]; !overrideEqual(o, d.Override) && (o == nil || o.SetAt.Before(began.Add(-time.Second))) {
+			s.setOverride(d.ID, d.Override)
 			moved = true
 		}
 		s.mu.Unlock()
@@ -273,6 +261,15 @@ func (s *Service) Refresh(ctx context.Context) error {
 		s.changed(changed)
 	}
 	return err
+}
+
+// setOverride caches the device's override (nil: none). Caller holds s.mu.
+func (s *Service) setOverride(id kettle.DeviceID, o *kettle.Override) {
+	if o == nil {
+		delete(s.cache.overrides, id)
+	} else {
+		s.cache.overrides[id] = o
+	}
 }
 
 func overrideEqual(a, b *kettle.Override) bool {
@@ -531,18 +528,13 @@ const wakeChunk = 64
 // greatest level into the cache, with the same rules as the store (latest
 // only if newer). Caller holds s.mu.
 func (s *Service) apply(m *kettle.Measurement, maxLevelML float64, received time.Time) {
-	d := s.devices[m.Device]
-	if d == nil {
-		d = &device{registeredAt: received}
-		s.devices[m.Device] = d
-	}
-	d.lastSeen = received
+	d := s.cache.add(m.Device)
+	d.lastSeen = unixNano(received)
 	if maxLevelML > d.capacityML {
 		d.capacityML = maxLevelML
 	}
-	if d.latest == nil || m.Time.After(d.latest.Time) {
-		c := *m
-		d.latest = &c
+	if d.newer(m) {
+		d.setLatest(m)
 	}
 }
 
@@ -585,9 +577,7 @@ func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error 
 	}
 	s.mu.Lock()
 	for _, id := range ids {
-		if s.devices[id] == nil {
-			s.devices[id] = &device{registeredAt: at}
-		}
+		s.cache.add(id)
 	}
 	s.mu.Unlock()
 	return nil
@@ -597,8 +587,8 @@ func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error 
 // case-study protocol's only credential check). Answered from memory.
 func (s *Service) Registered(id kettle.DeviceID) bool {
 	s.mu.RLock()
-	d, ok := s.devices[id]
-	ok = ok && !d.revoked
+	d := s.cache.get(id)
+	ok := d != nil && !d.revoked
 	s.mu.RUnlock()
 	return ok
 }
@@ -607,7 +597,7 @@ func (s *Service) Registered(id kettle.DeviceID) bool {
 // (v1 token, MQTT password, case-study UUID) are refused. From memory.
 func (s *Service) Revoked(id kettle.DeviceID) bool {
 	s.mu.RLock()
-	d := s.devices[id]
+	d := s.cache.get(id)
 	r := d != nil && d.revoked
 	s.mu.RUnlock()
 	return r
@@ -620,11 +610,7 @@ func (s *Service) Revoke(ctx context.Context, id kettle.DeviceID) error {
 		return storeErr("revoke", err)
 	}
 	s.mu.Lock()
-	if d := s.devices[id]; d != nil {
-		d.revoked = true
-	} else {
-		s.devices[id] = &device{revoked: true}
-	}
+	s.cache.add(id).revoked = true
 	s.mu.Unlock()
 	s.changed([]kettle.DeviceID{id})
 	return nil
@@ -634,7 +620,7 @@ func (s *Service) Revoke(ctx context.Context, id kettle.DeviceID) error {
 func (s *Service) DeviceCount() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.devices)
+	return s.cache.len()
 }
 
 // ReportingSince counts devices whose last stored reading was committed at
@@ -642,12 +628,12 @@ func (s *Service) DeviceCount() int {
 func (s *Service) ReportingSince(t time.Time) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	n := 0
-	for _, d := range s.devices {
-		if !d.lastSeen.Before(t) && !d.lastSeen.IsZero() {
+	n, since := 0, t.UnixNano()
+	s.cache.each(func(d *device) {
+		if d.lastSeen != 0 && d.lastSeen >= since {
 			n++
 		}
-	}
+	})
 	return n
 }
 
@@ -658,8 +644,13 @@ func (s *Service) Command(id kettle.DeviceID) (kettle.Command, time.Duration) {
 	now := s.now()
 	s.mu.RLock()
 	in := kettle.PolicyInput{Now: now}
-	if d := s.devices[id]; d != nil {
-		in.Latest, in.CapacityML, in.Override = d.latest, d.capacityML, d.override
+	var latest kettle.Measurement
+	if d := s.cache.get(id); d != nil {
+		if d.hasLatest {
+			latest = d.latest.measurement(id)
+			in.Latest = &latest
+		}
+		in.CapacityML, in.Override = d.capacityML, s.cache.overrides[id]
 	}
 	s.mu.RUnlock()
 	return kettle.Decide(in), kettle.NextChange(now, in.Override, s.cfg.PollInterval)
@@ -672,9 +663,9 @@ func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.
 		return storeErr("set override", err)
 	}
 	s.mu.Lock()
-	if d := s.devices[id]; d != nil {
+	if s.cache.get(id) != nil {
 		c := o
-		d.override = &c
+		s.setOverride(id, &c)
 	}
 	s.mu.Unlock()
 	s.changed([]kettle.DeviceID{id})
@@ -690,9 +681,7 @@ func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 		return storeErr("clear override", err)
 	}
 	s.mu.Lock()
-	if d := s.devices[id]; d != nil {
-		d.override = nil
-	}
+	s.setOverride(id, nil)
 	s.mu.Unlock()
 	s.changed([]kettle.DeviceID{id})
 	return nil

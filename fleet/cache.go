@@ -1,0 +1,114 @@
+package fleet
+
+import (
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// cache is every registered device's state in memory, laid out without
+// pointers: an index from id to a slot, slots in fixed chunks of plain
+// numbers, and a separate map for the few devices with an override. The
+// garbage collector never looks inside pointer-free memory, so a cache of
+// hundreds of thousands of kettles costs each collection a few hundred
+// chunk pointers to mark instead of several objects a device (a *device
+// holding a *Measurement and two time.Times, each with a pointer). On the
+// embedded store the live heap grows with the fleet and the collector's
+// mark phase with it; its ends were where a 200,000-kettle capacity step
+// broke its p99 (docs/performance.md, "The embedded store").
+//
+// Chunks are never moved: growing the cache allocates one more chunk, not a
+// copy of all the slots under the write lock. Devices are never removed (a
+// revoked device keeps its slot). Guarded by Service.mu.
+type cache struct {
+	index     map[kettle.DeviceID]int32
+	chunks    []*[cacheChunk]device
+	overrides map[kettle.DeviceID]*kettle.Override // set and not cleared; never mutated in place
+}
+
+// cacheChunk is the slots a chunk holds (80 KiB of them).
+const cacheChunk = 1024
+
+// device is the cached state of one kettle.
+type device struct {
+	lastSeen   int64   // server time the newest stored reading was committed, unix ns; 0: never
+	latest     reading // valid when hasLatest
+	capacityML float64
+	hasLatest  bool
+	revoked    bool
+}
+
+// reading is a kettle.Measurement without its device (the cache's key) and
+// with its time as unix microseconds (the precision readings are stored at).
+type reading struct {
+	timeUS                                                int64
+	chargeMWh, fullMWh, rateMW, ambientC, waterC, levelML float64
+}
+
+func newCache() cache {
+	return cache{index: make(map[kettle.DeviceID]int32), overrides: make(map[kettle.DeviceID]*kettle.Override)}
+}
+
+// get returns the device's slot, nil if it is not in the cache.
+func (c *cache) get(id kettle.DeviceID) *device {
+	i, ok := c.index[id]
+	if !ok {
+		return nil
+	}
+	return &c.chunks[i/cacheChunk][i%cacheChunk]
+}
+
+// add returns the device's slot, creating an empty one if needed.
+func (c *cache) add(id kettle.DeviceID) *device {
+	if d := c.get(id); d != nil {
+		return d
+	}
+	i := int32(len(c.index))
+	if int(i)/cacheChunk == len(c.chunks) {
+		c.chunks = append(c.chunks, new([cacheChunk]device))
+	}
+	c.index[id] = i
+	return &c.chunks[i/cacheChunk][i%cacheChunk]
+}
+
+func (c *cache) len() int { return len(c.index) }
+
+// each calls f with every slot.
+func (c *cache) each(f func(d *device)) {
+	n := len(c.index)
+	for k, ch := range c.chunks {
+		for i := range ch[:min(cacheChunk, n-k*cacheChunk)] {
+			f(&ch[i])
+		}
+	}
+}
+
+// newer reports whether m is newer than the cached latest reading.
+func (d *device) newer(m *kettle.Measurement) bool {
+	return !d.hasLatest || m.Time.UnixMicro() > d.latest.timeUS
+}
+
+func (d *device) setLatest(m *kettle.Measurement) {
+	d.latest = reading{
+		timeUS:    m.Time.UnixMicro(),
+		chargeMWh: m.ChargeMWh, fullMWh: m.FullMWh, rateMW: m.RateMW,
+		ambientC: m.AmbientC, waterC: m.WaterC, levelML: m.LevelML,
+	}
+	d.hasLatest = true
+}
+
+func (r *reading) measurement(id kettle.DeviceID) kettle.Measurement {
+	return kettle.Measurement{
+		Device: id, Time: time.UnixMicro(r.timeUS).UTC(),
+		ChargeMWh: r.chargeMWh, FullMWh: r.fullMWh, RateMW: r.rateMW,
+		AmbientC: r.ambientC, WaterC: r.waterC, LevelML: r.levelML,
+	}
+}
+
+// unixNano is t in unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}

@@ -1,0 +1,57 @@
+package fleet
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// TestCacheKeepsReadingsExactly: a reading put into the cache comes back
+// equal field for field (the time at microsecond precision, in UTC, as
+// normalised readings are), across chunk boundaries.
+func TestCacheKeepsReadingsExactly(t *testing.T) {
+	c := newCache()
+	base := time.Date(2026, 11, 25, 9, 30, 0, 123456000, time.UTC)
+	ids := make([]kettle.DeviceID, 3*cacheChunk+5)
+	for i := range ids {
+		ids[i] = uuid.New()
+		m := kettle.Measurement{Device: ids[i], Time: base.Add(time.Duration(i) * time.Microsecond),
+			ChargeMWh: float64(i) + 0.25, FullMWh: 1e5, RateMW: -float64(i), AmbientC: 19.5, WaterC: 97.125, LevelML: float64(i % 1700)}
+		m.Normalize()
+		d := c.add(ids[i])
+		if !d.newer(&m) {
+			t.Fatalf("device %d: a first reading is not newer than nothing", i)
+		}
+		d.setLatest(&m)
+		if got := d.latest.measurement(ids[i]); got != m {
+			t.Fatalf("device %d: cached %+v, put %+v", i, got, m)
+		}
+		old := m
+		old.Time = old.Time.Add(-time.Microsecond)
+		if d.newer(&old) || d.newer(&m) {
+			t.Fatalf("device %d: an older or equal reading counts as newer", i)
+		}
+	}
+	if c.len() != len(ids) || len(c.chunks) != 4 {
+		t.Fatalf("%d devices in %d chunks, want %d in 4", c.len(), len(c.chunks), len(ids))
+	}
+	for i, id := range ids {
+		if got := c.get(id).latest.measurement(id); got.ChargeMWh != float64(i)+0.25 {
+			t.Fatalf("device %d: slot holds another device's reading (charge %v)", i, got.ChargeMWh)
+		}
+		if c.add(id) != c.get(id) {
+			t.Fatalf("device %d: add of a cached device gave a new slot", i)
+		}
+	}
+	n := 0
+	c.each(func(*device) { n++ })
+	if n != len(ids) {
+		t.Fatalf("each visited %d slots, %d devices cached", n, len(ids))
+	}
+	if c.get(uuid.New()) != nil {
+		t.Fatal("an unknown device has a slot")
+	}
+}
