@@ -104,7 +104,15 @@ func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) (
 		limit = -1 // SQLite: no limit
 	}
 	out, err := s.readDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id > ? ORDER BY id LIMIT ?`,
-		[]any{after[:], limit}, `SELECT `+stagedColumns+` FROM staged`, nil)
+		[]any{after[:], limit}, func(page []kettle.DeviceState) (string, []any) {
+			// Only the staged rows of the page's id range: the buckets it
+			// spans (a bucket is a range of ids), not the whole table. Read
+			// whole, a scan of every device (kettle serve's start) folded
+			// all staged rows once a page: 8 s at 240,000 kettles.
+			first, last := page[0].ID, page[len(page)-1].ID
+			return `SELECT ` + stagedColumns + ` FROM staged WHERE b BETWEEN ? AND ? AND device BETWEEN ? AND ?`,
+				[]any{bucketOf(first), bucketOf(last), first[:], last[:]}
+		})
 	if err != nil {
 		return nil, fmt.Errorf("sqlite list devices: %w", err)
 	}
@@ -114,7 +122,9 @@ func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) (
 // Device returns one device, or an *kettle.Error with code ENotFound.
 func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceState, error) {
 	out, err := s.readDevices(ctx, `SELECT `+deviceColumns+` FROM devices WHERE id = ?`, []any{id[:]},
-		`SELECT `+stagedColumns+` FROM staged WHERE b = ? AND device = ?`, []any{bucketOf(id), id[:]})
+		func([]kettle.DeviceState) (string, []any) {
+			return `SELECT ` + stagedColumns + ` FROM staged WHERE b = ? AND device = ?`, []any{bucketOf(id), id[:]}
+		})
 	if err != nil {
 		return kettle.DeviceState{}, fmt.Errorf("sqlite read device %s: %w", id, err)
 	}
@@ -124,9 +134,9 @@ func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceSt
 	return out[0], nil
 }
 
-// readDevices reads devices rows and folds in the staged rows that
-// stagedQ selects, in one read transaction.
-func (s *Store) readDevices(ctx context.Context, devQ string, devArgs []any, stagedQ string, stagedArgs []any) ([]kettle.DeviceState, error) {
+// readDevices reads devices rows (in id order) and folds in the staged rows
+// that the query staged returns for them selects, in one read transaction.
+func (s *Store) readDevices(ctx context.Context, devQ string, devArgs []any, staged func(page []kettle.DeviceState) (string, []any)) ([]kettle.DeviceState, error) {
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
@@ -156,6 +166,7 @@ func (s *Store) readDevices(ctx context.Context, devQ string, devArgs []any, sta
 	for i := range out {
 		idx[out[i].ID] = i
 	}
+	stagedQ, stagedArgs := staged(out)
 	err = scanStaged(ctx, tx, stagedQ, stagedArgs, func(id kettle.DeviceID, r reading, recv int64) {
 		if i, ok := idx[id]; ok {
 			m := measurementOf(id, r)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sort"
 	"testing"
@@ -273,12 +274,26 @@ func testScan(t *testing.T, open Opener) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(4, 4))
-	write(t, s, []kettle.Measurement{reading(rng, all[0], at(time.Minute))}, at(2*time.Minute))
+	// Readings from every 5th kettle, some twice, spread over every page:
+	// each page's states must fold in its own kettles' readings, all of
+	// them, and no other's (as one device's read does).
+	want := map[kettle.DeviceID]int64{}
+	var batch []kettle.Measurement
+	for i := 0; i < len(all); i += 5 {
+		for k := range 1 + i%2 {
+			batch = append(batch, reading(rng, all[i], at(time.Duration(k+1)*time.Minute)))
+			want[all[i]]++
+		}
+	}
+	write(t, s, batch, at(3*time.Minute))
 	seen := map[kettle.DeviceID]int{}
 	err := s.Scan(ctx, func(d kettle.DeviceState) error {
 		seen[d.ID]++
-		if d.ID == all[0] && (d.Latest == nil || d.Measurements != 1) {
-			t.Errorf("Scan: device %s: %+v, want its one measurement", d.ID, d)
+		if d.Measurements != want[d.ID] || (d.Latest == nil) != (want[d.ID] == 0) {
+			t.Errorf("Scan: device %s: %d measurements (latest %v), want %d", d.ID, d.Measurements, d.Latest, want[d.ID])
+		}
+		if one := device(t, s, d.ID); !reflect.DeepEqual(one, d) {
+			t.Errorf("Scan: device %s: %+v, read alone %+v", d.ID, d, one)
 		}
 		return nil
 	})
