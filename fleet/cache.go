@@ -23,7 +23,7 @@ import (
 type cache struct {
 	index     map[kettle.DeviceID]int32
 	chunks    []*[cacheChunk]device
-	overrides map[kettle.DeviceID]*kettle.Override // set and not cleared; never mutated in place
+	overrides map[kettle.DeviceID]*kettle.Override // devices with an override (slot's hasOverride); never mutated in place
 }
 
 // cacheChunk is the slots a chunk holds (80 KiB of them).
@@ -36,6 +36,9 @@ type device struct {
 	capacityML float64
 	hasLatest  bool
 	revoked    bool
+	// hasOverride: the device is in cache.overrides. A poll of a device
+	// without one (nearly all) does not hash its id a second time.
+	hasOverride bool
 }
 
 // reading is a kettle.Measurement without its device (the cache's key) and
@@ -72,6 +75,25 @@ func (c *cache) add(id kettle.DeviceID) *device {
 }
 
 func (c *cache) len() int { return len(c.index) }
+
+// override returns the cached override of device id, whose slot is d; nil
+// if none.
+func (c *cache) override(id kettle.DeviceID, d *device) *kettle.Override {
+	if !d.hasOverride {
+		return nil
+	}
+	return c.overrides[id]
+}
+
+// setOverride caches the override of device id, whose slot is d (nil: none).
+func (c *cache) setOverride(id kettle.DeviceID, d *device, o *kettle.Override) {
+	d.hasOverride = o != nil
+	if o == nil {
+		delete(c.overrides, id)
+	} else {
+		c.overrides[id] = o
+	}
+}
 
 // each calls f with every slot.
 func (c *cache) each(f func(d *device)) {

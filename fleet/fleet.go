@@ -173,9 +173,7 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		}
 		c.capacityML = d.CapacityML
 		c.revoked = !d.RevokedAt.IsZero()
-		if d.Override != nil {
-			s.cache.overrides[d.ID] = d.Override
-		}
+		s.cache.setOverride(d.ID, c, d.Override)
 		return nil
 	})
 	if err != nil {
@@ -247,8 +245,8 @@ func (s *Service) Refresh(ctx context.Context) error {
 			c.revoked = true
 			moved = true
 		}
-		if o := s.cache.overrides[d.ID]; !overrideEqual(o, d.Override) && (o == nil || o.SetAt.Before(began.Add(-time.Second))) {
-			s.setOverride(d.ID, d.Override)
+		if o := s.cache.override(d.ID, c); !overrideEqual(o, d.Override) && (o == nil || o.SetAt.Before(began.Add(-time.Second))) {
+			s.cache.setOverride(d.ID, c, d.Override)
 			moved = true
 		}
 		s.mu.Unlock()
@@ -261,15 +259,6 @@ func (s *Service) Refresh(ctx context.Context) error {
 		s.changed(changed)
 	}
 	return err
-}
-
-// setOverride caches the device's override (nil: none). Caller holds s.mu.
-func (s *Service) setOverride(id kettle.DeviceID, o *kettle.Override) {
-	if o == nil {
-		delete(s.cache.overrides, id)
-	} else {
-		s.cache.overrides[id] = o
-	}
 }
 
 func overrideEqual(a, b *kettle.Override) bool {
@@ -650,7 +639,7 @@ func (s *Service) Command(id kettle.DeviceID) (kettle.Command, time.Duration) {
 			latest = d.latest.measurement(id)
 			in.Latest = &latest
 		}
-		in.CapacityML, in.Override = d.capacityML, s.cache.overrides[id]
+		in.CapacityML, in.Override = d.capacityML, s.cache.override(id, d)
 	}
 	s.mu.RUnlock()
 	return kettle.Decide(in), kettle.NextChange(now, in.Override, s.cfg.PollInterval)
@@ -663,9 +652,9 @@ func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.
 		return storeErr("set override", err)
 	}
 	s.mu.Lock()
-	if s.cache.get(id) != nil {
+	if d := s.cache.get(id); d != nil {
 		c := o
-		s.setOverride(id, &c)
+		s.cache.setOverride(id, d, &c)
 	}
 	s.mu.Unlock()
 	s.changed([]kettle.DeviceID{id})
@@ -681,7 +670,9 @@ func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 		return storeErr("clear override", err)
 	}
 	s.mu.Lock()
-	s.setOverride(id, nil)
+	if d := s.cache.get(id); d != nil {
+		s.cache.setOverride(id, d, nil)
+	}
 	s.mu.Unlock()
 	s.changed([]kettle.DeviceID{id})
 	return nil
