@@ -97,6 +97,8 @@ median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2
 # machine_line [NOTE]: the machine, its load average and the time, printed
 # at the top of every run (the load others put on this shared machine).
 machine_line() { echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)${1:+ $1}"; }
+# free_port: a free TCP port on 127.0.0.1.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # build_kettle DIR: DIR/kettle, built from the tree or copied from
 # KETTLE_BIN (a prebuilt kettle, e.g. when the working tree has unrelated
 # work in progress).
