@@ -299,6 +299,7 @@ type Fleet interface {
 	DeviceCount() int
 	ReportingSince(time.Time) int
 	Now() time.Time
+	RefreshStats() (peers int64, refreshes uint64)
 }
 
 var _ Fleet = (*fleet.Service)(nil)
@@ -324,6 +325,14 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_devices_reporting",
 			Help: "Devices with a reading stored in the last 5 minutes (statistic 2, from memory).",
 		}, func() float64 { return float64(f.ReportingSince(f.Now().Add(-ReportingWindow))) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_cache_refresh_peers",
+			Help: "Other processes writing the store (kettle serve nodes, kettle seed) at this node's last beat; while there are none the device cache is not refreshed from the store (--cache-refresh). -1: not known (the store is not shared, or the beat failed).",
+		}, func() float64 { p, _ := f.RefreshStats(); return float64(p) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_cache_refreshes_total",
+			Help: "Full reloads of the device cache from the store (--cache-refresh; on PostgreSQL only while another process writes it).",
+		}, func() float64 { _, n := f.RefreshStats(); return float64(n) }),
 	)
 }
 
@@ -478,6 +487,7 @@ type MQTTStats struct {
 	CommandsPushed               int64
 	CommandsDropped              int64
 	Malformed                    int64
+	TakeoverRepairs              int64
 }
 
 // RegisterMQTT registers the MQTT metrics, read from stats once per scrape.
@@ -498,13 +508,14 @@ var (
 	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
 	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
 	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the broker library's decoder (contained to the connection).", nil, nil)
+	mqttRestored  = prometheus.NewDesc("kettle_mqtt_sessions_restored_total", "New MQTT sessions put back into the broker library's client map or topic index after the end of the session they took over removed them.", nil, nil)
 	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
 )
 
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttRestored} {
 		ch <- d
 	}
 }
@@ -528,4 +539,5 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttCommands, s.CommandsPushed)
 	n(mqttCmdDrop, s.CommandsDropped)
 	n(mqttMalformed, s.Malformed)
+	n(mqttRestored, s.TakeoverRepairs)
 }

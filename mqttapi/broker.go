@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -148,7 +150,7 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		// calls OnPublishDropped, which schedules a retry.
 		return b.srv.Publish(CommandTopic(id), body, false, 0)
 	})
-	h := &hook{b: b, svc: svc, secret: secret}
+	h := &hook{b: b, svc: svc, secret: secret, live: make(map[string]*mqtt.Client)}
 	if err := b.srv.AddHook(h, nil); err != nil {
 		return nil, err
 	}
@@ -160,6 +162,7 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 			}
 		}
 	}
+	b.ln.ended = h.repairTakeover
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
@@ -210,6 +213,10 @@ type hook struct {
 	b      *Broker
 	svc    *fleet.Service
 	secret []byte
+
+	// live is each device's latest established session (repairTakeover).
+	liveMu sync.Mutex
+	live   map[string]*mqtt.Client
 }
 
 func (h *hook) ID() string { return "kettlefleet" }
@@ -308,6 +315,13 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 
 func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	h.b.counters.Connections.Add(1)
+	if c, ok := cl.Net.Conn.(*conn); ok {
+		c.clientID = cl.ID
+	}
+	h.liveMu.Lock()
+	h.live[cl.ID] = cl
+	h.restore(cl) // a predecessor that ended just now may have removed it
+	h.liveMu.Unlock()
 	// A resumed session keeps its subscription without a new SUBSCRIBE:
 	// push the current command to it.
 	id, err := uuid.ParseBytes(cl.Properties.Username)
@@ -321,6 +335,11 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	h.b.counters.Connections.Add(-1)
+	h.liveMu.Lock()
+	if h.live[cl.ID] == cl {
+		delete(h.live, cl.ID)
+	}
+	h.liveMu.Unlock()
 	if id, perr := uuid.ParseBytes(cl.Properties.Username); perr == nil {
 		// A session taken over ends after its successor began (e.g. once
 		// its pending ingest returned): the successor's subscription and
@@ -328,6 +347,51 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		if h.b.push.untrack(id, cl) {
 			h.b.srv.Topics.RetainMessage(packets.Packet{TopicName: CommandTopic(id)}) // a retained command not yet delivered
 		}
+	}
+}
+
+// repairTakeover runs once the broker library is done with a connection's
+// session. mochi v2.7.9 decides whether an ending session was taken over
+// (cl.IsTakenOver) and only afterwards removes it from its client map and
+// topic index, both keyed by the client id it shares with its successor: a
+// kettle that reconnects while its old session ends (its connection died
+// just as it reconnected) can have its new session deleted from the map
+// (nothing is delivered to it any more) or its fresh subscription removed,
+// and never learns. The damage is done before the old session's end
+// (repairTakeover) or the new one's start (OnSessionEstablished), whichever
+// comes last: both put the device's latest session back.
+func (h *hook) repairTakeover(c *conn) {
+	if c.clientID == "" {
+		return // refused, or never established
+	}
+	h.liveMu.Lock()
+	if succ := h.live[c.clientID]; succ != nil && succ.Net.Conn != net.Conn(c) {
+		h.restore(succ)
+	}
+	h.liveMu.Unlock()
+}
+
+// restore puts cl, a device's latest session, back into mochi's client map
+// and topic index if an earlier session's end removed it. h.liveMu held: the
+// session's own end (OnDisconnect) waits, so it cannot be put back after.
+func (h *hook) restore(cl *mqtt.Client) {
+	if cl.Closed() {
+		return
+	}
+	restored := false
+	if _, ok := h.b.srv.Clients.Get(cl.ID); !ok {
+		h.b.srv.Clients.Add(cl)
+		restored = true
+	}
+	for _, sub := range cl.State.Subscriptions.GetAll() {
+		if h.b.srv.Topics.Subscribe(cl.ID, sub) {
+			atomic.AddInt64(&h.b.srv.Info.Subscriptions, 1)
+			restored = true
+		}
+	}
+	if restored {
+		h.b.counters.TakeoverRepairs.Add(1)
+		h.b.log.Debug("mqtt: put a device's new session back after its old one ended", "client", cl.ID)
 	}
 }
 

@@ -21,11 +21,15 @@ type Counters struct {
 	CommandsPushed  atomic.Int64    // command messages published (on subscribe and on change)
 	// CommandsDropped counts command pushes that did not fit a kettle's
 	// write queue (it is not reading); each is retried at the next command
-	// tick. Not in Stats (whose layout metrics.MQTTStats mirrors) yet.
+	// tick.
 	CommandsDropped atomic.Int64
 	// Malformed counts connections closed because a packet crashed the
 	// broker library's decoder (contained: the process survives).
 	Malformed atomic.Int64
+	// TakeoverRepairs counts new sessions put back into the broker
+	// library's client map or topic index after their predecessor's end
+	// removed them (hook.repairTakeover).
+	TakeoverRepairs atomic.Int64
 }
 
 // Stats is a plain copy of Counters.
@@ -37,6 +41,7 @@ type Stats struct {
 	CommandsPushed               int64
 	CommandsDropped              int64
 	Malformed                    int64
+	TakeoverRepairs              int64
 }
 
 // Snapshot copies the counters.
@@ -53,6 +58,7 @@ func (c *Counters) Snapshot() Stats {
 		CommandsPushed:  c.CommandsPushed.Load(),
 		CommandsDropped: c.CommandsDropped.Load(),
 		Malformed:       c.Malformed.Load(),
+		TakeoverRepairs: c.TakeoverRepairs.Load(),
 	}
 	for i := range s.Publishes {
 		s.Publishes[i] = c.Publishes[i].Load()
@@ -77,5 +83,6 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int64("commands_pushed", s.CommandsPushed),
 		slog.Int64("commands_dropped", s.CommandsDropped),
 		slog.Int64("malformed", s.Malformed),
+		slog.Int64("sessions_restored", s.TakeoverRepairs),
 	)
 }

@@ -42,6 +42,9 @@ type listener struct {
 	// for good, and the node never exits (seen stopping a node with
 	// 17,000 kettles). nil: mochi's.
 	closeAll func()
+	// ended runs on a connection's goroutine once the broker library is
+	// done with its session (see hook.repairTakeover). nil: nothing.
+	ended func(*conn)
 }
 
 func (l *listener) Init(log *slog.Logger) error {
@@ -97,6 +100,9 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 				}
 			}()
 			_ = establish(l.id, c) // refusals are counted and logged by the hook
+			if l.ended != nil {
+				l.ended(c)
+			}
 		}()
 	}
 }
@@ -154,6 +160,10 @@ type conn struct {
 	cut bool       // the session is being taken over: writes get takeoverGrace
 
 	ack *acker // pipelined QoS 1 PUBACKs (ack.go); set on the read goroutine at the first one
+
+	// clientID is the id of the session this connection established; set
+	// on its own goroutine (OnSessionEstablished), read there at its end.
+	clientID string
 }
 
 // takeoverGrace is how long the connection of a session being taken over may

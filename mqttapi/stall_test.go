@@ -381,14 +381,18 @@ func TestReconnectWhileIngestBlocked(t *testing.T) {
 		t.Errorf("%d rows stored, want 1", len(h))
 	}
 	// The old session's OnDisconnect (after its commit) must not take the
-	// new session's command subscription away.
-	setCharge(t, e.svc, id, true)
+	// new session's command subscription away. The committed reading may
+	// have changed the command already (its push can come before the
+	// PUBACK, skipped above): flip what it is now, so a push must follow.
+	cur, _ := e.svc.Command(id)
+	want := !cur.Charge
+	setCharge(t, e.svc, id, want)
 	for deadline := time.Now().Add(3 * time.Second); ; {
 		cmd, _, err := r2.command(time.Until(deadline))
 		if err != nil {
-			t.Fatalf("new session after the old one ended: no push with charge true: %v", err)
+			t.Fatalf("new session after the old one ended: no push with charge %t: %v", want, err)
 		}
-		if cmd["charge"] == true {
+		if cmd["charge"] == want {
 			break
 		}
 	}
