@@ -199,6 +199,17 @@ type Store interface {
 	Close() error
 }
 
+// Nodes is implemented by a store that several processes may write at once
+// (PostgreSQL: kettle serve nodes behind one load balancer, kettle seed):
+// each says it is alive, so that a node learns whether anyone else writes
+// and its device cache needs refreshing from the store.
+type Nodes interface {
+	// Beat records node (of kind, e.g. "serve" or "seed") alive now, by the
+	// store's clock, and returns how many other nodes did within the last
+	// within.
+	Beat(ctx context.Context, node uuid.UUID, kind string, within time.Duration) (others int, err error)
+}
+
 // ScanPages calls fn for every device in id order, reading pages of size
 // devices at a time through page (a store's Devices), so a scan never holds
 // one cursor or snapshot open while fn runs: a device registered during the

@@ -44,6 +44,9 @@ type Config struct {
 	// Refresh, when > 0, reloads the device cache from the store this
 	// often, so that a node sharing its store with other nodes (PostgreSQL)
 	// answers polls with what the others committed. 0: never (one node).
+	// With a store that knows who writes it (kettle.Nodes), the node beats
+	// this often and reloads only while another process writes (and once
+	// after the last one stopped).
 	Refresh time.Duration
 }
 
@@ -104,6 +107,14 @@ type Service struct {
 
 	stopRefresh chan struct{}
 	refreshDone chan struct{}
+	// With a store several processes write (kettle.Nodes), this node's id
+	// in it, the others it saw alive at the last beat (-1: not known yet,
+	// or the beat failed), and the refreshes run.
+	node      kettle.DeviceID
+	peers     atomic.Int64
+	refreshes atomic.Uint64
+	wasAlone  bool // at the previous beat (refresher goroutine only)
+	decided   bool // a beat has answered (refresher goroutine only)
 
 	errMu       sync.Mutex
 	errLogged   time.Time
@@ -186,7 +197,14 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		s.wg.Add(1)
 		go s.batcher(q)
 	}
+	s.peers.Store(-1)
 	if cfg.Refresh > 0 {
+		if _, ok := store.(kettle.Nodes); ok {
+			// Say at once that this node writes, so that the others
+			// refresh from their next beat on.
+			s.node = uuid.New()
+			s.beat(ctx)
+		}
 		s.stopRefresh = make(chan struct{})
 		s.refreshDone = make(chan struct{})
 		go s.refresher()
@@ -211,8 +229,10 @@ func (s *Service) refresher() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Refresh)
-			if err := s.Refresh(ctx); err != nil {
-				s.log.Warn("device cache refresh failed; polls answer from the last known state", "err", err)
+			if s.needRefresh(ctx) {
+				if err := s.Refresh(ctx); err != nil {
+					s.log.Warn("device cache refresh failed; polls answer from the last known state", "err", err)
+				}
 			}
 			cancel()
 			t.Reset(s.cfg.Refresh)
@@ -220,11 +240,64 @@ func (s *Service) refresher() {
 	}
 }
 
+// peerWindow is how long after its last beat another node still counts as
+// writing: a node beats every Refresh plus one refresh, which its deadline
+// bounds by Refresh.
+func (s *Service) peerWindow() time.Duration { return 3 * s.cfg.Refresh }
+
+// beat tells a store several processes share (kettle.Nodes) that this node
+// is alive and records how many others are; it reports whether it knows.
+func (s *Service) beat(ctx context.Context) bool {
+	n, ok := s.store.(kettle.Nodes)
+	if !ok {
+		return false
+	}
+	others, err := n.Beat(ctx, s.node, "serve", s.peerWindow())
+	if err != nil {
+		s.peers.Store(-1)
+		// The refresh that follows fails and warns too when the store is
+		// down: one warning a beat is enough.
+		s.log.Debug("could not tell the store this node is alive; refreshing the device cache as if other nodes wrote", "err", err)
+		return false
+	}
+	s.peers.Store(int64(others))
+	return true
+}
+
+// needRefresh reports whether the cache may lag the store: whether another
+// process writes it (or did until the previous beat, whose last writes a
+// refresh must still pick up), or this node cannot tell. A node alone on its
+// database has written everything its cache holds and skips the scan.
+func (s *Service) needRefresh(ctx context.Context) bool {
+	if !s.beat(ctx) {
+		return true
+	}
+	alone := s.peers.Load() == 0
+	was, first := s.wasAlone, !s.decided
+	s.wasAlone, s.decided = alone, true
+	if first || alone != was {
+		if alone {
+			s.log.Info("no other process writes the store: the device cache refresh pauses after this one", "peer_window", s.peerWindow())
+		} else {
+			s.log.Info("other processes write the store: refreshing the device cache from it", "every", s.cfg.Refresh, "others", s.peers.Load())
+		}
+	}
+	return !alone || !was
+}
+
+// RefreshStats reports the other processes writing the store seen at the
+// last beat (-1: unknown, or the store is not shared) and the refreshes
+// run since start.
+func (s *Service) RefreshStats() (peers int64, refreshes uint64) {
+	return s.peers.Load(), s.refreshes.Load()
+}
+
 // Refresh merges every device's stored state into the cache: a newer latest
 // reading, a larger capacity, a later last-seen time, and the stored
 // override (unless this node set one after the scan began). The store is the
 // truth; the cache only ever moves forward.
 func (s *Service) Refresh(ctx context.Context) error {
+	s.refreshes.Add(1)
 	began := s.now()
 	var changed []kettle.DeviceID
 	err := s.store.Scan(ctx, func(d kettle.DeviceState) error {

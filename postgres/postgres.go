@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -417,6 +418,27 @@ func (s *Store) Ping(ctx context.Context) error {
 		return unavailable("ping", err)
 	}
 	return nil
+}
+
+var _ kettle.Nodes = (*Store)(nil)
+
+// Beat records node alive in the nodes table (migration 6) by the database's
+// clock, deletes the rows of processes gone for an hour, and counts the other
+// nodes seen within the last within: one statement.
+func (s *Store) Beat(ctx context.Context, node uuid.UUID, kind string, within time.Duration) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH beat AS (
+			INSERT INTO nodes (id, kind, seen_at) VALUES ($1, $2, now())
+			ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
+		), gone AS (
+			DELETE FROM nodes WHERE seen_at < now() - interval '1 hour' AND id <> $1
+		)
+		SELECT count(*) FROM nodes WHERE id <> $1 AND seen_at >= now() - $3::int8 * interval '1 microsecond'`,
+		node, kind, within.Microseconds()).Scan(&n)
+	if err != nil {
+		return 0, unavailable("beat", err)
+	}
+	return n, nil
 }
 
 // PoolStats is a snapshot of the connection pool, for metrics. Acquire wait

@@ -1,9 +1,11 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -74,3 +77,80 @@ func TestTwoNodesOneDatabase(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestCacheRefreshOnlyWhileOthersWrite: a node alone on its PostgreSQL
+// database does not rescan the devices every --cache-refresh (one refresh at
+// its first beat, then none); a process that beats and writes (as kettle
+// seed and other nodes do) makes it refresh, so its polls answer with what
+// the other wrote; once the other has stopped beating for the peer window,
+// the node refreshes once more and pauses again.
+func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
+	dsn := pgtest.Start(t)
+	const secret, every = "shared-secret", 100 * time.Millisecond
+	a := start(t, dsn, func(c *server.Config) {
+		c.Secret, c.OperatorToken = secret, "op"
+		c.Ingest = fleet.Config{Refresh: every}
+	})
+	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
+	// Alone: over ~20 beats, the first beat's refresh (and one more for
+	// a beat that failed on a loaded machine, which refreshes to be safe).
+	time.Sleep(2 * time.Second)
+	if n, p := refreshes(), metricValue(t, a, "kettle_cache_refresh_peers"); n < 1 || n > 2 || p != 0 {
+		t.Fatalf("alone for 2 s at a beat every %s: %v refreshes, %v peers; want 1 (or 2), 0", every, n, p)
+	}
+	alone := refreshes()
+
+	// Another process beats and writes a low-battery reading.
+	other, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	otherID := uuid.New()
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			if _, err := other.Beat(ctx, otherID, "test", time.Second); err != nil && ctx.Err() == nil {
+				t.Errorf("beat: %v", err)
+			}
+			time.Sleep(every / 2)
+		}
+	})
+	defer func() { stop(); wg.Wait() }()
+	dev := uuid.New()
+	if _, err := other.Write(context.Background(), []kettle.Measurement{{Device: dev, Time: time.Now().Add(-time.Minute).UTC().Truncate(time.Second),
+		ChargeMWh: 5, FullMWh: 100, RateMW: -1, AmbientC: 20, WaterC: 50, LevelML: 950}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, a)
+	tok := bearer(kettle.DeviceToken([]byte(secret), dev))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var cmd httpapi.CommandJSON
+		c.do("GET", "/v1/command", tok, "").json(t, &cmd)
+		if cmd.Charge && !contains(cmd.Reason, "no reading") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node never saw the other process's reading: %+v (refreshes %v, peers %v)", cmd, refreshes(), metricValue(t, a, "kettle_cache_refresh_peers"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 1 {
+		t.Errorf("peers while the other beats: %v, want 1", p)
+	}
+
+	// The other stops: after the peer window (3 beats) the node pauses.
+	stop()
+	wg.Wait()
+	time.Sleep(6 * every)
+	before := refreshes()
+	if before <= alone {
+		t.Errorf("refreshes while the other wrote: %v, no more than the %v of before", before, alone)
+	}
+	time.Sleep(2 * time.Second)
+	if n := refreshes(); n > before+1 {
+		t.Errorf("alone again: %v refreshes in 2 s (from %v), want at most 1 (a failed beat)", n-before, before)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/seed"
@@ -180,6 +181,9 @@ type seedRun struct {
 func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	f := r.fleet
 	start := time.Now()
+	if n, ok := r.sink.(kettle.Nodes); ok {
+		defer beatWhileSeeding(ctx, n)()
+	}
 	ids := make([]kettle.DeviceID, f.Devices)
 	for i := range ids {
 		ids[i] = seed.DeviceID(f.Seed, i)
@@ -330,4 +334,37 @@ func (r *seedRun) showProgress(start time.Time, total int64) (stop func()) {
 		}
 	})
 	return func() { close(done); wg.Wait() }
+}
+
+// beatWhileSeeding says every second that this seeder writes the store
+// (kettle.Nodes), so that kettle serve nodes on the same database refresh
+// their device caches from it meanwhile and once after; the returned stop
+// beats a last time, after the last write.
+func beatWhileSeeding(ctx context.Context, n kettle.Nodes) (stop func()) {
+	id := uuid.New()
+	beat := func() {
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = n.Beat(bctx, id, "seed", time.Second) // best effort: a node that misses it refreshes late
+	}
+	beat()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				beat()
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+		beat()
+	}
 }
