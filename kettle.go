@@ -205,9 +205,11 @@ type Store interface {
 // and its device cache needs refreshing from the store.
 type Nodes interface {
 	// Beat records node (of kind, e.g. "serve" or "seed") alive now, by the
-	// store's clock, and returns how many other nodes did within the last
-	// within.
-	Beat(ctx context.Context, node uuid.UUID, kind string, within time.Duration) (others int, err error)
+	// store's clock, beating every every, and returns how many other nodes
+	// count as alive: those that beat within three of the longer of their
+	// interval and this node's (so that a node sees another's last beat,
+	// however seldom either beats).
+	Beat(ctx context.Context, node uuid.UUID, kind string, every time.Duration) (others int, err error)
 }
 
 // ScanPages calls fn for every device in id order, reading pages of size

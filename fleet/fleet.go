@@ -240,11 +240,6 @@ func (s *Service) refresher() {
 	}
 }
 
-// peerWindow is how long after its last beat another node still counts as
-// writing: a node beats every Refresh plus one refresh, which its deadline
-// bounds by Refresh.
-func (s *Service) peerWindow() time.Duration { return 3 * s.cfg.Refresh }
-
 // beat tells a store several processes share (kettle.Nodes) that this node
 // is alive and records how many others are; it reports whether it knows.
 func (s *Service) beat(ctx context.Context) bool {
@@ -252,7 +247,7 @@ func (s *Service) beat(ctx context.Context) bool {
 	if !ok {
 		return false
 	}
-	others, err := n.Beat(ctx, s.node, "serve", s.peerWindow())
+	others, err := n.Beat(ctx, s.node, "serve", s.cfg.Refresh)
 	if err != nil {
 		s.peers.Store(-1)
 		// The refresh that follows fails and warns too when the store is
@@ -277,7 +272,7 @@ func (s *Service) needRefresh(ctx context.Context) bool {
 	s.wasAlone, s.decided = alone, true
 	if first || alone != was {
 		if alone {
-			s.log.Info("no other process writes the store: the device cache refresh pauses after this one", "peer_window", s.peerWindow())
+			s.log.Info("no other process writes the store: the device cache refresh pauses after this one")
 		} else {
 			s.log.Info("other processes write the store: refreshing the device cache from it", "every", s.cfg.Refresh, "others", s.peers.Load())
 		}

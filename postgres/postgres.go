@@ -423,18 +423,19 @@ func (s *Store) Ping(ctx context.Context) error {
 var _ kettle.Nodes = (*Store)(nil)
 
 // Beat records node alive in the nodes table (migration 6) by the database's
-// clock, deletes the rows of processes gone for an hour, and counts the other
-// nodes seen within the last within: one statement.
-func (s *Store) Beat(ctx context.Context, node uuid.UUID, kind string, within time.Duration) (int, error) {
+// clock, deletes the rows of processes gone for a day, and counts the other
+// nodes alive (kettle.Nodes): one statement.
+func (s *Store) Beat(ctx context.Context, node uuid.UUID, kind string, every time.Duration) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH beat AS (
-			INSERT INTO nodes (id, kind, seen_at) VALUES ($1, $2, now())
-			ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
+			INSERT INTO nodes (id, kind, every_us, seen_at) VALUES ($1, $2, $3, now())
+			ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, every_us = excluded.every_us
 		), gone AS (
-			DELETE FROM nodes WHERE seen_at < now() - interval '1 hour' AND id <> $1
+			DELETE FROM nodes WHERE seen_at < now() - interval '1 day' AND id <> $1
 		)
-		SELECT count(*) FROM nodes WHERE id <> $1 AND seen_at >= now() - $3::int8 * interval '1 microsecond'`,
-		node, kind, within.Microseconds()).Scan(&n)
+		SELECT count(*) FROM nodes
+		WHERE id <> $1 AND seen_at >= now() - 3 * greatest(every_us, $3) * interval '1 microsecond'`,
+		node, kind, max(every.Microseconds(), 1)).Scan(&n)
 	if err != nil {
 		return 0, unavailable("beat", err)
 	}

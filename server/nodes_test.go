@@ -82,8 +82,9 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // database does not rescan the devices every --cache-refresh (one refresh at
 // its first beat, then none); a process that beats and writes (as kettle
 // seed and other nodes do) makes it refresh, so its polls answer with what
-// the other wrote; once the other has stopped beating for the peer window,
-// the node refreshes once more and pauses again.
+// the other wrote; once the other has stopped beating for three intervals,
+// the node refreshes once more and pauses again. Another's last beat is seen
+// however often or seldom either beats.
 func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	dsn := pgtest.Start(t)
 	const secret, every = "shared-secret", 100 * time.Millisecond
@@ -111,7 +112,7 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			if _, err := other.Beat(ctx, otherID, "test", time.Second); err != nil && ctx.Err() == nil {
+			if _, err := other.Beat(ctx, otherID, "test", every/2); err != nil && ctx.Err() == nil {
 				t.Errorf("beat: %v", err)
 			}
 			time.Sleep(every / 2)
@@ -152,5 +153,26 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if n := refreshes(); n > before+1 {
 		t.Errorf("alone again: %v refreshes in 2 s (from %v), want at most 1 (a failed beat)", n-before, before)
+	}
+
+	// One beat of a process that beats often (its own window 30 ms) is
+	// seen by this node's next beat, 100 ms on: one refresh at least.
+	before = refreshes()
+	if _, err := other.Beat(context.Background(), uuid.New(), "test", 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * every)
+	if n := refreshes(); n <= before {
+		t.Errorf("no refresh after the last beat of a process that beats every 10ms (%v before and after)", n)
+	}
+
+	// A process that beats seldom counts as writing between its beats,
+	// however often this node beats.
+	if _, err := other.Beat(context.Background(), uuid.New(), "test", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * every)
+	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 1 {
+		t.Errorf("peers %v after %s since the beat of a process that beats every minute, want 1", p, 6*every)
 	}
 }
