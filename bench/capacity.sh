@@ -52,7 +52,7 @@ t0=$(date +%s)
 rc=0
 # shellcheck disable=SC2086
 "$work/kettle" capacity --target "http://127.0.0.1:$port" --data-dir "$work/data" --out "${OUT:-$work/out}" $CAPACITY_ARGS 2>&1 |
-	grep --line-buffered -E '^capacity: [0-9]+ kettles:|^holds' || rc=$?
+	grep --line-buffered -E '^capacity: ([0-9]+ kettles|caveat):|^holds' || rc=$?
 echo "run: $(( $(date +%s) - t0 )) s; kettle serve: rows stored $(metric kettle_ingest_rows_stored_total), store errors $(metric kettle_store_errors_total), RSS $(awk '/VmHWM/ { printf "%.0f MiB max", $2 / 1024 }' /proc/$kpid/status)"
 if [ "$STORE" = postgres ]; then
 	IFS='|' read -r c0 w0 f0 r0 <<<"$before"

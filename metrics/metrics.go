@@ -476,6 +476,58 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	n(poolCanceled, float64(s.CanceledAcquireCount))
 }
 
+// PGMaintenance is the PostgreSQL server's periodic work; its fields are
+// those of postgres.Maintenance, in the same order.
+type PGMaintenance struct {
+	Checkpoints       int64
+	CheckpointBuffers int64
+	WALBytes          int64
+	WALFullPageImages int64
+	CheckpointTimeout time.Duration
+}
+
+// RegisterPGMaintenance registers the database server's checkpoint and WAL
+// counters, read by stats (one query, bounded by a 2 s deadline) once per
+// scrape; a scrape whose query fails leaves them out. Call it once.
+func (m *Server) RegisterPGMaintenance(stats func(context.Context) (PGMaintenance, error)) {
+	m.reg.MustRegister(&pgMaintCollector{stats: stats})
+}
+
+var (
+	pgCheckpoints = prometheus.NewDesc("kettle_pg_checkpoints_total", "PostgreSQL checkpoints, timed and requested, since its statistics were reset (the whole server, not only kettle's database).", nil, nil)
+	pgCPBuffers   = prometheus.NewDesc("kettle_pg_checkpoint_buffers_written_total", "Buffers PostgreSQL's checkpoints wrote.", nil, nil)
+	pgWALBytes    = prometheus.NewDesc("kettle_pg_wal_bytes_total", "WAL PostgreSQL generated, bytes.", nil, nil)
+	pgWALFPI      = prometheus.NewDesc("kettle_pg_wal_full_page_images_total", "Full-page images in PostgreSQL's WAL: every page first written after a checkpoint goes in whole, so they follow checkpoints.", nil, nil)
+	pgCPTimeout   = prometheus.NewDesc("kettle_pg_checkpoint_timeout_seconds", "PostgreSQL's checkpoint_timeout: a benchmark shorter than this may hold no checkpoint.", nil, nil)
+)
+
+type pgMaintCollector struct {
+	stats func(context.Context) (PGMaintenance, error)
+}
+
+func (c *pgMaintCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{pgCheckpoints, pgCPBuffers, pgWALBytes, pgWALFPI, pgCPTimeout} {
+		ch <- d
+	}
+}
+
+func (c *pgMaintCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s, err := c.stats(ctx)
+	if err != nil {
+		return
+	}
+	n := func(d *prometheus.Desc, v int64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	n(pgCheckpoints, s.Checkpoints)
+	n(pgCPBuffers, s.CheckpointBuffers)
+	n(pgWALBytes, s.WALBytes)
+	n(pgWALFPI, s.WALFullPageImages)
+	ch <- prometheus.MustNewConstMetric(pgCPTimeout, prometheus.GaugeValue, s.CheckpointTimeout.Seconds())
+}
+
 // MQTTStats is a snapshot of the MQTT adapter's counters; its fields are
 // those of mqttapi.Stats, in the same order, so the server converts one into
 // the other (this package does not import the broker).

@@ -402,6 +402,28 @@ func TestStoreAndListenerGauges(t *testing.T) {
 	f("kettle_pg_pool_acquire_wait_seconds_total", 1.5)
 	f("kettle_pg_pool_canceled_acquires_total", 1)
 
+	// The database server's periodic work; a scrape whose query fails
+	// leaves it out rather than failing the scrape.
+	mp := metrics.New(prometheus.NewRegistry())
+	fail := false
+	mp.RegisterPGMaintenance(func(context.Context) (metrics.PGMaintenance, error) {
+		if fail {
+			return metrics.PGMaintenance{}, errors.New("database down")
+		}
+		return metrics.PGMaintenance{Checkpoints: 3, CheckpointBuffers: 4096, WALBytes: 1 << 30, WALFullPageImages: 77, CheckpointTimeout: 30 * time.Minute}, nil
+	})
+	mfsp := gather(t, mp.Registry())
+	for name, want := range map[string]float64{"kettle_pg_checkpoints_total": 3, "kettle_pg_checkpoint_buffers_written_total": 4096,
+		"kettle_pg_wal_bytes_total": 1 << 30, "kettle_pg_wal_full_page_images_total": 77, "kettle_pg_checkpoint_timeout_seconds": 1800} {
+		if v := value(t, mfsp, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	fail = true
+	if _, ok := gather(t, mp.Registry())["kettle_pg_checkpoints_total"]; ok {
+		t.Error("scrape with the database down: kettle_pg_checkpoints_total still there")
+	}
+
 	m3 := metrics.New(prometheus.NewRegistry())
 	m3.RegisterStore(retrier{})
 	mfs3 := gather(t, m3.Registry())

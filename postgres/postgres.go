@@ -108,6 +108,8 @@ type Store struct {
 	// write transactions run again after a deadlock or serialization
 	// failure, and after a partition was found missing (see Store.write)
 	conflictRetries, partitionRetries atomic.Uint64
+
+	serverVersion atomic.Int32 // server_version_num, read by Maintenance's first call
 }
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
@@ -473,6 +475,46 @@ func (s *Store) PoolStats() PoolStats {
 		AcquireDuration:      st.AcquireDuration(),
 		CanceledAcquireCount: st.CanceledAcquireCount(),
 	}
+}
+
+// Maintenance is the database server's periodic work since its statistics
+// were last reset: what a short benchmark may leave out (a checkpoint every
+// CheckpointTimeout writes the dirty buffers, and every page written after
+// it goes into the WAL whole once: a full-page image).
+type Maintenance struct {
+	Checkpoints       int64 // timed and requested
+	CheckpointBuffers int64 // buffers written by checkpoints
+	WALBytes          int64
+	WALFullPageImages int64
+	CheckpointTimeout time.Duration
+}
+
+// Maintenance reads the server's checkpoint and WAL statistics
+// (pg_stat_bgwriter and pg_stat_wal up to PostgreSQL 16, pg_stat_checkpointer
+// from 17) and its checkpoint_timeout: one statement.
+func (s *Store) Maintenance(ctx context.Context) (Maintenance, error) {
+	v := s.serverVersion.Load()
+	if v == 0 {
+		if err := s.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int4`).Scan(&v); err != nil {
+			return Maintenance{}, unavailable("maintenance statistics", err)
+		}
+		s.serverVersion.Store(v)
+	}
+	cp := `SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`
+	if v >= 170000 {
+		cp = `SELECT num_timed + num_requested, buffers_written FROM pg_stat_checkpointer`
+	}
+	var m Maintenance
+	var timeoutS int64
+	err := s.pool.QueryRow(ctx, `WITH cp(n, buffers) AS (`+cp+`)
+		SELECT cp.n, cp.buffers, w.wal_bytes::int8, w.wal_fpi,
+			extract(epoch FROM current_setting('checkpoint_timeout')::interval)::int8
+		FROM cp, pg_stat_wal w`).Scan(&m.Checkpoints, &m.CheckpointBuffers, &m.WALBytes, &m.WALFullPageImages, &timeoutS)
+	if err != nil {
+		return Maintenance{}, unavailable("maintenance statistics", err)
+	}
+	m.CheckpointTimeout = time.Duration(timeoutS) * time.Second
+	return m, nil
 }
 
 // numShards is the number of shards of the hot rows: totals, rollups and

@@ -702,3 +702,58 @@ func TestFoldRollups(t *testing.T) {
 	}
 	checkExact(t, s, dsn)
 }
+
+// TestMaintenance: the server's checkpoint and WAL counters move with a
+// CHECKPOINT and with the writes after it (a page first written after a
+// checkpoint goes into the WAL whole), and checkpoint_timeout is read.
+func TestMaintenance(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	write := func(n int) {
+		t.Helper()
+		batch := make([]kettle.Measurement, n)
+		at := time.Now().UTC().Truncate(time.Second)
+		for i := range batch {
+			batch[i] = rowAt(rng, devID(i), at)
+		}
+		if _, err := s.Write(ctx, batch, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(100)
+	m0, err := s.Maintenance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m0.CheckpointTimeout <= 0 {
+		t.Errorf("checkpoint_timeout %v", m0.CheckpointTimeout)
+	}
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	write(100)
+	// Backends flush their WAL statistics at most once a second.
+	var m1 postgres.Maintenance
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if m1, err = s.Maintenance(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if m1.Checkpoints > m0.Checkpoints && m1.WALBytes > m0.WALBytes && m1.WALFullPageImages > m0.WALFullPageImages {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after CHECKPOINT and 100 writes: %+v, before %+v", m1, m0)
+		}
+	}
+	if m1.CheckpointBuffers < m0.CheckpointBuffers {
+		t.Errorf("checkpoint buffers went back: %d → %d", m0.CheckpointBuffers, m1.CheckpointBuffers)
+	}
+}

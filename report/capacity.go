@@ -1,5 +1,12 @@
 package report
 
+import (
+	"fmt"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet/sysstat"
+)
+
 // Capacity is a kettle capacity run: the fleet stepped up until the SLO
 // broke. The page shows the steps as a chart and the breaking step (or the
 // last one) in full.
@@ -12,7 +19,10 @@ type Capacity struct {
 	// BreaksAt is the first step that did not (0: none broke up to the max).
 	BreaksAt int    `json:"breaks_at,omitempty"`
 	Line     string `json:"line"` // what kettle capacity printed
-	Steps    []Step `json:"steps"`
+	// Caveat says what the holding step's figure leaves out: the store's
+	// periodic work when none of it fell inside that step's judged seconds.
+	Caveat string `json:"caveat,omitempty"`
+	Steps  []Step `json:"steps"`
 }
 
 // Step is one fleet size, measured after its ramp.
@@ -28,4 +38,94 @@ type Step struct {
 	Why         string  `json:"why,omitempty"` // why it broke
 	Verdict     Verdict `json:"verdict"`
 	Results     string  `json:"results,omitempty"` // its results.json
+	// Periodic is the store's periodic work inside the judged seconds (nil:
+	// the server exported none, or was not scraped).
+	Periodic *Periodic `json:"periodic,omitempty"`
+}
+
+// Periodic is a store's periodic work inside a step's judged seconds, from
+// the server's /metrics: the embedded store's merges of staged rows, or
+// PostgreSQL's checkpoints and the WAL they make heavier (full-page images).
+// A step shorter than their period may hold none of it, and then its figure
+// leaves their cost out.
+type Periodic struct {
+	Store              string  `json:"store"` // "sqlite" or "postgres"
+	JudgedS            float64 `json:"judged_s"`
+	Merges             int64   `json:"sqlite_merges,omitempty"`
+	Checkpoints        int64   `json:"pg_checkpoints,omitempty"`
+	WALBytes           int64   `json:"pg_wal_bytes,omitempty"`
+	FullPageImages     int64   `json:"pg_wal_fpi,omitempty"`
+	CheckpointTimeoutS float64 `json:"pg_checkpoint_timeout_s,omitempty"`
+}
+
+// PeriodicWork is the store's periodic work between the first and the last
+// sample at or after from that carry its counters (nil: none do).
+func PeriodicWork(sys *sysstat.Series, from time.Time) *Periodic {
+	if sys == nil {
+		return nil
+	}
+	var first, last *sysstat.Sample
+	for i := range sys.Samples {
+		s := &sys.Samples[i]
+		if s.Time.Before(from) || s.Server == nil || !s.Server.Up {
+			continue
+		}
+		if g := s.Server; g.SQLiteMerges == nil && g.PGCheckpoints == nil {
+			continue
+		}
+		if first == nil {
+			first = s
+		}
+		last = s
+	}
+	if first == nil {
+		return nil
+	}
+	a, b := first.Server, last.Server
+	diff := func(x, y *float64) int64 {
+		if x == nil || y == nil {
+			return 0
+		}
+		return int64(*y - *x)
+	}
+	p := &Periodic{JudgedS: last.Time.Sub(first.Time).Seconds()}
+	if b.PGCheckpoints != nil {
+		p.Store = "postgres"
+		p.Checkpoints = diff(a.PGCheckpoints, b.PGCheckpoints)
+		p.WALBytes = diff(a.PGWALBytes, b.PGWALBytes)
+		p.FullPageImages = diff(a.PGWALFullPageImages, b.PGWALFullPageImages)
+		if b.PGCheckpointTimeoutS != nil {
+			p.CheckpointTimeoutS = *b.PGCheckpointTimeoutS
+		}
+	} else {
+		p.Store = "sqlite"
+		p.Merges = diff(a.SQLiteMerges, b.SQLiteMerges)
+	}
+	return p
+}
+
+// Text is the periodic work in a few words.
+func (p *Periodic) Text() string {
+	if p == nil {
+		return ""
+	}
+	if p.Store == "postgres" {
+		return fmt.Sprintf("PostgreSQL: %d checkpoints (checkpoint_timeout %s), WAL %.0f MiB, %d full-page images",
+			p.Checkpoints, time.Duration(p.CheckpointTimeoutS*float64(time.Second)), float64(p.WALBytes)/(1<<20), p.FullPageImages)
+	}
+	return fmt.Sprintf("SQLite: %d merges of staged rows", p.Merges)
+}
+
+// Caveat says what a figure measured over these seconds leaves out, or "".
+func (p *Periodic) Caveat() string {
+	switch {
+	case p == nil:
+		return ""
+	case p.Store == "postgres" && p.Checkpoints == 0:
+		return fmt.Sprintf("no PostgreSQL checkpoint fell inside the %.0f s judged (checkpoint_timeout %s), so the figure leaves out their cost: run steps longer than checkpoint_timeout, or lower it",
+			p.JudgedS, time.Duration(p.CheckpointTimeoutS*float64(time.Second)))
+	case p.Store == "sqlite" && p.Merges == 0:
+		return fmt.Sprintf("no merge of the embedded store's staged rows fell inside the %.0f s judged, so the figure leaves out their cost: run longer steps", p.JudgedS)
+	}
+	return ""
 }

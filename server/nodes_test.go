@@ -93,6 +93,11 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
+	// The database server's periodic work is on /metrics (kettle capacity
+	// reads it to say whether a step held any).
+	if v := metricValue(t, a, "kettle_pg_checkpoint_timeout_seconds"); v <= 0 {
+		t.Errorf("kettle_pg_checkpoint_timeout_seconds %v", v)
+	}
 	// Alone: over ~20 beats, the first beat's refresh (and one more for
 	// a beat that failed on a loaded machine, which refreshes to be safe).
 	time.Sleep(2 * time.Second)

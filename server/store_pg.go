@@ -18,9 +18,14 @@ func openPostgres(ctx context.Context, dsn string, opts StoreOptions, log *slog.
 	return st, nil
 }
 
-// registerPool exposes the PostgreSQL pool's gauges when the store has one.
+// registerPool exposes the PostgreSQL pool's gauges, and the database
+// server's checkpoint and WAL counters, when the store has them.
 func registerPool(m *metrics.Server, st kettle.Store) {
 	if pg, ok := st.(*postgres.Store); ok {
 		m.RegisterPool(func() metrics.PoolStats { return metrics.PoolStats(pg.PoolStats()) })
+		m.RegisterPGMaintenance(func(ctx context.Context) (metrics.PGMaintenance, error) {
+			st, err := pg.Maintenance(ctx)
+			return metrics.PGMaintenance(st), err
+		})
 	}
 }

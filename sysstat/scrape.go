@@ -73,6 +73,11 @@ func (s *scraper) scrape(now time.Time) *ServerGauges {
 	g.HeapBytes = gauge("go_memstats_heap_alloc_bytes")
 	g.HeapLiveBytes = gauge("go_gc_heap_live_bytes")
 	g.Goroutines = gauge("go_goroutines")
+	g.SQLiteMerges = gauge("kettle_sqlite_merges_total")
+	g.PGCheckpoints = gauge("kettle_pg_checkpoints_total")
+	g.PGWALBytes = gauge("kettle_pg_wal_bytes_total")
+	g.PGWALFullPageImages = gauge("kettle_pg_wal_full_page_images_total")
+	g.PGCheckpointTimeoutS = gauge("kettle_pg_checkpoint_timeout_seconds")
 
 	dt := now.Sub(s.prevAt).Seconds()
 	rate := func(name string) *float64 {

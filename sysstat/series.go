@@ -168,4 +168,13 @@ type ServerGauges struct {
 	Goroutines    *float64 `json:"goroutines,omitempty"`
 	// CommitMeanMs is the mean ingest transaction time over the interval.
 	CommitMeanMs *float64 `json:"commit_mean_ms,omitempty"`
+	// The store's periodic work, as counters since the server started
+	// (SQLite's merges) or since the database's statistics were reset
+	// (PostgreSQL's checkpoints, WAL): a run's share is the difference
+	// between two samples.
+	SQLiteMerges         *float64 `json:"sqlite_merges,omitempty"`
+	PGCheckpoints        *float64 `json:"pg_checkpoints,omitempty"`
+	PGWALBytes           *float64 `json:"pg_wal_bytes,omitempty"`
+	PGWALFullPageImages  *float64 `json:"pg_wal_fpi,omitempty"`
+	PGCheckpointTimeoutS *float64 `json:"pg_checkpoint_timeout_s,omitempty"`
 }

@@ -35,6 +35,12 @@ breaking step, from the system samples (kettle report). --out DIR keeps every
 step's results.json, capacity.json and report.html (the step chart, and the
 breaking step in full).
 
+Each step also reports the store's periodic work inside its judged seconds,
+read from the server's /metrics: the embedded store's merges of staged rows,
+PostgreSQL's checkpoints, WAL and full-page images. When the holding step had
+none of it, a caveat line says that its figure leaves that cost out (a step
+shorter than checkpoint_timeout, or than a merge cycle, may hold none).
+
 Connections are a shared pool (--conns, default 2000): past ~18,000 kettles
 one connection per kettle would exceed the open-file limit. Steps do not
 audit (kettle swarm does). Devices accumulate on the server: each step
@@ -145,8 +151,12 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 		st.Results = path
 		capa.Steps = append(capa.Steps, st)
 		last = res
-		fmt.Fprintf(w, "capacity: %d kettles: offered %.0f/s completed %.0f/s p50 %.1f ms p99 %.1f ms errors %.5f lag %.0f ms → %s\n",
-			n, st.OfferedPerS, st.DonePerS, st.P50Ms, st.P99Ms, st.ErrorRate, st.MaxLagMs, heldWord(st))
+		periodic := ""
+		if st.Periodic != nil {
+			periodic = " [" + st.Periodic.Text() + "]"
+		}
+		fmt.Fprintf(w, "capacity: %d kettles: offered %.0f/s completed %.0f/s p50 %.1f ms p99 %.1f ms errors %.5f lag %.0f ms%s → %s\n",
+			n, st.OfferedPerS, st.DonePerS, st.P50Ms, st.P99Ms, st.ErrorRate, st.MaxLagMs, periodic, heldWord(st))
 		if !st.Held {
 			capa.BreaksAt = n
 			break
@@ -174,6 +184,14 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 		capa.Line = fmt.Sprintf("holds %d kettles at p99 ≤ %s (breaks at %d: %s; %s)", capa.Holds, slo, b.Kettles, b.Why, b.Verdict.Text)
 	}
 	fmt.Println(capa.Line) // the answer, on stdout for scripts
+	for _, st := range capa.Steps {
+		if st.Kettles == capa.Holds {
+			if c := st.Periodic.Caveat(); c != "" {
+				capa.Caveat = fmt.Sprintf("the %d-kettle step: %s", st.Kettles, c)
+				fmt.Fprintf(w, "capacity: caveat: %s\n", capa.Caveat)
+			}
+		}
+	}
 
 	s, err := report.Build(last, report.Options{Title: fmt.Sprintf("kettle capacity: %s", firstClause(capa.Line)), SLOP99Ms: capa.SLOP99Ms})
 	if err != nil {
@@ -270,6 +288,7 @@ func judgeStep(res *sim.Results, warmup time.Duration, capa *report.Capacity) (r
 	}
 	st.Held = len(why) == 0
 	st.Why = strings.Join(why, ", ")
+	st.Periodic = report.PeriodicWork(res.System, res.Start.Add(warmup))
 	s, err := report.Build(res, report.Options{SLOP99Ms: capa.SLOP99Ms, MaxErrorRate: capa.MaxErrorRate})
 	if err != nil {
 		return st, err

@@ -57,6 +57,16 @@ func TestCapacityAndReport(t *testing.T) {
 		if st.DonePerS <= 0 || st.OfferedPerS <= 0 || st.P99Ms <= 0 || st.Verdict.Text == "" {
 			t.Errorf("step %+v", st)
 		}
+		// 40 kettles for 3 s stage far fewer rows than a merge needs.
+		if p := st.Periodic; p == nil || p.Store != "sqlite" || p.Merges != 0 || p.JudgedS <= 0 {
+			t.Errorf("step %d: periodic work %+v, want SQLite with no merge", st.Kettles, p)
+		}
+	}
+	if !strings.HasPrefix(c.Caveat, "the 40-kettle step: no merge of the embedded store's staged rows") {
+		t.Errorf("caveat %q", c.Caveat)
+	}
+	if h, err := os.ReadFile(filepath.Join(f.out, "report.html")); err != nil || !strings.Contains(string(h), `id="capacity-caveat"`) || !strings.Contains(string(h), "SQLite: 0 merges of staged rows") {
+		t.Errorf("report.html without the caveat or the steps' periodic work (err %v)", err)
 	}
 	if s.Series.CPU["server"] == nil || s.Series.Queue["capacity"] == nil {
 		t.Errorf("the step's system samples are missing from the report: cpu %v queue %v", s.Series.CPU, s.Series.Queue)

@@ -1,0 +1,58 @@
+package report_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet/report"
+	"github.com/kettlefleet/kettlefleet/sysstat"
+)
+
+func f(v float64) *float64 { return &v }
+
+// TestPeriodicWork: the store's counters are differenced over the samples
+// from the judged start on (scrapes that failed or carry none are skipped),
+// and a step with none of the store's periodic work says so.
+func TestPeriodicWork(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	pg := func(s int, cps, wal, fpi float64) sysstat.Sample {
+		return sysstat.Sample{Time: t0.Add(time.Duration(s) * time.Second), Server: &sysstat.ServerGauges{Up: true,
+			PGCheckpoints: f(cps), PGWALBytes: f(wal), PGWALFullPageImages: f(fpi), PGCheckpointTimeoutS: f(1800)}}
+	}
+	sys := &sysstat.Series{Samples: []sysstat.Sample{
+		pg(0, 5, 0, 0), // warmup: left out
+		pg(10, 7, 1<<20, 10),
+		{Time: t0.Add(15 * time.Second), Server: &sysstat.ServerGauges{Up: false}},
+		pg(20, 8, 5<<20, 1010),
+		pg(40, 9, 11<<20, 2010),
+	}}
+	p := report.PeriodicWork(sys, t0.Add(10*time.Second))
+	if p == nil || p.Store != "postgres" || p.Checkpoints != 2 || p.WALBytes != 10<<20 || p.FullPageImages != 2000 || p.JudgedS != 30 || p.CheckpointTimeoutS != 1800 {
+		t.Fatalf("postgres: %+v", p)
+	}
+	if got, want := p.Text(), "PostgreSQL: 2 checkpoints (checkpoint_timeout 30m0s), WAL 10 MiB, 2000 full-page images"; got != want {
+		t.Errorf("text %q, want %q", got, want)
+	}
+	if c := p.Caveat(); c != "" {
+		t.Errorf("caveat with 2 checkpoints inside: %q", c)
+	}
+	sys.Samples[4] = pg(40, 7, 11<<20, 2010)
+	if c := report.PeriodicWork(sys, t0.Add(10*time.Second)).Caveat(); !strings.HasPrefix(c, "no PostgreSQL checkpoint fell inside the 30 s judged (checkpoint_timeout 30m0s)") {
+		t.Errorf("caveat without a checkpoint: %q", c)
+	}
+
+	lite := func(s int, merges float64) sysstat.Sample {
+		return sysstat.Sample{Time: t0.Add(time.Duration(s) * time.Second), Server: &sysstat.ServerGauges{Up: true, SQLiteMerges: f(merges)}}
+	}
+	sys = &sysstat.Series{Samples: []sysstat.Sample{lite(0, 0), lite(10, 64), lite(30, 128)}}
+	if p := report.PeriodicWork(sys, t0.Add(5*time.Second)); p == nil || p.Store != "sqlite" || p.Merges != 64 || p.Caveat() != "" || p.Text() != "SQLite: 64 merges of staged rows" {
+		t.Errorf("sqlite: %+v", p)
+	}
+	if c := report.PeriodicWork(sys, t0.Add(20*time.Second)).Caveat(); !strings.HasPrefix(c, "no merge of the embedded store's staged rows fell inside the 0 s judged") {
+		t.Errorf("sqlite caveat: %q", c)
+	}
+	if p := report.PeriodicWork(&sysstat.Series{Samples: []sysstat.Sample{{Time: t0, Server: &sysstat.ServerGauges{Up: true}}}}, t0); p != nil || p.Caveat() != "" || p.Text() != "" {
+		t.Errorf("no store counters: %+v", p)
+	}
+}
