@@ -110,10 +110,18 @@ func (p *Periodic) Text() string {
 		return ""
 	}
 	if p.Store == "postgres" {
-		return fmt.Sprintf("PostgreSQL: %d checkpoints (checkpoint_timeout %s), WAL %.0f MiB, %d full-page images",
-			p.Checkpoints, time.Duration(p.CheckpointTimeoutS*float64(time.Second)), float64(p.WALBytes)/(1<<20), p.FullPageImages)
+		return fmt.Sprintf("PostgreSQL: %s (checkpoint_timeout %s), WAL %.0f MiB, %d full-page images",
+			count(p.Checkpoints, "checkpoint"), time.Duration(p.CheckpointTimeoutS*float64(time.Second)), float64(p.WALBytes)/(1<<20), p.FullPageImages)
 	}
-	return fmt.Sprintf("SQLite: %d merges of staged rows", p.Merges)
+	return fmt.Sprintf("SQLite: %s of staged rows", count(p.Merges, "merge"))
+}
+
+// count is "1 merge", "2 merges".
+func count(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // Caveat says what a figure measured over these seconds leaves out, or "".
