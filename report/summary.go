@@ -105,7 +105,7 @@ type Series struct {
 	DiskAwait map[string][]Num           `json:"disk_await_ms"`
 	DiskUtil  map[string][]Num           `json:"disk_util"`
 	Queue     map[string][]Num           `json:"queue"` // rows, capacity, rejected_per_s
-	Pool      map[string][]Num           `json:"pool"`  // wait, acquired, max
+	Pool      map[string][]Num           `json:"pool"`  // wait, acquired, max; PostgreSQL's WAL: pg_wal_mib_per_s, pg_fpi_per_s, pg_checkpoints_per_s
 	RunQueue  []Num                      `json:"run_queue"`
 	PSI       map[string][]Num           `json:"psi,omitempty"` // resource → some %
 	NetMiBps  map[string][]Num           `json:"net_mibps,omitempty"`
@@ -343,6 +343,11 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
 				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
+				set(se.Pool, "pg_fpi_per_s", g.PGFullPageImagesPerS)
+				set(se.Pool, "pg_checkpoints_per_s", g.PGCheckpointsPerS)
+				if v := g.PGWALBytesPerS; v != nil {
+					get(se.Pool, "pg_wal_mib_per_s")[i] = Num(*v / (1 << 20))
+				}
 				if g.HeapBytes != nil {
 					heap[i] = Num(*g.HeapBytes)
 				}
@@ -380,6 +385,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
 		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
 		tl.MergeBusy = se.Queue["merge_s_per_s"]
+		tl.FPIPerS, tl.WALMiBPerS, tl.CheckpointsPerS = se.Pool["pg_fpi_per_s"], se.Pool["pg_wal_mib_per_s"], se.Pool["pg_checkpoints_per_s"]
 		if !allNaN(heap) {
 			tl.ServerHeap = heap
 		}
@@ -497,6 +503,21 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		}
 	}
 	rows = append(rows, row(p))
+	// PostgreSQL's WAL and checkpoints.
+	if !allNaN(tl.WALMiBPerS) {
+		var cps float64
+		for i := range tl.CheckpointsPerS {
+			cps += nz(at(tl.CheckpointsPerS, i))
+		}
+		w := UseRow{Resource: "PostgreSQL WAL",
+			Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
+			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %.0f checkpoints completed", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), cps),
+			Errors:      "—"}
+		if s.Verdict.Class == ClassCheckpoint {
+			w.Saturated = s.Verdict.T
+		}
+		rows = append(rows, row(w))
+	}
 	// Simulator.
 	sm := UseRow{Resource: "simulator", Saturation: fmt.Sprintf("lag peak %s, %d late starts", dur(s.Sim.MaxLagMs), s.Sim.LateStarts),
 		Errors: fmt.Sprintf("%d client-seen errors%s", s.Errors, kindsStr(s.ErrorsByKind))}

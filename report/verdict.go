@@ -66,10 +66,15 @@ type Timeline struct {
 	CommitMs     []Num `json:"commit_ms,omitempty"`
 	// MergeBusy is the share of each second the SQLite writer spent merging
 	// staged rows (kettle_sqlite_merge_seconds_total's rate).
-	MergeBusy    []Num `json:"merge_busy,omitempty"`
-	PoolWait     []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
-	PoolAcquired []Num `json:"pool_acquired"`
-	PoolMax      []Num `json:"pool_max"`
+	MergeBusy []Num `json:"merge_busy,omitempty"`
+	// PostgreSQL's WAL: full-page images and MiB a second, checkpoints
+	// completed a second (empty on SQLite).
+	FPIPerS         []Num `json:"pg_fpi_per_s,omitempty"`
+	WALMiBPerS      []Num `json:"pg_wal_mib_per_s,omitempty"`
+	CheckpointsPerS []Num `json:"pg_checkpoints_per_s,omitempty"`
+	PoolWait        []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
+	PoolAcquired    []Num `json:"pool_acquired"`
+	PoolMax         []Num `json:"pool_max"`
 }
 
 // Verdict classes.
@@ -85,6 +90,7 @@ const (
 	ClassErrors      = "errors"
 	ClassStoreWriter = "store-writer"
 	ClassGC          = "gc"
+	ClassCheckpoint  = "db-checkpoint"
 	ClassNone        = "none"
 	ClassUnexplained = "unexplained"
 )
@@ -393,6 +399,19 @@ func spikes(tl *Timeline) Verdict {
 			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them in the seconds the server's garbage collector finished a cycle (%s; heap up to %s%s); no resource saturated for %d s — the collector's mark phase, whose work grows with the live heap",
 				tl.P99RunMs, tl.SLOP99Ms, len(atGC), len(over), seconds(over), mib(peakHeap), liveTxt, sustainS)}
 	}
+	fpiMedian, fpiPeak := medianOf(tl.FPIPerS), 0.0
+	var atCP []int
+	for _, i := range over {
+		if f, ok := fpiSurge(tl, fpiMedian, i); ok {
+			atCP = append(atCP, i)
+			fpiPeak = math.Max(fpiPeak, f)
+		}
+	}
+	if len(over) > 0 && 2*len(atCP) >= len(over) {
+		return Verdict{Class: ClassCheckpoint, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them while PostgreSQL wrote full-page images at up to %.0f a second (median %.0f over the run; %s) — a checkpoint had begun, and every page first written after it goes into the WAL whole; no resource saturated for %d s — spread checkpoints further apart (checkpoint_timeout, max_wal_size)",
+				tl.P99RunMs, tl.SLOP99Ms, len(atCP), len(over), fpiPeak, fpiMedian, seconds(over), sustainS)}
+	}
 	return Verdict{Class: ClassUnexplained, T: tl.T[first], At: atTime(tl, first),
 		Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes (%s) but no sampled resource saturated for %d s: see the report's latency and CPU charts at those seconds, and the server's log",
 			tl.P99RunMs, tl.SLOP99Ms, seconds(over), sustainS)}
@@ -424,8 +443,9 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 	}
 	sort.Float64s(all)
 	median := all[len(all)/2]
-	var broke, stalled int
-	worst, queue, merging, mergeSecs := 0.0, 0.0, 0.0, 0
+	var broke, stalled, cpSecs int
+	worst, queue, merging, mergeSecs, fpiPeak := 0.0, 0.0, 0.0, 0, 0.0
+	fpiMedian := medianOf(tl.FPIPerS)
 	for i := first; i < n; i++ {
 		if !(at(tl.P99Ms, i) > tl.SLOP99Ms) {
 			continue
@@ -445,6 +465,10 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 			merging += m
 			mergeSecs++
 		}
+		if f, ok := fpiSurge(tl, fpiMedian, i); ok {
+			cpSecs++
+			fpiPeak = math.Max(fpiPeak, f)
+		}
 	}
 	// Most of the breaking seconds must coincide with a stall.
 	if broke == 0 || 2*stalled < broke {
@@ -459,9 +483,47 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 			why = "the one SQLite writer (not merging then: see its checkpoints and the server's log)"
 		}
 	}
+	if 2*cpSecs >= stalled {
+		return Verdict{Class: ClassCheckpoint, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run), and in %d of those %d PostgreSQL wrote full-page images at up to %.0f a second (median %.0f over the run) — a checkpoint had begun, and every page first written after it goes into the WAL whole; no machine resource saturated — spread checkpoints further apart (checkpoint_timeout, max_wal_size) or give the WAL a faster disk",
+				at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), stalled, broke, worst, median, cpSecs, stalled, fpiPeak, fpiMedian)}, true
+	}
 	return Verdict{Class: ClassStoreWriter, Resource: "store writer", T: tl.T[first], At: atTime(tl, first),
 		Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run) and the ingest queue reached %.0f rows; no machine resource saturated — the limit is %s",
 			at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), stalled, broke, worst, median, queue, why)}, true
+}
+
+// fpiSurge reports whether PostgreSQL wrote full-page images at a surge in
+// second i or a neighbour — at least fpiSurgeFactor times the run's median
+// rate and fpiSurgeMin a second, as after a checkpoint begins — and the
+// highest of those rates. False without the series (SQLite, not scraped).
+func fpiSurge(tl *Timeline, median float64, i int) (float64, bool) {
+	n := len(tl.T)
+	f := math.Max(nz(at(tl.FPIPerS, max(i-1, 0))), math.Max(nz(at(tl.FPIPerS, i)), nz(at(tl.FPIPerS, min(i+1, n-1)))))
+	if math.IsNaN(median) {
+		median = 0
+	}
+	return f, f >= fpiSurgeMin && f >= fpiSurgeFactor*median
+}
+
+const (
+	fpiSurgeFactor = 2
+	fpiSurgeMin    = 50
+)
+
+// medianOf is the median of the known values of xs (NaN: none).
+func medianOf(xs []Num) float64 {
+	var v []float64
+	for _, x := range xs {
+		if f := float64(x); !math.IsNaN(f) {
+			v = append(v, f)
+		}
+	}
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	sort.Float64s(v)
+	return v[len(v)/2]
 }
 
 // ratePct is an error rate as a percentage, with as many decimals as a

@@ -207,6 +207,51 @@ func syntheticFixtures() map[string]fixture {
 	}
 	add("store-writer", "the SQLite writer's merges stall commits every 11 s; the p99 breaks the SLO then, nothing else near a limit", ClassStoreWriter, 12, []string{"p99 200 ms broke the SLO (100 ms)", "the mean commit reached up to 70 ms (median 4.0 ms", "queue reached 900 rows", "held by its merges of staged rows in 15 of those 15 seconds (60 %"}, tl)
 
+	// PostgreSQL: a checkpoint begins every 20 s and for 3 s every page
+	// first written after it goes into the WAL whole (full-page images
+	// 3,000/s against 20): commits stall, the p99 breaks the SLO then.
+	pgWAL := func(tl *Timeline) {
+		tl.FPIPerS, tl.WALMiBPerS = make([]Num, len(tl.T)), make([]Num, len(tl.T))
+		for i := range tl.T {
+			tl.FPIPerS[i], tl.WALMiBPerS[i] = 20, 4
+			if i >= 10 && i%20 < 3 {
+				tl.FPIPerS[i], tl.WALMiBPerS[i] = 3000, 28
+			}
+		}
+	}
+	tl = base()
+	tl.SLOP99Ms = 100
+	pgWAL(tl)
+	for i := range tl.T {
+		if i >= 10 && i%20 < 3 {
+			tl.CommitMs[i], tl.QueueRows[i], tl.P99Ms[i] = 60, 900, 200
+		}
+	}
+	add("checkpoint-stalls", "PostgreSQL's commits stall in the seconds after each checkpoint begins (full-page images surge); nothing else near a limit", ClassCheckpoint, 21, []string{"p99 200 ms broke the SLO (100 ms)", "the mean commit reached up to 60 ms (median 4.0 ms over the run)", "in 6 of those 6 PostgreSQL wrote full-page images at up to 3000 a second (median 20 over the run)", "a checkpoint had begun"}, tl)
+
+	// The same surges, and the p99 breaks the SLO for one second each, with
+	// no commit stall: short spikes, a checkpoint's.
+	tl = base()
+	tl.SLOP99Ms, tl.P99RunMs = 100, 160
+	pgWAL(tl)
+	tl.P99Ms[21], tl.P99Ms[41] = 300, 250
+	add("checkpoint-spikes", "one-second p99 spikes, each as a checkpoint's full-page images surge", ClassCheckpoint, 22, []string{"p99 160 ms over the run broke the SLO (100 ms) in short spikes, 2 of 2 of them while PostgreSQL wrote full-page images at up to 3000 a second (median 20 over the run; t=22s 300 ms, t=42s 250 ms)"}, tl)
+
+	// Commit stalls with the WAL steady (full-page images at 500/s all
+	// along, checkpoints back to back): no surge, so not named a checkpoint's.
+	tl = base()
+	tl.SLOP99Ms = 100
+	pgWAL(tl)
+	for i := range tl.FPIPerS {
+		tl.FPIPerS[i] = 500
+	}
+	for i := range tl.T {
+		if i >= 10 && i%20 < 3 {
+			tl.CommitMs[i], tl.QueueRows[i], tl.P99Ms[i] = 60, 900, 200
+		}
+	}
+	add("store-writer-pg", "PostgreSQL's commits stall while full-page images run steadily at 500/s (no surge): the writer, unnamed", ClassStoreWriter, 21, []string{"while the store's commits stalled", "the one writer every batch waits for"}, tl)
+
 	tl = base()
 	from(tl.Errors, 1, 666)
 	tl.MaxErrorRate = -1 // the gate off, as bench/locust-vs-swarm.sh runs the swarm

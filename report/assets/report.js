@@ -211,6 +211,10 @@
       {hlines: [{y: (p.max.find(v => v !== null) || 0), label: 'pool size', color: '#6b7280'}]});
     return timeSpec([{name: 'SQLite busy retries/s (no pool: SQLite store)', y: p.sqlite_busy_per_s, color: '#6b7280'}], {empty: 'no PostgreSQL pool in this run'});
   });
+  if ((S.pool || {}).pg_fpi_per_s) add('wal', 'PostgreSQL: full-page images and WAL MiB written per second (images surge after a checkpoint begins)', () => timeSpec([
+    {name: 'full-page images/s', y: S.pool.pg_fpi_per_s, color: '#7c3aed'},
+    {name: 'WAL MiB/s', y: S.pool.pg_wal_mib_per_s, color: '#6b7280', dash: true},
+    {name: 'checkpoints completed', y: S.pool.pg_checkpoints_per_s, color: '#dc2626'}]));
   add('lag', 'Simulator: dispatch lag (ms) and late starts (per second)', () => timeSpec([
     {name: 'lag ms', y: S.lag_ms, color: '#dc2626'}, {name: 'late starts', y: S.late_starts, color: '#d97706', dash: true}],
   {hlines: [{y: 500, label: 'lag limit 500 ms', color: '#6b7280'}]}));
