@@ -479,11 +479,11 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 // PGMaintenance is the PostgreSQL server's periodic work; its fields are
 // those of postgres.Maintenance, in the same order.
 type PGMaintenance struct {
-	Checkpoints       int64
-	CheckpointBuffers int64
-	WALBytes          int64
-	WALFullPageImages int64
-	CheckpointTimeout time.Duration
+	CheckpointsTimed, CheckpointsRequested int64
+	CheckpointBuffers                      int64
+	WALBytes                               int64
+	WALFullPageImages                      int64
+	CheckpointTimeout                      time.Duration
 }
 
 // RegisterPGMaintenance registers the database server's checkpoint and WAL
@@ -494,7 +494,7 @@ func (m *Server) RegisterPGMaintenance(stats func(context.Context) (PGMaintenanc
 }
 
 var (
-	pgCheckpoints = prometheus.NewDesc("kettle_pg_checkpoints_total", "PostgreSQL checkpoints, timed and requested, since its statistics were reset (the whole server, not only kettle's database).", nil, nil)
+	pgCheckpoints = prometheus.NewDesc("kettle_pg_checkpoints_total", "PostgreSQL checkpoints since its statistics were reset (the whole server, not only kettle's database), by what started them: timed (checkpoint_timeout) or requested (WAL reached max_wal_size, a CHECKPOINT command, a restart).", []string{"kind"}, nil)
 	pgCPBuffers   = prometheus.NewDesc("kettle_pg_checkpoint_buffers_written_total", "Buffers PostgreSQL's checkpoints wrote.", nil, nil)
 	pgWALBytes    = prometheus.NewDesc("kettle_pg_wal_bytes_total", "WAL PostgreSQL generated, bytes.", nil, nil)
 	pgWALFPI      = prometheus.NewDesc("kettle_pg_wal_full_page_images_total", "Full-page images in PostgreSQL's WAL: every page first written after a checkpoint goes in whole, so they follow checkpoints.", nil, nil)
@@ -518,10 +518,11 @@ func (c *pgMaintCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	n := func(d *prometheus.Desc, v int64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	n := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	n(pgCheckpoints, s.Checkpoints)
+	n(pgCheckpoints, s.CheckpointsTimed, "timed")
+	n(pgCheckpoints, s.CheckpointsRequested, "requested")
 	n(pgCPBuffers, s.CheckpointBuffers)
 	n(pgWALBytes, s.WALBytes)
 	n(pgWALFPI, s.WALFullPageImages)

@@ -410,10 +410,15 @@ func TestStoreAndListenerGauges(t *testing.T) {
 		if fail {
 			return metrics.PGMaintenance{}, errors.New("database down")
 		}
-		return metrics.PGMaintenance{Checkpoints: 3, CheckpointBuffers: 4096, WALBytes: 1 << 30, WALFullPageImages: 77, CheckpointTimeout: 30 * time.Minute}, nil
+		return metrics.PGMaintenance{CheckpointsTimed: 3, CheckpointsRequested: 2, CheckpointBuffers: 4096, WALBytes: 1 << 30, WALFullPageImages: 77, CheckpointTimeout: 30 * time.Minute}, nil
 	})
 	mfsp := gather(t, mp.Registry())
-	for name, want := range map[string]float64{"kettle_pg_checkpoints_total": 3, "kettle_pg_checkpoint_buffers_written_total": 4096,
+	for kind, want := range map[string]float64{"timed": 3, "requested": 2} {
+		if v := value(t, mfsp, "kettle_pg_checkpoints_total", "kind", kind); v != want {
+			t.Errorf("kettle_pg_checkpoints_total{kind=%q} = %v, want %v", kind, v, want)
+		}
+	}
+	for name, want := range map[string]float64{"kettle_pg_checkpoint_buffers_written_total": 4096,
 		"kettle_pg_wal_bytes_total": 1 << 30, "kettle_pg_wal_full_page_images_total": 77, "kettle_pg_checkpoint_timeout_seconds": 1800} {
 		if v := value(t, mfsp, name); v != want {
 			t.Errorf("%s = %v, want %v", name, v, want)

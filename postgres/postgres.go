@@ -482,11 +482,14 @@ func (s *Store) PoolStats() PoolStats {
 // CheckpointTimeout writes the dirty buffers, and every page written after
 // it goes into the WAL whole once: a full-page image).
 type Maintenance struct {
-	Checkpoints       int64 // timed and requested
-	CheckpointBuffers int64 // buffers written by checkpoints
-	WALBytes          int64
-	WALFullPageImages int64
-	CheckpointTimeout time.Duration
+	// Checkpoints by what started them: checkpoint_timeout (timed), or
+	// WAL reaching max_wal_size, a CHECKPOINT command, a restart
+	// (requested: many of these say max_wal_size is too small).
+	CheckpointsTimed, CheckpointsRequested int64
+	CheckpointBuffers                      int64 // buffers written by checkpoints
+	WALBytes                               int64
+	WALFullPageImages                      int64
+	CheckpointTimeout                      time.Duration
 }
 
 // Maintenance reads the server's checkpoint and WAL statistics
@@ -500,16 +503,16 @@ func (s *Store) Maintenance(ctx context.Context) (Maintenance, error) {
 		}
 		s.serverVersion.Store(v)
 	}
-	cp := `SELECT checkpoints_timed + checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`
+	cp := `SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`
 	if v >= 170000 {
-		cp = `SELECT num_timed + num_requested, buffers_written FROM pg_stat_checkpointer`
+		cp = `SELECT num_timed, num_requested, buffers_written FROM pg_stat_checkpointer`
 	}
 	var m Maintenance
 	var timeoutS int64
-	err := s.pool.QueryRow(ctx, `WITH cp(n, buffers) AS (`+cp+`)
-		SELECT cp.n, cp.buffers, w.wal_bytes::int8, w.wal_fpi,
+	err := s.pool.QueryRow(ctx, `WITH cp(timed, requested, buffers) AS (`+cp+`)
+		SELECT cp.timed, cp.requested, cp.buffers, w.wal_bytes::int8, w.wal_fpi,
 			extract(epoch FROM current_setting('checkpoint_timeout')::interval)::int8
-		FROM cp, pg_stat_wal w`).Scan(&m.Checkpoints, &m.CheckpointBuffers, &m.WALBytes, &m.WALFullPageImages, &timeoutS)
+		FROM cp, pg_stat_wal w`).Scan(&m.CheckpointsTimed, &m.CheckpointsRequested, &m.CheckpointBuffers, &m.WALBytes, &m.WALFullPageImages, &timeoutS)
 	if err != nil {
 		return Maintenance{}, unavailable("maintenance statistics", err)
 	}

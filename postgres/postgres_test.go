@@ -746,7 +746,7 @@ func TestMaintenance(t *testing.T) {
 		if m1, err = s.Maintenance(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if m1.Checkpoints > m0.Checkpoints && m1.WALBytes > m0.WALBytes && m1.WALFullPageImages > m0.WALFullPageImages {
+		if m1.CheckpointsRequested > m0.CheckpointsRequested && m1.WALBytes > m0.WALBytes && m1.WALFullPageImages > m0.WALFullPageImages {
 			break
 		}
 		if time.Now().After(deadline) {
