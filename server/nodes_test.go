@@ -147,7 +147,7 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 		t.Errorf("peers while the other beats: %v, want 1", p)
 	}
 
-	// The other stops: after the peer window (3 beats) the node pauses.
+	// The other stops: three intervals after its last beat the node pauses.
 	stop()
 	wg.Wait()
 	time.Sleep(6 * every)
