@@ -110,7 +110,7 @@ type Service struct {
 	// With a store several processes write (kettle.Nodes), this node's id
 	// in it, the others it saw alive at the last beat (-1: not known yet,
 	// or the beat failed), and the refreshes run.
-	node      kettle.DeviceID
+	node      uuid.UUID
 	peers     atomic.Int64
 	refreshes atomic.Uint64
 	wasAlone  bool // at the previous beat (refresher goroutine only)

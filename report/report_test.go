@@ -246,3 +246,43 @@ func TestSamplesAfterRunIgnored(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresCountersBecomeRates: PostgreSQL's WAL counters, sampled raw,
+// become per-second series between consecutive scraped samples (the
+// checkpoint verdict and the WAL chart read them).
+func TestPostgresCountersBecomeRates(t *testing.T) {
+	r := loadRecorded(t)
+	var fpi, wal float64
+	for k := range r.System.Samples {
+		smp := &r.System.Samples[k]
+		fpi += 100
+		if k == 10 {
+			fpi += 5000 // a checkpoint began
+		}
+		wal += 1 << 20
+		cps := float64(k / 10)
+		smp.Server = &sysstat.ServerGauges{Up: true, PGWALFullPageImages: &[]float64{fpi}[0], PGWALBytes: &[]float64{wal}[0], PGCheckpoints: &cps}
+	}
+	tl, err := TimelineOf(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var surge, steady int
+	for i, v := range tl.FPIPerS {
+		switch f := float64(v); {
+		case f > 4000:
+			surge++
+		case f > 50 && f < 200:
+			steady++
+			if w := float64(tl.WALMiBPerS[i]); w < 0.5 || w > 2 {
+				t.Errorf("second %d: WAL %v MiB/s, want ~1", i, w)
+			}
+		}
+	}
+	if surge != 1 || steady < len(r.System.Samples)/2 {
+		t.Errorf("full-page images per second: %d surges (want 1), %d steady seconds of %d samples: %v", surge, steady, len(r.System.Samples), tl.FPIPerS)
+	}
+	if peak(tl.CheckpointsPerS) <= 0 {
+		t.Errorf("no checkpoint rate: %v", tl.CheckpointsPerS)
+	}
+}

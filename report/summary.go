@@ -286,7 +286,9 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		s.CPUs = sys.CPUs
 		tl.CPUs, tl.SameProcess, tl.Sampled, tl.MemTotalBytes = sys.CPUs, sys.SameProcess, true, float64(sys.MemTotalBytes)
 		diskPeak := map[string]float64{}
-		for _, smp := range sys.Samples {
+		var prev *sysstat.Sample // the last scraped sample: PostgreSQL's counters become rates
+		for k := range sys.Samples {
+			smp := &sys.Samples[k]
 			// A sample covers the second before it: one taken after the
 			// run ended is (mostly) the audit or the shutdown, not the run.
 			if !r.End.IsZero() && smp.Time.After(r.End) {
@@ -343,11 +345,18 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
 				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
-				set(se.Pool, "pg_fpi_per_s", g.PGFullPageImagesPerS)
-				set(se.Pool, "pg_checkpoints_per_s", g.PGCheckpointsPerS)
-				if v := g.PGWALBytesPerS; v != nil {
-					get(se.Pool, "pg_wal_mib_per_s")[i] = Num(*v / (1 << 20))
+				if prev != nil {
+					dt := smp.Time.Sub(prev.Time).Seconds()
+					perS := func(k string, cur, old *float64, scale float64) {
+						if cur != nil && old != nil && dt > 0 && *cur >= *old {
+							get(se.Pool, k)[i] = Num((*cur - *old) / dt / scale)
+						}
+					}
+					perS("pg_fpi_per_s", g.PGWALFullPageImages, prev.Server.PGWALFullPageImages, 1)
+					perS("pg_checkpoints_per_s", g.PGCheckpoints, prev.Server.PGCheckpoints, 1)
+					perS("pg_wal_mib_per_s", g.PGWALBytes, prev.Server.PGWALBytes, 1<<20)
 				}
+				prev = smp
 				if g.HeapBytes != nil {
 					heap[i] = Num(*g.HeapBytes)
 				}

@@ -100,9 +100,6 @@ func (s *scraper) scrape(now time.Time) *ServerGauges {
 	g.PoolEmptyPerS = rate(mPoolEmpty)
 	g.SQLiteBusyPerS = rate(mSQLiteBusy)
 	g.SQLiteMergeSecPerS = rate(mSQLiteMerge)
-	g.PGWALBytesPerS = rate("kettle_pg_wal_bytes_total")
-	g.PGFullPageImagesPerS = rate("kettle_pg_wal_full_page_images_total")
-	g.PGCheckpointsPerS = rate("kettle_pg_checkpoints_total")
 	if n, had := s.prev[mCommitCount]; had {
 		if dn := vals[mCommitCount] - n; dn > 0 {
 			m := (vals[mCommitSum] - s.prev[mCommitSum]) / dn * 1000

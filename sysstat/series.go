@@ -177,10 +177,4 @@ type ServerGauges struct {
 	PGWALBytes           *float64 `json:"pg_wal_bytes,omitempty"`
 	PGWALFullPageImages  *float64 `json:"pg_wal_fpi,omitempty"`
 	PGCheckpointTimeoutS *float64 `json:"pg_checkpoint_timeout_s,omitempty"`
-	// Their rates over the interval: WAL bytes and full-page images per
-	// second (the images surge after each checkpoint begins), checkpoints
-	// completed per second.
-	PGWALBytesPerS       *float64 `json:"pg_wal_bytes_per_s,omitempty"`
-	PGFullPageImagesPerS *float64 `json:"pg_wal_fpi_per_s,omitempty"`
-	PGCheckpointsPerS    *float64 `json:"pg_checkpoints_per_s,omitempty"`
 }
