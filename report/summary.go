@@ -520,7 +520,7 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		}
 		w := UseRow{Resource: "PostgreSQL WAL",
 			Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
-			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %.0f checkpoints completed", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), cps),
+			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s completed", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
 			Errors:      "—"}
 		if s.Verdict.Class == ClassCheckpoint {
 			w.Saturated = s.Verdict.T
