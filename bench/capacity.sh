@@ -20,6 +20,12 @@
 # bytes with full-page images), so that a figure measured without it is
 # seen to be so. PG_EXTRA="-c checkpoint_timeout=30s" (PostgreSQL's
 # minimum) puts a checkpoint in every 40 s step.
+#
+# A slow disk: PG_WRITE_MBPS=8 throttles the cluster's disk writes (root,
+# a cgroup; bench/pg-cluster.sh); PG_WARM_WAL=1024 gives the fresh cluster
+# recycled WAL segment files first, as one in service has:
+#   STORE=postgres PG_WRITE_MBPS=8 CAPACITY_ARGS="--start 40000 --max 40000 --step-duration 60s" bench/capacity.sh
+#   PG_WARM_WAL=1024 STORE=postgres PG_WRITE_MBPS=8 PG_EXTRA="-c checkpoint_timeout=30s" CAPACITY_ARGS=… bench/capacity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STORE=${STORE:-sqlite}
@@ -28,7 +34,7 @@ case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, 
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-capacity-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
-echo "rerun: STORE=$STORE ${PG_EXTRA:+PG_EXTRA=\"$PG_EXTRA\" }CAPACITY_ARGS=\"$CAPACITY_ARGS\" SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/capacity.sh"
+echo "rerun: ${PG_WARM_WAL:+PG_WARM_WAL=$PG_WARM_WAL }STORE=$STORE ${PG_EXTRA:+PG_EXTRA=\"$PG_EXTRA\" }${PG_WRITE_MBPS:+PG_WRITE_MBPS=$PG_WRITE_MBPS }CAPACITY_ARGS=\"$CAPACITY_ARGS\" SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/capacity.sh"
 machine_line
 build_kettle "$work"
 db="sqlite:$work/kettle.db"

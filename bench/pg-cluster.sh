@@ -9,6 +9,20 @@
 # root), listens on 127.0.0.1:<random port> and on a socket in PG_DIR, and
 # trusts local connections. PG_EXTRA="-c name=value ..." adds settings.
 #
+# PG_WRITE_MBPS=N (root only): a slow disk for the database, the cluster's
+# writes to the disk holding PG_DIR throttled to N MB/s (a blkio cgroup,
+# cgroup v1, or io.max, cgroup v2, holding the postmaster; every process it
+# starts later inherits it). WAL fsyncs and the checkpointer's writes then
+# compete for N MB/s, as on a small cloud volume, while the rest of the
+# machine writes at full speed.
+#
+# PG_WARM_WAL=MIB: before the run (and before any throttle), MIB MiB of WAL
+# written and recycled by two checkpoints (pg_warm_wal), so that the fresh
+# cluster writes its WAL into existing segment files as one in service does.
+# A fresh cluster instead creates and zero-fills a new 16 MiB file every
+# 16 MiB of WAL, with commits waiting on it: at 8 MB/s (PG_WRITE_MBPS=8) that
+# is a ~2 s stall every ~13 s at 40,000 kettles (docs/performance.md).
+#
 # Benchmark settings (printed by pg_settings): durability stays ON
 # (fsync, synchronous_commit, full_page_writes: an ack means durable); memory
 # and checkpoints are sized so a 50M-row seeding is not dominated by
@@ -57,6 +71,8 @@ pg_start() {
 	pg_as "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w -t 60 \
 		-o "-c listen_addresses=127.0.0.1 -p $PG_PORT -c unix_socket_directories=$PG_DIR ${PG_SETTINGS[*]} ${PG_EXTRA:-}" start >/dev/null ||
 		{ cat "$PG_DIR/postgres.log" >&2; return 1; }
+	[ "${PG_WARM_WAL:-0}" = 0 ] || pg_warm_wal "$PG_WARM_WAL" || { pg_stop; return 1; }
+	[ -z "${PG_WRITE_MBPS:-}" ] || pg_throttle "$PG_WRITE_MBPS" || { pg_stop; return 1; }
 	PG_DSN="postgres://postgres@/postgres?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
 	PG_TCP_DSN="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"
 	export PG_DIR PG_PORT PG_DSN PG_TCP_DSN PG_BIN
@@ -74,11 +90,51 @@ pg_sql() { "$PG_BIN/psql" -qAt -X -h "$PG_DIR" -p "$PG_PORT" -U postgres -d "$1"
 pg_settings() {
 	echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') throwaway cluster in $PG_DIR, port $PG_PORT (127.0.0.1 + unix socket); settings changed from initdb defaults:"
 	echo "  ${PG_SETTINGS[*]} ${PG_EXTRA:-}" | sed 's/-c //g'
+	[ -z "${PG_WRITE_MBPS:-}" ] || echo "  disk writes throttled to $PG_WRITE_MBPS MB/s (PG_WRITE_MBPS)"
+}
+
+# pg_warm_wal MIB: MIB MiB of WAL written (non-transactional logical
+# messages, no table) and two checkpoints, which recycle those segment files
+# for future use (min_wal_size): the cluster then writes its WAL into
+# existing files, as one long in service does, instead of creating and
+# zero-filling (wal_init_zero) a new 16 MiB file every 16 MiB of WAL with
+# commits waiting on it.
+pg_warm_wal() {
+	local n
+	n=$(pg_as "$PG_BIN/psql" -qAt -X -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres \
+		-c "SELECT count(pg_logical_emit_message(false, 'kettle-warm', repeat('x', 1048576))) FROM generate_series(1, $1)" \
+		-c "CHECKPOINT" -c "CHECKPOINT" -c "SELECT count(*) FROM pg_ls_waldir()" | tail -1) || return 1
+	echo "PostgreSQL's WAL warmed: $1 MiB written and recycled, $n segment files ready"
+}
+
+# pg_throttle MBPS: the running cluster's disk writes limited to MBPS MB/s
+# (see PG_WRITE_MBPS); sets PG_CGROUP, removed by pg_stop.
+pg_throttle() {
+	local dev pk bps=$(($1 * 1000000)) pm
+	[ "$(id -u)" = 0 ] || { echo "PG_WRITE_MBPS needs root (a cgroup)" >&2; return 1; }
+	dev=$(findmnt -no MAJ:MIN -T "$PG_DIR" | tr -d ' ')
+	pk=$(lsblk -no PKNAME "/dev/block/$dev" 2>/dev/null | head -1)
+	[ -z "$pk" ] || dev=$(lsblk -dno MAJ:MIN "/dev/$pk" | tr -d ' ') # a partition: its disk
+	pm=$(head -1 "$PG_DIR/data/postmaster.pid")
+	if [ -d /sys/fs/cgroup/blkio ]; then
+		PG_CGROUP=/sys/fs/cgroup/blkio/kettle-pg-$PG_PORT
+		mkdir "$PG_CGROUP" && echo "$dev $bps" >"$PG_CGROUP/blkio.throttle.write_bps_device" || return 1
+	elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+		PG_CGROUP=/sys/fs/cgroup/kettle-pg-$PG_PORT
+		echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+		mkdir "$PG_CGROUP" && echo "$dev wbps=$bps" >"$PG_CGROUP/io.max" || return 1
+	else
+		echo "PG_WRITE_MBPS: no blkio (cgroup v1) or io (cgroup v2) controller here" >&2; return 1
+	fi
+	for p in $pm $(ps --ppid "$pm" -o pid=); do echo "$p" >"$PG_CGROUP/cgroup.procs" || return 1; done
+	echo "PostgreSQL's disk writes throttled to $1 MB/s (device $dev, cgroup $PG_CGROUP)"
+	export PG_CGROUP
 }
 
 pg_stop() {
 	[ -n "${PG_DIR:-}" ] || return 0
 	[ -d "$PG_DIR/data" ] && pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w -t 60 stop >/dev/null 2>&1
+	[ -z "${PG_CGROUP:-}" ] || { rmdir "$PG_CGROUP" 2>/dev/null; PG_CGROUP=; }
 	rm -rf "$PG_DIR"
 	PG_DIR=
 }

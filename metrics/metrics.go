@@ -484,6 +484,8 @@ type PGMaintenance struct {
 	WALBytes                               int64
 	WALFullPageImages                      int64
 	CheckpointTimeout                      time.Duration
+	Segment, SegmentsReady                 int64
+	SegmentsKnown                          bool
 }
 
 // RegisterPGMaintenance registers the database server's checkpoint and WAL
@@ -494,11 +496,13 @@ func (m *Server) RegisterPGMaintenance(stats func(context.Context) (PGMaintenanc
 }
 
 var (
-	pgCheckpoints = prometheus.NewDesc("kettle_pg_checkpoints_total", "PostgreSQL checkpoints since its statistics were reset (the whole server, not only kettle's database), by what started them: timed (checkpoint_timeout) or requested (WAL reached max_wal_size, a CHECKPOINT command, a restart).", []string{"kind"}, nil)
-	pgCPBuffers   = prometheus.NewDesc("kettle_pg_checkpoint_buffers_written_total", "Buffers PostgreSQL's checkpoints wrote.", nil, nil)
+	pgCheckpoints = prometheus.NewDesc("kettle_pg_checkpoints_total", "PostgreSQL checkpoints since its statistics were reset (the whole server, not only kettle's database), counted as each begins, by what started it: timed (checkpoint_timeout) or requested (WAL reached max_wal_size, a CHECKPOINT command, a restart).", []string{"kind"}, nil)
+	pgCPBuffers   = prometheus.NewDesc("kettle_pg_checkpoint_buffers_written_total", "Buffers PostgreSQL's checkpoints wrote, counted as they go: it rises through a checkpoint's write phase and stops for its sync phase.", nil, nil)
 	pgWALBytes    = prometheus.NewDesc("kettle_pg_wal_bytes_total", "WAL PostgreSQL generated, bytes.", nil, nil)
 	pgWALFPI      = prometheus.NewDesc("kettle_pg_wal_full_page_images_total", "Full-page images in PostgreSQL's WAL: every page first written after a checkpoint goes in whole, so they follow checkpoints.", nil, nil)
 	pgCPTimeout   = prometheus.NewDesc("kettle_pg_checkpoint_timeout_seconds", "PostgreSQL's checkpoint_timeout: a benchmark shorter than this may hold no checkpoint.", nil, nil)
+	pgWALSegment  = prometheus.NewDesc("kettle_pg_wal_segment", "Number of the WAL segment file PostgreSQL writes (counted from the first of its WAL): it steps once per wal_segment_size (16 MiB) of WAL. Absent when the role may not list pg_wal (grant pg_monitor).", nil, nil)
+	pgWALReady    = prometheus.NewDesc("kettle_pg_wal_segments_ready", "WAL segment files waiting in pg_wal after the one being written (recycled by checkpoints). At 0, each segment switch creates a new file and zero-fills it (wal_init_zero) while commits wait: raise min_wal_size. Absent when the role may not list pg_wal (grant pg_monitor).", nil, nil)
 )
 
 type pgMaintCollector struct {
@@ -506,7 +510,7 @@ type pgMaintCollector struct {
 }
 
 func (c *pgMaintCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pgCheckpoints, pgCPBuffers, pgWALBytes, pgWALFPI, pgCPTimeout} {
+	for _, d := range []*prometheus.Desc{pgCheckpoints, pgCPBuffers, pgWALBytes, pgWALFPI, pgCPTimeout, pgWALSegment, pgWALReady} {
 		ch <- d
 	}
 }
@@ -527,6 +531,10 @@ func (c *pgMaintCollector) Collect(ch chan<- prometheus.Metric) {
 	n(pgWALBytes, s.WALBytes)
 	n(pgWALFPI, s.WALFullPageImages)
 	ch <- prometheus.MustNewConstMetric(pgCPTimeout, prometheus.GaugeValue, s.CheckpointTimeout.Seconds())
+	if s.SegmentsKnown {
+		ch <- prometheus.MustNewConstMetric(pgWALSegment, prometheus.GaugeValue, float64(s.Segment))
+		ch <- prometheus.MustNewConstMetric(pgWALReady, prometheus.GaugeValue, float64(s.SegmentsReady))
+	}
 }
 
 // MQTTStats is a snapshot of the MQTT adapter's counters; its fields are

@@ -406,11 +406,13 @@ func TestStoreAndListenerGauges(t *testing.T) {
 	// leaves it out rather than failing the scrape.
 	mp := metrics.New(prometheus.NewRegistry())
 	fail := false
+	segKnown := true
 	mp.RegisterPGMaintenance(func(context.Context) (metrics.PGMaintenance, error) {
 		if fail {
 			return metrics.PGMaintenance{}, errors.New("database down")
 		}
-		return metrics.PGMaintenance{CheckpointsTimed: 3, CheckpointsRequested: 2, CheckpointBuffers: 4096, WALBytes: 1 << 30, WALFullPageImages: 77, CheckpointTimeout: 30 * time.Minute}, nil
+		return metrics.PGMaintenance{CheckpointsTimed: 3, CheckpointsRequested: 2, CheckpointBuffers: 4096, WALBytes: 1 << 30, WALFullPageImages: 77, CheckpointTimeout: 30 * time.Minute,
+			Segment: 513, SegmentsReady: 4, SegmentsKnown: segKnown}, nil
 	})
 	mfsp := gather(t, mp.Registry())
 	for kind, want := range map[string]float64{"timed": 3, "requested": 2} {
@@ -419,10 +421,19 @@ func TestStoreAndListenerGauges(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{"kettle_pg_checkpoint_buffers_written_total": 4096,
-		"kettle_pg_wal_bytes_total": 1 << 30, "kettle_pg_wal_full_page_images_total": 77, "kettle_pg_checkpoint_timeout_seconds": 1800} {
+		"kettle_pg_wal_bytes_total": 1 << 30, "kettle_pg_wal_full_page_images_total": 77, "kettle_pg_checkpoint_timeout_seconds": 1800,
+		"kettle_pg_wal_segment": 513, "kettle_pg_wal_segments_ready": 4} {
 		if v := value(t, mfsp, name); v != want {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}
+	}
+	segKnown = false // a role that may not list pg_wal
+	mfsp = gather(t, mp.Registry())
+	if _, ok := mfsp["kettle_pg_wal_segments_ready"]; ok {
+		t.Error("segments unknown: kettle_pg_wal_segments_ready still there")
+	}
+	if v := value(t, mfsp, "kettle_pg_wal_bytes_total"); v != 1<<30 {
+		t.Errorf("segments unknown: kettle_pg_wal_bytes_total = %v, want %v", v, 1<<30)
 	}
 	fail = true
 	if _, ok := gather(t, mp.Registry())["kettle_pg_checkpoints_total"]; ok {

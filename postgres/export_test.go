@@ -15,3 +15,24 @@ func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ct
 
 // CompactRollups folds closed hours' rollup shards into shard 0 now.
 func (s *Store) CompactRollups(ctx context.Context) error { return s.compactRollups(ctx, true) }
+
+// HoldPool acquires every connection of the store's pool and returns a
+// function that releases them.
+func (s *Store) HoldPool(ctx context.Context) (release func(), err error) {
+	var held []interface{ Release() }
+	for range s.pool.Config().MaxConns {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			for _, h := range held {
+				h.Release()
+			}
+			return nil, err
+		}
+		held = append(held, c)
+	}
+	return func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}, nil
+}

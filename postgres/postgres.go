@@ -109,7 +109,15 @@ type Store struct {
 	// failure, and after a partition was found missing (see Store.write)
 	conflictRetries, partitionRetries atomic.Uint64
 
-	serverVersion atomic.Int32 // server_version_num, read by Maintenance's first call
+	// Maintenance's own connection (opened on its first call, again after
+	// an error): the server's statistics stay readable while every pool
+	// connection waits for a commit, the moment they explain. monVersion
+	// (server_version_num) and monWALDir (may list pg_wal) are asked once a
+	// connection.
+	monMu      sync.Mutex
+	mon        *pgx.Conn
+	monVersion int32
+	monWALDir  bool
 }
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
@@ -409,6 +417,12 @@ func (s *Store) Close() error {
 		close(s.stopCompact)
 	}
 	<-s.compactDone
+	s.monMu.Lock()
+	if s.mon != nil {
+		s.mon.Close(context.Background())
+		s.mon = nil
+	}
+	s.monMu.Unlock()
 	s.pool.Close()
 	return nil
 }
@@ -490,34 +504,95 @@ type Maintenance struct {
 	WALBytes                               int64
 	WALFullPageImages                      int64
 	CheckpointTimeout                      time.Duration
+	// The WAL segment file being written (its number, counting from the
+	// first segment of the server's WAL) and how many segment files wait
+	// ready after it (recycled by a checkpoint, or preallocated). While
+	// none wait, every segment switch creates a new file, zero-filling
+	// all 16 MiB of it (wal_init_zero) while the commits that need the
+	// space wait: on a young cluster, or when the WAL outgrows
+	// min_wal_size. SegmentsKnown is false when the role may not list
+	// pg_wal (pg_ls_waldir: superuser or pg_monitor).
+	Segment, SegmentsReady int64
+	SegmentsKnown          bool
 }
 
 // Maintenance reads the server's checkpoint and WAL statistics
 // (pg_stat_bgwriter and pg_stat_wal up to PostgreSQL 16, pg_stat_checkpointer
-// from 17) and its checkpoint_timeout: one statement.
+// from 17), its checkpoint_timeout and, where the role may list pg_wal, its
+// WAL segment files: one statement, on a connection of its own outside the
+// pool (one more connection to the server than --pool-size), so that it
+// answers while the pool is exhausted.
 func (s *Store) Maintenance(ctx context.Context) (Maintenance, error) {
-	v := s.serverVersion.Load()
-	if v == 0 {
-		if err := s.pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int4`).Scan(&v); err != nil {
+	s.monMu.Lock()
+	defer s.monMu.Unlock()
+	m, err := s.maintenance(ctx)
+	if err != nil && s.mon != nil {
+		s.mon.Close(context.WithoutCancel(ctx))
+		s.mon = nil
+	}
+	return m, err
+}
+
+func (s *Store) maintenance(ctx context.Context) (Maintenance, error) {
+	if s.mon == nil {
+		c, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+		if err != nil {
+			return Maintenance{}, unavailable("maintenance statistics: connect", err)
+		}
+		// The privilege is checked when a plan starts, so the listing
+		// cannot hide behind a CASE: ask first.
+		if err := c.QueryRow(ctx, `SELECT current_setting('server_version_num')::int4,
+			has_function_privilege('pg_catalog.pg_ls_waldir()', 'EXECUTE')`).Scan(&s.monVersion, &s.monWALDir); err != nil {
+			c.Close(context.WithoutCancel(ctx))
 			return Maintenance{}, unavailable("maintenance statistics", err)
 		}
-		s.serverVersion.Store(v)
+		s.mon = c
 	}
 	cp := `SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint FROM pg_stat_bgwriter`
-	if v >= 170000 {
+	if s.monVersion >= 170000 {
 		cp = `SELECT num_timed, num_requested, buffers_written FROM pg_stat_checkpointer`
 	}
+	// The segment files: the one being written and the newest in pg_wal
+	// (names sort as segment numbers within a timeline, and a newer
+	// timeline sorts after).
+	seg := `, '', '', 0::int8`
+	if s.monWALDir {
+		seg = `, pg_walfile_name(pg_current_wal_insert_lsn()),
+			(SELECT max(name) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'),
+			(SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')`
+	}
 	var m Maintenance
-	var timeoutS int64
-	err := s.pool.QueryRow(ctx, `WITH cp(timed, requested, buffers) AS (`+cp+`)
+	var timeoutS, segSize int64
+	var cur, newest string
+	err := s.mon.QueryRow(ctx, `WITH cp(timed, requested, buffers) AS (`+cp+`)
 		SELECT cp.timed, cp.requested, cp.buffers, w.wal_bytes::int8, w.wal_fpi,
-			extract(epoch FROM current_setting('checkpoint_timeout')::interval)::int8
-		FROM cp, pg_stat_wal w`).Scan(&m.CheckpointsTimed, &m.CheckpointsRequested, &m.CheckpointBuffers, &m.WALBytes, &m.WALFullPageImages, &timeoutS)
+			extract(epoch FROM current_setting('checkpoint_timeout')::interval)::int8`+seg+`
+		FROM cp, pg_stat_wal w`).Scan(&m.CheckpointsTimed, &m.CheckpointsRequested, &m.CheckpointBuffers, &m.WALBytes, &m.WALFullPageImages, &timeoutS,
+		&cur, &newest, &segSize)
 	if err != nil {
 		return Maintenance{}, unavailable("maintenance statistics", err)
 	}
 	m.CheckpointTimeout = time.Duration(timeoutS) * time.Second
+	if c, ok := walSegmentNo(cur, segSize); ok {
+		if n, ok := walSegmentNo(newest, segSize); ok && cur[:8] == newest[:8] {
+			m.Segment, m.SegmentsReady, m.SegmentsKnown = c, max(n-c, 0), true
+		}
+	}
 	return m, nil
+}
+
+// walSegmentNo is the number of the WAL segment file name (timeline, log,
+// segment: 24 hex digits) of segSize-byte segments, counted from the first.
+func walSegmentNo(name string, segSize int64) (int64, bool) {
+	if len(name) != 24 || segSize <= 0 {
+		return 0, false
+	}
+	log, err1 := strconv.ParseUint(name[8:16], 16, 32)
+	seg, err2 := strconv.ParseUint(name[16:], 16, 32)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return int64(log)*(0x100000000/segSize) + int64(seg), true
 }
 
 // numShards is the number of shards of the hot rows: totals, rollups and

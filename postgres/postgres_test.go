@@ -756,4 +756,96 @@ func TestMaintenance(t *testing.T) {
 	if m1.CheckpointBuffers < m0.CheckpointBuffers {
 		t.Errorf("checkpoint buffers went back: %d → %d", m0.CheckpointBuffers, m1.CheckpointBuffers)
 	}
+
+	// WAL segment files, as superuser (the test cluster's role): the one
+	// being written steps with each switch, and a checkpoint recycles the
+	// older files as files ready after it; both checked against pg_wal.
+	if !m1.SegmentsKnown {
+		t.Fatalf("segments unknown to a superuser: %+v", m1)
+	}
+	var name string
+	for range 3 {
+		write(100)
+		if err := c.QueryRow(ctx, "SELECT pg_walfile_name(pg_switch_wal())").Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := s.Maintenance(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read with every pool connection taken (all of them waiting for
+	// commits, in a saturated server): Maintenance has its own.
+	release, err := s.HoldPool(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	m2, err = s.Maintenance(hctx)
+	cancel()
+	release()
+	if err != nil {
+		t.Fatalf("Maintenance with the pool exhausted: %v", err)
+	}
+	var ready int64
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_ls_waldir()
+		WHERE name ~ '^[0-9A-F]{24}$' AND name > pg_walfile_name(pg_current_wal_insert_lsn())`).Scan(&ready); err != nil {
+		t.Fatal(err)
+	}
+	if m2.Segment < m1.Segment+3 || m2.SegmentsReady != ready || ready == 0 {
+		t.Errorf("after 3 WAL switches and a CHECKPOINT: segment %d → %d (want ≥ +3), %d ready (pg_wal: %d after the one being written; want > 0)",
+			m1.Segment, m2.Segment, m2.SegmentsReady, ready)
+	}
+
+	// A role that may not list pg_wal, with a database of its own: the
+	// rest as before, segments unknown, no error.
+	role := fmt.Sprintf("kt_plain_%d", time.Now().UnixNano()%1e9)
+	pdsn := pgtest.Start(t)
+	pc, err := pgx.Connect(ctx, pdsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close(ctx)
+	var db string
+	if err := pc.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"CREATE ROLE " + role + " LOGIN", "GRANT CREATE ON DATABASE " + db + " TO " + role, "GRANT ALL ON SCHEMA public TO " + role} {
+		if _, err := pc.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, pdsn)
+		if err != nil {
+			t.Log(err)
+			return
+		}
+		defer c.Close(ctx)
+		for _, q := range []string{"DROP OWNED BY " + role, "DROP ROLE " + role} {
+			if _, err := c.Exec(ctx, q); err != nil {
+				t.Log(err)
+			}
+		}
+	})
+	cfg, err := pgx.ParseConfig(pdsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainDSN := fmt.Sprintf("host=%s port=%d dbname=%s user=%s sslmode=disable", cfg.Host, cfg.Port, db, role)
+	ps, err := postgres.Open(ctx, plainDSN, postgres.Options{MaxConns: 2})
+	if err != nil {
+		t.Fatalf("open as %s: %v", role, err)
+	}
+	defer ps.Close()
+	m3, err := ps.Maintenance(ctx)
+	if err != nil {
+		t.Fatalf("Maintenance as %s: %v", role, err)
+	}
+	if m3.SegmentsKnown || m3.CheckpointTimeout <= 0 || m3.WALBytes < m2.WALBytes {
+		t.Errorf("as %s (no pg_ls_waldir): %+v; want the checkpoint and WAL figures, segments unknown", role, m3)
+	}
 }

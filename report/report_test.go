@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -261,7 +262,17 @@ func TestPostgresCountersBecomeRates(t *testing.T) {
 		}
 		wal += 1 << 20
 		cps := float64(k / 10)
-		smp.Server = &sysstat.ServerGauges{Up: true, PGWALFullPageImages: &[]float64{fpi}[0], PGWALBytes: &[]float64{wal}[0], PGCheckpoints: &cps}
+		// WAL segment files: one switch every 4 samples; 3 files ready at
+		// first, one used at each switch (samples 4, 8, 12: nothing
+		// created), then none (each switch creates one); at sample 30 a
+		// checkpoint recycles 5, used from sample 32 on.
+		seg := float64(k / 4)
+		ready := max(0, 3-seg)
+		if k >= 30 {
+			ready = 5 - (seg - 7)
+		}
+		smp.Server = &sysstat.ServerGauges{Up: true, PGWALFullPageImages: &[]float64{fpi}[0], PGWALBytes: &[]float64{wal}[0], PGCheckpoints: &cps,
+			PGWALSegment: &seg, PGWALSegmentsReady: &ready}
 	}
 	tl, err := TimelineOf(r)
 	if err != nil {
@@ -284,5 +295,16 @@ func TestPostgresCountersBecomeRates(t *testing.T) {
 	}
 	if peak(tl.CheckpointsPerS) <= 0 {
 		t.Errorf("no checkpoint rate: %v", tl.CheckpointsPerS)
+	}
+	// Created: the switches at samples 16, 20, 24 and 28 (none ready before
+	// or after); not those that used a ready file (4, 8, 12, 32, …).
+	var created []int
+	for i, v := range tl.WALSegmentsPerS {
+		if v > 0 {
+			created = append(created, i)
+		}
+	}
+	if want := []int{16, 20, 24, 28}; len(r.System.Samples) < 40 || !slices.Equal(created, want) {
+		t.Errorf("new WAL segment files in seconds %v, want %v (of %d samples): %v", created, want, len(r.System.Samples), tl.WALSegmentsPerS)
 	}
 }

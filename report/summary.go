@@ -105,7 +105,7 @@ type Series struct {
 	DiskAwait map[string][]Num           `json:"disk_await_ms"`
 	DiskUtil  map[string][]Num           `json:"disk_util"`
 	Queue     map[string][]Num           `json:"queue"` // rows, capacity, rejected_per_s
-	Pool      map[string][]Num           `json:"pool"`  // wait, acquired, max; PostgreSQL's WAL: pg_wal_mib_per_s, pg_fpi_per_s, pg_checkpoints_per_s
+	Pool      map[string][]Num           `json:"pool"`  // wait, acquired, max; PostgreSQL's WAL: pg_wal_mib_per_s, pg_fpi_per_s, pg_checkpoints_per_s (begun), pg_checkpoint_buffers_per_s, pg_wal_segments_created_per_s, pg_wal_segments_ready
 	RunQueue  []Num                      `json:"run_queue"`
 	PSI       map[string][]Num           `json:"psi,omitempty"` // resource → some %
 	NetMiBps  map[string][]Num           `json:"net_mibps,omitempty"`
@@ -345,6 +345,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 				set(se.Pool, "max", g.PoolMaxConns)
 				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
 				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
+				set(se.Pool, "pg_wal_segments_ready", g.PGWALSegmentsReady)
 				if prev != nil {
 					dt := smp.Time.Sub(prev.Time).Seconds()
 					perS := func(k string, cur, old *float64, scale float64) {
@@ -354,7 +355,19 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 					}
 					perS("pg_fpi_per_s", g.PGWALFullPageImages, prev.Server.PGWALFullPageImages, 1)
 					perS("pg_checkpoints_per_s", g.PGCheckpoints, prev.Server.PGCheckpoints, 1)
+					perS("pg_checkpoint_buffers_per_s", g.PGCheckpointBuffers, prev.Server.PGCheckpointBuffers, 1)
 					perS("pg_wal_mib_per_s", g.PGWALBytes, prev.Server.PGWALBytes, 1<<20)
+					// New WAL segment files: segment switches beyond the
+					// files that were ready, when none is ready after
+					// (otherwise a checkpoint recycled files meanwhile, and
+					// the count is unknown: taken as none).
+					if c, o, r, pr := g.PGWALSegment, prev.Server.PGWALSegment, g.PGWALSegmentsReady, prev.Server.PGWALSegmentsReady; c != nil && o != nil && r != nil && pr != nil && dt > 0 && *c >= *o {
+						created := 0.0
+						if *r == 0 {
+							created = math.Max(0, *c-*o-*pr)
+						}
+						get(se.Pool, "pg_wal_segments_created_per_s")[i] = Num(created / dt)
+					}
 				}
 				prev = smp
 				if g.HeapBytes != nil {
@@ -395,6 +408,8 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
 		tl.MergeBusy = se.Queue["merge_s_per_s"]
 		tl.FPIPerS, tl.WALMiBPerS, tl.CheckpointsPerS = se.Pool["pg_fpi_per_s"], se.Pool["pg_wal_mib_per_s"], se.Pool["pg_checkpoints_per_s"]
+		tl.WALSegmentsPerS, tl.WALSegmentsReady = se.Pool["pg_wal_segments_created_per_s"], se.Pool["pg_wal_segments_ready"]
+		tl.CheckpointBufPerS = se.Pool["pg_checkpoint_buffers_per_s"]
 		if !allNaN(heap) {
 			tl.ServerHeap = heap
 		}
@@ -520,9 +535,17 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		}
 		w := UseRow{Resource: "PostgreSQL WAL",
 			Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
-			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s completed", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
+			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s begun", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
 			Errors:      "—"}
-		if s.Verdict.Class == ClassCheckpoint {
+		if !allNaN(tl.WALSegmentsPerS) {
+			var created float64
+			for i := range tl.WALSegmentsPerS {
+				created += nz(at(tl.WALSegmentsPerS, i))
+			}
+			w.Saturation += fmt.Sprintf("; %s created (segment files ready: %.0f to %.0f)", count(int64(math.Round(created)), "new WAL segment file"),
+				nz(lowest(tl.WALSegmentsReady)), nz(peak(tl.WALSegmentsReady)))
+		}
+		if s.Verdict.Class == ClassCheckpoint || s.Verdict.Class == ClassWALSegment {
 			w.Saturated = s.Verdict.T
 		}
 		rows = append(rows, row(w))

@@ -68,13 +68,21 @@ type Timeline struct {
 	// staged rows (kettle_sqlite_merge_seconds_total's rate).
 	MergeBusy []Num `json:"merge_busy,omitempty"`
 	// PostgreSQL's WAL: full-page images and MiB a second, checkpoints
-	// completed a second (empty on SQLite).
+	// begun a second (empty on SQLite).
 	FPIPerS         []Num `json:"pg_fpi_per_s,omitempty"`
 	WALMiBPerS      []Num `json:"pg_wal_mib_per_s,omitempty"`
 	CheckpointsPerS []Num `json:"pg_checkpoints_per_s,omitempty"`
-	PoolWait        []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
-	PoolAcquired    []Num `json:"pool_acquired"`
-	PoolMax         []Num `json:"pool_max"`
+	// Buffers checkpoints wrote a second: they write through their write
+	// phase (checkpoint_completion_target of the interval) and stop for
+	// the sync phase, which fsyncs every file they wrote.
+	CheckpointBufPerS []Num `json:"pg_checkpoint_buffers_per_s,omitempty"`
+	// New WAL segment files a second (created, not recycled) and the files
+	// ready after the one being written.
+	WALSegmentsPerS  []Num `json:"pg_wal_segments_created_per_s,omitempty"`
+	WALSegmentsReady []Num `json:"pg_wal_segments_ready,omitempty"`
+	PoolWait         []Num `json:"pool_wait"` // seconds waited per second: mean acquirers waiting
+	PoolAcquired     []Num `json:"pool_acquired"`
+	PoolMax          []Num `json:"pool_max"`
 }
 
 // Verdict classes.
@@ -91,6 +99,7 @@ const (
 	ClassStoreWriter = "store-writer"
 	ClassGC          = "gc"
 	ClassCheckpoint  = "db-checkpoint"
+	ClassWALSegment  = "db-wal-segment"
 	ClassNone        = "none"
 	ClassUnexplained = "unexplained"
 )
@@ -399,18 +408,10 @@ func spikes(tl *Timeline) Verdict {
 			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them in the seconds the server's garbage collector finished a cycle (%s; heap up to %s%s); no resource saturated for %d s — the collector's mark phase, whose work grows with the live heap",
 				tl.P99RunMs, tl.SLOP99Ms, len(atGC), len(over), seconds(over), mib(peakHeap), liveTxt, sustainS)}
 	}
-	fpiMedian, fpiPeak := medianOf(tl.FPIPerS), 0.0
-	var atCP []int
-	for _, i := range over {
-		if f, ok := fpiSurge(tl, fpiMedian, i); ok {
-			atCP = append(atCP, i)
-			fpiPeak = math.Max(fpiPeak, f)
-		}
-	}
-	if len(over) > 0 && 2*len(atCP) >= len(over) {
-		return Verdict{Class: ClassCheckpoint, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
-			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them while PostgreSQL wrote full-page images at up to %.0f a second (median %.0f over the run; %s) — a checkpoint had begun, and every page first written after it goes into the WAL whole; no resource saturated for %d s — spread checkpoints further apart (checkpoint_timeout, max_wal_size)",
-				tl.P99RunMs, tl.SLOP99Ms, len(atCP), len(over), fpiPeak, fpiMedian, seconds(over), sustainS)}
+	if w, ok := pgWork(tl, over); ok {
+		return Verdict{Class: w.class, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes, %d of %d of them (%s) %s; no resource saturated for %d s — %s",
+				tl.P99RunMs, tl.SLOP99Ms, w.hits, len(over), seconds(over), w.what, sustainS, w.advice)}
 	}
 	return Verdict{Class: ClassUnexplained, T: tl.T[first], At: atTime(tl, first),
 		Text: fmt.Sprintf("p99 %.0f ms over the run broke the SLO (%.0f ms) in short spikes (%s) but no sampled resource saturated for %d s: see the report's latency and CPU charts at those seconds, and the server's log",
@@ -443,9 +444,9 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 	}
 	sort.Float64s(all)
 	median := all[len(all)/2]
-	var broke, stalled, cpSecs int
-	worst, queue, merging, mergeSecs, fpiPeak := 0.0, 0.0, 0.0, 0, 0.0
-	fpiMedian := medianOf(tl.FPIPerS)
+	var broke int
+	var stalled []int
+	worst, queue, merging, mergeSecs := 0.0, 0.0, 0.0, 0
 	for i := first; i < n; i++ {
 		if !(at(tl.P99Ms, i) > tl.SLOP99Ms) {
 			continue
@@ -456,7 +457,7 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 		if c < stallFactor*median || c < stallMinMs {
 			continue
 		}
-		stalled++
+		stalled = append(stalled, i)
 		worst = math.Max(worst, c)
 		for _, j := range []int{max(i-1, 0), i, min(i+1, n-1)} {
 			queue = math.Max(queue, nz(at(tl.QueueRows, j)))
@@ -465,32 +466,171 @@ func writerStalls(tl *Timeline, first int, clock func(int) string) (Verdict, boo
 			merging += m
 			mergeSecs++
 		}
-		if f, ok := fpiSurge(tl, fpiMedian, i); ok {
-			cpSecs++
-			fpiPeak = math.Max(fpiPeak, f)
-		}
 	}
 	// Most of the breaking seconds must coincide with a stall.
-	if broke == 0 || 2*stalled < broke {
+	if broke == 0 || 2*len(stalled) < broke {
 		return Verdict{}, false
 	}
 	why := "the one writer every batch waits for (a lock held across a commit, or the store's own work)"
 	if !allNaN(tl.MergeBusy) {
 		if mergeSecs > 0 {
 			why = fmt.Sprintf("the one SQLite writer, held by its merges of staged rows in %d of those %d seconds (%.0f %% of each on average; kettle_sqlite_merge_seconds_total)",
-				mergeSecs, stalled, 100*merging/float64(mergeSecs))
+				mergeSecs, len(stalled), 100*merging/float64(mergeSecs))
 		} else {
 			why = "the one SQLite writer (not merging then: see its checkpoints and the server's log)"
 		}
 	}
-	if 2*cpSecs >= stalled {
-		return Verdict{Class: ClassCheckpoint, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
-			Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run), and in %d of those %d PostgreSQL wrote full-page images at up to %.0f a second (median %.0f over the run) — a checkpoint had begun, and every page first written after it goes into the WAL whole; no machine resource saturated — spread checkpoints further apart (checkpoint_timeout, max_wal_size) or give the WAL a faster disk",
-				at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), stalled, broke, worst, median, cpSecs, stalled, fpiPeak, fpiMedian)}, true
+	if w, ok := pgWork(tl, stalled); ok {
+		return Verdict{Class: w.class, Resource: "PostgreSQL WAL", T: tl.T[first], At: atTime(tl, first),
+			Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run), and %d of those %d came %s; no machine resource saturated — %s",
+				at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), len(stalled), broke, worst, median, w.hits, len(stalled), w.what, w.advice)}, true
 	}
 	return Verdict{Class: ClassStoreWriter, Resource: "store writer", T: tl.T[first], At: atTime(tl, first),
 		Text: fmt.Sprintf("p99 %.0f ms broke the SLO (%.0f ms) from %s while the store's commits stalled: in %d of the %d seconds over the SLO the mean commit reached up to %.0f ms (median %.1f ms over the run) and the ingest queue reached %.0f rows; no machine resource saturated — the limit is %s",
-			at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), stalled, broke, worst, median, queue, why)}, true
+			at(tl.P99Ms, first), tl.SLOP99Ms, clock(first), len(stalled), broke, worst, median, queue, why)}, true
+}
+
+// pgCause is PostgreSQL work that most of a run's bad seconds coincided
+// with: its class, how many of the seconds, what it was and what to do.
+type pgCause struct {
+	class        string
+	hits         int
+	what, advice string
+}
+
+// pgWork names the PostgreSQL work that most of secs (the seconds the p99
+// broke the SLO, or the commits stalled) coincided with: first new WAL
+// segment files (in the second, the one after or up to segmentStallS
+// before), then a checkpoint's sync phase (its writes ended in the second
+// or up to checkpointSyncS before), then a surge of full-page images (a
+// checkpoint begun; in the second or a neighbour). Work that is about as common over the whole run
+// explains nothing: full-page images flow for minutes after a checkpoint on
+// a small database, and a stall from another cause then meets them by
+// chance.
+func pgWork(tl *Timeline, secs []int) (pgCause, bool) {
+	n := len(tl.T)
+	if len(secs) == 0 || n == 0 {
+		return pgCause{}, false
+	}
+	// near: the most of xs from back seconds before i to the one after
+	near := func(xs []Num, i, back int) float64 {
+		m := 0.0
+		for j := max(i-back, 0); j <= min(i+1, n-1); j++ {
+			m = math.Max(m, nz(at(xs, j)))
+		}
+		return m
+	}
+	// explains: whether hit holds in most episodes of secs (runs of bad
+	// seconds at most one apart: one stall makes several), more of them
+	// than chance would have it (see byChance); the seconds it holds in.
+	explains := func(hit func(int) bool) (int, bool) {
+		hits, all, episodes, epHits, counted := 0, 0, 0, 0, false
+		for k, i := range secs {
+			if k == 0 || i-secs[k-1] > 2 {
+				episodes, counted = episodes+1, false
+			}
+			if hit(i) {
+				hits++
+				if !counted {
+					epHits, counted = epHits+1, true
+				}
+			}
+		}
+		for i := range n {
+			if hit(i) {
+				all++
+			}
+		}
+		return hits, 2*epHits >= episodes && byChance(epHits, episodes, float64(all)/float64(n)) <= chanceMax
+	}
+	if !allNaN(tl.WALSegmentsPerS) {
+		var created float64
+		for i := range tl.WALSegmentsPerS {
+			created += nz(at(tl.WALSegmentsPerS, i))
+		}
+		// A stall shows when its commits end, as long after the segment
+		// switch as the file took to write: seconds on a slow disk.
+		if hits, ok := explains(func(i int) bool { return near(tl.WALSegmentsPerS, i, segmentStallS) > 0 }); ok {
+			return pgCause{class: ClassWALSegment, hits: hits,
+				what:   fmt.Sprintf("as PostgreSQL created a new WAL segment file (%.0f created over the run, %s ready ahead of the one being written)", created, readyText(tl.WALSegmentsReady)),
+				advice: "a new segment file is written whole, 16 MiB of zeros (wal_init_zero), while the commits that need its space wait; a cluster in service writes into the files its checkpoints recycled: raise min_wal_size above the WAL written between checkpoints (a young cluster has none to recycle yet), and keep the WAL on a disk that writes 16 MiB fast; wal_init_zero=off only on a copy-on-write file system"}, true
+		}
+	}
+	if !allNaN(tl.CheckpointBufPerS) {
+		// The sync phase: a checkpoint's writes ended in the second or up
+		// to checkpointSyncS before (they write on, then stop).
+		syncEnd := func(i int) bool {
+			for j := max(i-checkpointSyncS, 0); j <= i && j+1 < n; j++ {
+				if nz(at(tl.CheckpointBufPerS, j)) > 0 && nz(at(tl.CheckpointBufPerS, j+1)) == 0 {
+					return true
+				}
+			}
+			return false
+		}
+		if hits, ok := explains(syncEnd); ok {
+			return pgCause{class: ClassCheckpoint, hits: hits,
+				what:   "as a PostgreSQL checkpoint finished writing its buffers and began its sync phase",
+				advice: "the checkpoint fsyncs every file it wrote, and the WAL's fsyncs, which every commit waits for, queue behind that flush; spread checkpoints further apart (checkpoint_timeout, max_wal_size), let the kernel write back sooner (checkpoint_flush_after), or give the WAL a disk of its own"}, true
+		}
+	}
+	fpiMedian := medianOf(tl.FPIPerS)
+	if hits, ok := explains(func(i int) bool { _, ok := fpiSurge(tl, fpiMedian, i); return ok }); ok {
+		fpiPeak := 0.0
+		for _, i := range secs {
+			if f, ok := fpiSurge(tl, fpiMedian, i); ok {
+				fpiPeak = math.Max(fpiPeak, f)
+			}
+		}
+		return pgCause{class: ClassCheckpoint, hits: hits,
+			what:   fmt.Sprintf("while PostgreSQL wrote full-page images at up to %.0f a second (median %.0f over the run)", fpiPeak, fpiMedian),
+			advice: "a checkpoint was under way: it writes every dirty page to disk, and every page first written after it began goes into the WAL whole; spread checkpoints further apart (checkpoint_timeout, max_wal_size) or give the WAL a faster disk"}, true
+	}
+	return pgCause{}, false
+}
+
+// byChance is the probability that at least hits of n seconds picked at
+// random fall near the work, when a share base of all seconds does (the
+// binomial tail). Bad seconds come in runs, not independently, so it is a
+// screen against coincidence, not a test of significance.
+func byChance(hits, n int, base float64) float64 {
+	if base <= 0 {
+		return 0
+	}
+	if base >= 1 {
+		return 1
+	}
+	p := 0.0
+	for k := hits; k <= n; k++ {
+		lc, _ := math.Lgamma(float64(n + 1))
+		lk, _ := math.Lgamma(float64(k + 1))
+		lnk, _ := math.Lgamma(float64(n - k + 1))
+		p += math.Exp(lc - lk - lnk + float64(k)*math.Log(base) + float64(n-k)*math.Log1p(-base))
+	}
+	return p
+}
+
+// chanceMax is the most byChance may be for work to explain bad seconds.
+const chanceMax = 0.1
+
+// checkpointSyncS is how many seconds after a checkpoint's writes end a
+// stall is taken as its sync phase's.
+const checkpointSyncS = 3
+
+// segmentStallS is how many seconds after a new WAL segment file a stall
+// is taken as its.
+const segmentStallS = 3
+
+// readyText is how many WAL segment files were ready over the run: "none",
+// "0 to 3".
+func readyText(xs []Num) string {
+	lo, hi := lowest(xs), peak(xs)
+	switch {
+	case math.IsNaN(hi):
+		return "how many unknown"
+	case hi == 0:
+		return "none"
+	}
+	return fmt.Sprintf("%.0f to %.0f", lo, hi)
 }
 
 // fpiSurge reports whether PostgreSQL wrote full-page images at a surge in
@@ -636,6 +776,17 @@ func mean(xs []Num, i, j int) float64 {
 		return math.NaN()
 	}
 	return s / float64(k)
+}
+
+// lowest is the least known value of xs (NaN: none).
+func lowest(xs []Num) float64 {
+	m := math.NaN()
+	for _, x := range xs {
+		if v := float64(x); !math.IsNaN(v) && (math.IsNaN(m) || v < m) {
+			m = v
+		}
+	}
+	return m
 }
 
 func peak(xs []Num) float64 {

@@ -78,6 +78,9 @@ func (s *scraper) scrape(now time.Time) *ServerGauges {
 	g.PGWALBytes = gauge("kettle_pg_wal_bytes_total")
 	g.PGWALFullPageImages = gauge("kettle_pg_wal_full_page_images_total")
 	g.PGCheckpointTimeoutS = gauge("kettle_pg_checkpoint_timeout_seconds")
+	g.PGCheckpointBuffers = gauge("kettle_pg_checkpoint_buffers_written_total")
+	g.PGWALSegment = gauge("kettle_pg_wal_segment")
+	g.PGWALSegmentsReady = gauge("kettle_pg_wal_segments_ready")
 
 	dt := now.Sub(s.prevAt).Seconds()
 	rate := func(name string) *float64 {

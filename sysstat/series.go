@@ -173,8 +173,13 @@ type ServerGauges struct {
 	// (PostgreSQL's checkpoints, WAL): a run's share is the difference
 	// between two samples.
 	SQLiteMerges         *float64 `json:"sqlite_merges,omitempty"`
-	PGCheckpoints        *float64 `json:"pg_checkpoints,omitempty"`
+	PGCheckpoints        *float64 `json:"pg_checkpoints,omitempty"`        // counted as each begins
+	PGCheckpointBuffers  *float64 `json:"pg_checkpoint_buffers,omitempty"` // written by checkpoints, counted as they go
 	PGWALBytes           *float64 `json:"pg_wal_bytes,omitempty"`
 	PGWALFullPageImages  *float64 `json:"pg_wal_fpi,omitempty"`
 	PGCheckpointTimeoutS *float64 `json:"pg_checkpoint_timeout_s,omitempty"`
+	// PostgreSQL's WAL segment file being written and the files ready
+	// after it (gauges; absent where the role may not list pg_wal).
+	PGWALSegment       *float64 `json:"pg_wal_segment,omitempty"`
+	PGWALSegmentsReady *float64 `json:"pg_wal_segments_ready,omitempty"`
 }

@@ -214,7 +214,12 @@
   if ((S.pool || {}).pg_fpi_per_s) add('wal', 'PostgreSQL: full-page images and WAL MiB written per second (images surge after a checkpoint begins)', () => timeSpec([
     {name: 'full-page images/s', y: S.pool.pg_fpi_per_s, color: '#7c3aed'},
     {name: 'WAL MiB/s', y: S.pool.pg_wal_mib_per_s, color: '#6b7280', dash: true},
-    {name: 'checkpoints completed', y: S.pool.pg_checkpoints_per_s, color: '#dc2626'}]));
+    {name: 'checkpoints begun', y: S.pool.pg_checkpoints_per_s, color: '#dc2626'}]));
+  if ((S.pool || {}).pg_checkpoint_buffers_per_s) add('ckptbuf', 'PostgreSQL: buffers checkpoints wrote per second (they stop for the sync phase, which fsyncs them all)', () => timeSpec([
+    {name: 'checkpoint buffers/s', y: S.pool.pg_checkpoint_buffers_per_s, color: '#7c3aed'}]));
+  if ((S.pool || {}).pg_wal_segments_ready) add('walseg', 'PostgreSQL: WAL segment files created per second (16 MiB zero-filled while commits wait) and ready ahead (recycled)', () => timeSpec([
+    {name: 'new segment files/s', y: S.pool.pg_wal_segments_created_per_s, color: '#dc2626'},
+    {name: 'segment files ready', y: S.pool.pg_wal_segments_ready, color: '#6b7280', dash: true}]));
   add('lag', 'Simulator: dispatch lag (ms) and late starts (per second)', () => timeSpec([
     {name: 'lag ms', y: S.lag_ms, color: '#dc2626'}, {name: 'late starts', y: S.late_starts, color: '#d97706', dash: true}],
   {hlines: [{y: 500, label: 'lag limit 500 ms', color: '#6b7280'}]}));
