@@ -67,7 +67,7 @@ func TestVerdictFixtures(t *testing.T) {
 	if len(classes) < 10 { // a -run filter picked a few
 		return
 	}
-	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassStoreWriter, ClassGC, ClassNone, ClassUnexplained} {
+	for _, c := range []string{ClassAppCPU, ClassDBCPU, ClassMachineCPU, ClassPool, ClassDisk, ClassMemory, ClassQueue, ClassLoadGen, ClassErrors, ClassStoreWriter, ClassGC, ClassCheckpoint, ClassWALSegment, ClassNone, ClassUnexplained} {
 		if !classes[c] {
 			t.Errorf("no fixture exercises class %s", c)
 		}
