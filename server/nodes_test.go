@@ -98,6 +98,11 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	if v := metricValue(t, a, "kettle_pg_checkpoint_timeout_seconds"); v <= 0 {
 		t.Errorf("kettle_pg_checkpoint_timeout_seconds %v", v)
 	}
+	// The test cluster's role may list pg_wal: the segment being written
+	// (numbered from 1) is there too.
+	if v := metricValue(t, a, "kettle_pg_wal_segment"); v < 1 {
+		t.Errorf("kettle_pg_wal_segment %v (absent?)", v)
+	}
 	// Alone: over ~20 beats, the first beat's refresh (and one more for
 	// a beat that failed on a loaded machine, which refreshes to be safe).
 	time.Sleep(2 * time.Second)
