@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/sysstat"
@@ -59,6 +60,24 @@ type Periodic struct {
 	WALBytes           int64   `json:"pg_wal_bytes,omitempty"`
 	FullPageImages     int64   `json:"pg_wal_fpi,omitempty"`
 	CheckpointTimeoutS float64 `json:"pg_checkpoint_timeout_s,omitempty"`
+	// New WAL segment files (none ready to recycle: each zero-filled while
+	// commits waited); nil where the server does not export the gauges.
+	SegmentsCreated *int64 `json:"pg_wal_segments_created,omitempty"`
+}
+
+// segmentsCreated is how many new WAL segment files PostgreSQL created
+// between two samples: segment switches beyond the files that were ready,
+// when none is ready after (otherwise a checkpoint recycled files meanwhile,
+// and the count is unknown: taken as none). False without the gauges.
+func segmentsCreated(prev, cur *sysstat.ServerGauges) (float64, bool) {
+	c, o, r, pr := cur.PGWALSegment, prev.PGWALSegment, cur.PGWALSegmentsReady, prev.PGWALSegmentsReady
+	if c == nil || o == nil || r == nil || pr == nil || *c < *o {
+		return 0, false
+	}
+	if *r != 0 {
+		return 0, true
+	}
+	return math.Max(0, *c-*o-*pr), true
 }
 
 // PeriodicWork is the store's periodic work between the first and the last
@@ -68,6 +87,7 @@ func PeriodicWork(sys *sysstat.Series, from time.Time) *Periodic {
 		return nil
 	}
 	var first, last *sysstat.Sample
+	segs, segsKnown := 0.0, false
 	for i := range sys.Samples {
 		s := &sys.Samples[i]
 		if s.Time.Before(from) || s.Server == nil || !s.Server.Up {
@@ -78,6 +98,8 @@ func PeriodicWork(sys *sysstat.Series, from time.Time) *Periodic {
 		}
 		if first == nil {
 			first = s
+		} else if n, ok := segmentsCreated(last.Server, s.Server); ok {
+			segs, segsKnown = segs+n, true
 		}
 		last = s
 	}
@@ -101,6 +123,10 @@ func PeriodicWork(sys *sysstat.Series, from time.Time) *Periodic {
 		if b.PGCheckpointTimeoutS != nil {
 			p.CheckpointTimeoutS = *b.PGCheckpointTimeoutS
 		}
+		if segsKnown {
+			n := int64(segs)
+			p.SegmentsCreated = &n
+		}
 	} else {
 		p.Store = "sqlite"
 		p.Merges = diff(a.SQLiteMerges, b.SQLiteMerges)
@@ -114,8 +140,12 @@ func (p *Periodic) Text() string {
 		return ""
 	}
 	if p.Store == "postgres" {
-		return fmt.Sprintf("PostgreSQL: %s begun (checkpoint_timeout %s), %d buffers written by checkpoints, WAL %.0f MiB, %d full-page images",
-			count(p.Checkpoints, "checkpoint"), time.Duration(p.CheckpointTimeoutS*float64(time.Second)), p.CheckpointBuffers, float64(p.WALBytes)/(1<<20), p.FullPageImages)
+		segs := ""
+		if p.SegmentsCreated != nil {
+			segs = ", " + count(*p.SegmentsCreated, "new WAL segment file")
+		}
+		return fmt.Sprintf("PostgreSQL: %s begun (checkpoint_timeout %s), %d buffers written by checkpoints, WAL %.0f MiB, %d full-page images%s",
+			count(p.Checkpoints, "checkpoint"), time.Duration(p.CheckpointTimeoutS*float64(time.Second)), p.CheckpointBuffers, float64(p.WALBytes)/(1<<20), p.FullPageImages, segs)
 	}
 	return fmt.Sprintf("SQLite: %s of staged rows", count(p.Merges, "merge"))
 }

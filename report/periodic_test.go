@@ -37,6 +37,23 @@ func TestPeriodicWork(t *testing.T) {
 	if c := p.Caveat(); c != "" {
 		t.Errorf("caveat with 2 checkpoints inside: %q", c)
 	}
+	// With the WAL segment gauges: 3 switches with none ready (created),
+	// then 2 into files a checkpoint recycled (not).
+	seg := func(s *sysstat.Sample, n, ready float64) {
+		s.Server.PGWALSegment, s.Server.PGWALSegmentsReady = f(n), f(ready)
+	}
+	seg(&sys.Samples[0], 10, 0)
+	seg(&sys.Samples[1], 11, 0)
+	seg(&sys.Samples[3], 14, 0)
+	seg(&sys.Samples[4], 16, 4)
+	if got, want := report.PeriodicWork(sys, t0.Add(10*time.Second)).Text(), "PostgreSQL: 2 checkpoints begun (checkpoint_timeout 30m0s), 600 buffers written by checkpoints, WAL 10 MiB, 2000 full-page images, 3 new WAL segment files"; got != want {
+		t.Errorf("text %q, want %q", got, want)
+	}
+	for i := range sys.Samples {
+		if g := sys.Samples[i].Server; g.Up {
+			g.PGWALSegment, g.PGWALSegmentsReady = nil, nil
+		}
+	}
 	// None begun inside, but one begun before still writing: its work is
 	// in the step.
 	sys.Samples[4] = pg(40, 7, 700, 11<<20, 2010)

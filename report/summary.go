@@ -357,15 +357,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 					perS("pg_checkpoints_per_s", g.PGCheckpoints, prev.Server.PGCheckpoints, 1)
 					perS("pg_checkpoint_buffers_per_s", g.PGCheckpointBuffers, prev.Server.PGCheckpointBuffers, 1)
 					perS("pg_wal_mib_per_s", g.PGWALBytes, prev.Server.PGWALBytes, 1<<20)
-					// New WAL segment files: segment switches beyond the
-					// files that were ready, when none is ready after
-					// (otherwise a checkpoint recycled files meanwhile, and
-					// the count is unknown: taken as none).
-					if c, o, r, pr := g.PGWALSegment, prev.Server.PGWALSegment, g.PGWALSegmentsReady, prev.Server.PGWALSegmentsReady; c != nil && o != nil && r != nil && pr != nil && dt > 0 && *c >= *o {
-						created := 0.0
-						if *r == 0 {
-							created = math.Max(0, *c-*o-*pr)
-						}
+					if created, ok := segmentsCreated(prev.Server, g); ok && dt > 0 {
 						get(se.Pool, "pg_wal_segments_created_per_s")[i] = Num(created / dt)
 					}
 				}
