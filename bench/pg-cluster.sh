@@ -118,11 +118,13 @@ pg_throttle() {
 	pm=$(head -1 "$PG_DIR/data/postmaster.pid")
 	if [ -d /sys/fs/cgroup/blkio ]; then
 		PG_CGROUP=/sys/fs/cgroup/blkio/kettle-pg-$PG_PORT
-		mkdir "$PG_CGROUP" && echo "$dev $bps" >"$PG_CGROUP/blkio.throttle.write_bps_device" || return 1
+		mkdir "$PG_CGROUP" && echo "$dev $bps" >"$PG_CGROUP/blkio.throttle.write_bps_device" ||
+			{ echo "PG_WRITE_MBPS: cannot throttle through $PG_CGROUP (cgroup v1 blkio)" >&2; return 1; }
 	elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
 		PG_CGROUP=/sys/fs/cgroup/kettle-pg-$PG_PORT
 		echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-		mkdir "$PG_CGROUP" && echo "$dev wbps=$bps" >"$PG_CGROUP/io.max" || return 1
+		mkdir "$PG_CGROUP" && echo "$dev wbps=$bps" >"$PG_CGROUP/io.max" ||
+			{ echo "PG_WRITE_MBPS: cannot throttle through $PG_CGROUP (cgroup v2 io.max; is the io controller enabled for it?)" >&2; return 1; }
 	else
 		echo "PG_WRITE_MBPS: no blkio (cgroup v1) or io (cgroup v2) controller here" >&2; return 1
 	fi
