@@ -561,7 +561,8 @@ func pgWork(tl *Timeline, secs []int) (pgCause, bool) {
 		// to checkpointSyncS before (they write on, then stop).
 		syncEnd := func(i int) bool {
 			for j := max(i-checkpointSyncS, 0); j <= i && j+1 < n; j++ {
-				if nz(at(tl.CheckpointBufPerS, j)) > 0 && nz(at(tl.CheckpointBufPerS, j+1)) == 0 {
+				// (a missing sample after a writing one is no end)
+				if nz(at(tl.CheckpointBufPerS, j)) > 0 && at(tl.CheckpointBufPerS, j+1) == 0 {
 					return true
 				}
 			}
@@ -588,10 +589,11 @@ func pgWork(tl *Timeline, secs []int) (pgCause, bool) {
 	return pgCause{}, false
 }
 
-// byChance is the probability that at least hits of n seconds picked at
+// byChance is the probability that at least hits of n episodes placed at
 // random fall near the work, when a share base of all seconds does (the
-// binomial tail). Bad seconds come in runs, not independently, so it is a
-// screen against coincidence, not a test of significance.
+// binomial tail, each episode taken as one second). Episodes are neither
+// points nor independent, so it is a screen against coincidence, not a
+// test of significance.
 func byChance(hits, n int, base float64) float64 {
 	if base <= 0 {
 		return 0
