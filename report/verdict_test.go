@@ -305,8 +305,9 @@ func syntheticFixtures() map[string]fixture {
 	tl.P99Ms[37], tl.P99Ms[38], tl.CommitMs[37] = 330, 790, 270
 	add("checkpoint-sync", "two one-second p99 spikes right after a checkpoint's buffer writes stop (its sync phase), away from any full-page-image surge", ClassCheckpoint, 38, []string{"2 of 2 of them (t=38s 330 ms, t=39s 790 ms) as a PostgreSQL checkpoint finished writing its buffers and began its sync phase", "the WAL's fsyncs"}, tl)
 
-	// The same writes with one scrape missing at t=21 (NaN): two spikes
-	// right after the gap are not a sync phase (the writes went on).
+	// The same writes with a scrape missing at t=21 and at t=29 (NaN):
+	// spikes right after each gap are not a sync phase (the writes went
+	// on).
 	tl = base()
 	tl.SLOP99Ms, tl.P99RunMs = 100, 300
 	pgWAL(tl)
@@ -314,9 +315,9 @@ func syntheticFixtures() map[string]fixture {
 	for i := 10; i <= 36; i++ {
 		tl.CheckpointBufPerS[i] = 150
 	}
-	tl.CheckpointBufPerS[20] = Num(math.NaN())
-	tl.P99Ms[21], tl.P99Ms[22] = 330, 790
-	add("checkpoint-scrape-gap", "two p99 spikes right after a missing sample in a checkpoint's writes: not taken for its sync phase", ClassUnexplained, 22, []string{"in short spikes (t=22s 330 ms, t=23s 790 ms) but no sampled resource saturated"}, tl)
+	tl.CheckpointBufPerS[20], tl.CheckpointBufPerS[28] = Num(math.NaN()), Num(math.NaN())
+	tl.P99Ms[21], tl.P99Ms[22], tl.P99Ms[29], tl.P99Ms[30] = 330, 790, 400, 500
+	add("checkpoint-scrape-gap", "p99 spikes right after two missing samples in a checkpoint's writes: not taken for its sync phase", ClassUnexplained, 22, []string{"in short spikes (t=22s 330 ms, t=23s 790 ms, t=30s 400 ms, t=31s 500 ms) but no sampled resource saturated"}, tl)
 
 	// The same creations, and commit stalls at other seconds: not theirs.
 	tl = base()
