@@ -208,7 +208,8 @@ type Nodes interface {
 	// store's clock, beating every every, and returns how many other nodes
 	// count as alive: those that beat within three of the longer of their
 	// interval and this node's (so that a node sees another's last beat,
-	// however seldom either beats).
+	// however seldom either beats), plus any process of a version that
+	// writes without beating that the store can see.
 	Beat(ctx context.Context, node uuid.UUID, kind string, every time.Duration) (others int, err error)
 }
 

@@ -148,7 +148,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	rp := cfg.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {
-		rp["application_name"] = "kettle"
+		// Not "kettle": the name of every version before the nodes table
+		// (migration 6), which Beat counts as processes that write without
+		// beating.
+		rp["application_name"] = appName
 	}
 	rp["timezone"] = "UTC"
 	if opts.StatementTimeout > 0 {
@@ -438,9 +441,18 @@ func (s *Store) Ping(ctx context.Context) error {
 
 var _ kettle.Nodes = (*Store)(nil)
 
+// appName is the application_name of kettle's connections (unless the DSN
+// names one); legacyAppName that of kettle versions that do not beat.
+const (
+	appName       = "kettlefleet"
+	legacyAppName = "kettle"
+)
+
 // Beat records node alive in the nodes table (migration 6) by the database's
 // clock, deletes the rows of processes gone for a day, and counts the other
-// nodes alive (kettle.Nodes): one statement.
+// nodes alive (kettle.Nodes): one statement. Connections to the database
+// named as kettle's versions before the nodes table were (they write and do
+// not beat: a rolling upgrade) count as one more node while any is open.
 func (s *Store) Beat(ctx context.Context, node uuid.UUID, kind string, every time.Duration) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `WITH beat AS (
@@ -449,9 +461,11 @@ func (s *Store) Beat(ctx context.Context, node uuid.UUID, kind string, every tim
 		), gone AS (
 			DELETE FROM nodes WHERE seen_at < now() - interval '1 day' AND id <> $1
 		)
-		SELECT count(*) FROM nodes
-		WHERE id <> $1 AND seen_at >= now() - 3 * greatest(every_us, $3) * interval '1 microsecond'`,
-		node, kind, max(every.Microseconds(), 1)).Scan(&n)
+		SELECT (SELECT count(*) FROM nodes
+			WHERE id <> $1 AND seen_at >= now() - 3 * greatest(every_us, $3) * interval '1 microsecond')
+		+ (SELECT count(*) FROM (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $4 AND pid <> pg_backend_pid() LIMIT 1) legacy)`,
+		node, kind, max(every.Microseconds(), 1), legacyAppName).Scan(&n)
 	if err != nil {
 		return 0, unavailable("beat", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
@@ -184,5 +185,44 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	time.Sleep(6 * every)
 	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 1 {
 		t.Errorf("peers %v after %s since the beat of a process that beats every minute, want 1", p, 6*every)
+	}
+}
+
+// TestCacheRefreshWhileOldVersionsConnected: kettle versions from before the
+// nodes table write without beating; while a connection named as theirs
+// ("kettle") is open to the database, a node counts one peer and refreshes
+// (a rolling upgrade), and stops once it closes.
+func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
+	dsn := pgtest.Start(t)
+	const every = 100 * time.Millisecond
+	a := start(t, dsn, func(c *server.Config) {
+		c.Secret, c.OperatorToken = "s", "op"
+		c.Ingest = fleet.Config{Refresh: every}
+	})
+	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
+	time.Sleep(6 * every)
+	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 0 {
+		t.Fatalf("alone: %v peers (its own connections counted?)", p)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "kettle"
+	old, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := refreshes()
+	time.Sleep(10 * every)
+	if n, p := refreshes(), metricValue(t, a, "kettle_cache_refresh_peers"); p != 1 || n < before+3 {
+		t.Errorf("with an old version's connection open for %s: %v peers, %v refreshes (from %v); want 1 peer and a refresh a beat", 10*every, p, n, before)
+	}
+	old.Close(context.Background())
+	time.Sleep(6 * every)
+	before = refreshes()
+	time.Sleep(2 * time.Second)
+	if n, p := refreshes(), metricValue(t, a, "kettle_cache_refresh_peers"); p != 0 || n > before+1 {
+		t.Errorf("after the old version's connection closed: %v peers, %v refreshes in 2 s; want 0, at most 1", p, n-before)
 	}
 }
