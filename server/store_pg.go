@@ -15,6 +15,11 @@ func openPostgres(ctx context.Context, dsn string, opts StoreOptions, log *slog.
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", redactDSN(dsn), err)
 	}
+	// Say once whether /metrics can show the WAL segment files (the
+	// statistics connection opens here, not at the first scrape).
+	if m, err := st.Maintenance(ctx); err == nil && !m.SegmentsKnown {
+		log.Info("PostgreSQL: this role may not list pg_wal, so /metrics has no kettle_pg_wal_segment(s_ready) and KettlePostgresWALSegmentsCreated cannot fire; grant pg_monitor to see WAL segment files being created")
+	}
 	return st, nil
 }
 
