@@ -521,20 +521,13 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 	rows = append(rows, row(p))
 	// PostgreSQL's WAL and checkpoints.
 	if !allNaN(tl.WALMiBPerS) {
-		var cps float64
-		for i := range tl.CheckpointsPerS {
-			cps += nz(at(tl.CheckpointsPerS, i))
-		}
+		cps := sumOf(tl.CheckpointsPerS)
 		w := UseRow{Resource: "PostgreSQL WAL",
 			Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
 			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s begun", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
 			Errors:      "—"}
 		if !allNaN(tl.WALSegmentsPerS) {
-			var created float64
-			for i := range tl.WALSegmentsPerS {
-				created += nz(at(tl.WALSegmentsPerS, i))
-			}
-			w.Saturation += fmt.Sprintf("; %s created (segment files ready: %.0f to %.0f)", count(int64(math.Round(created)), "new WAL segment file"),
+			w.Saturation += fmt.Sprintf("; %s created (segment files ready: %.0f to %.0f)", count(int64(math.Round(sumOf(tl.WALSegmentsPerS))), "new WAL segment file"),
 				nz(lowest(tl.WALSegmentsReady)), nz(peak(tl.WALSegmentsReady)))
 		}
 		if s.Verdict.Class == ClassCheckpoint || s.Verdict.Class == ClassWALSegment {

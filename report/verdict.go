@@ -512,14 +512,6 @@ func pgWork(tl *Timeline, secs []int) (pgCause, bool) {
 	if len(secs) == 0 || n == 0 {
 		return pgCause{}, false
 	}
-	// near: the most of xs from back seconds before i to the one after
-	near := func(xs []Num, i, back int) float64 {
-		m := 0.0
-		for j := max(i-back, 0); j <= min(i+1, n-1); j++ {
-			m = math.Max(m, nz(at(xs, j)))
-		}
-		return m
-	}
 	// explains: whether hit holds in most episodes of secs (runs of bad
 	// seconds at most one apart: one stall makes several), more of them
 	// than chance would have it (see byChance); the seconds it holds in.
@@ -544,13 +536,10 @@ func pgWork(tl *Timeline, secs []int) (pgCause, bool) {
 		return hits, 2*epHits >= episodes && byChance(epHits, episodes, float64(all)/float64(n)) <= chanceMax
 	}
 	if !allNaN(tl.WALSegmentsPerS) {
-		var created float64
-		for i := range tl.WALSegmentsPerS {
-			created += nz(at(tl.WALSegmentsPerS, i))
-		}
+		created := sumOf(tl.WALSegmentsPerS)
 		// A stall shows when its commits end, as long after the segment
 		// switch as the file took to write: seconds on a slow disk.
-		if hits, ok := explains(func(i int) bool { return near(tl.WALSegmentsPerS, i, segmentStallS) > 0 }); ok {
+		if hits, ok := explains(func(i int) bool { return nearMax(tl.WALSegmentsPerS, i, segmentStallS) > 0 }); ok {
 			return pgCause{class: ClassWALSegment, hits: hits,
 				what:   fmt.Sprintf("as PostgreSQL created a new WAL segment file (%.0f created over the run, %s ready ahead of the one being written)", created, readyText(tl.WALSegmentsReady)),
 				advice: "a new segment file is written whole, 16 MiB of zeros (wal_init_zero), while the commits that need its space wait; a cluster in service writes into the files its checkpoints recycled: raise min_wal_size above the WAL written between checkpoints (a young cluster has none to recycle yet), and keep the WAL on a disk that writes 16 MiB fast; wal_init_zero=off only on a copy-on-write file system"}, true
@@ -640,8 +629,7 @@ func readyText(xs []Num) string {
 // rate and fpiSurgeMin a second, as after a checkpoint begins — and the
 // highest of those rates. False without the series (SQLite, not scraped).
 func fpiSurge(tl *Timeline, median float64, i int) (float64, bool) {
-	n := len(tl.T)
-	f := math.Max(nz(at(tl.FPIPerS, max(i-1, 0))), math.Max(nz(at(tl.FPIPerS, i)), nz(at(tl.FPIPerS, min(i+1, n-1)))))
+	f := nearMax(tl.FPIPerS, i, 1)
 	if math.IsNaN(median) {
 		median = 0
 	}
@@ -778,6 +766,25 @@ func mean(xs []Num, i, j int) float64 {
 		return math.NaN()
 	}
 	return s / float64(k)
+}
+
+// nearMax is the most of xs (missing values as 0) from back seconds before
+// i to the one after it.
+func nearMax(xs []Num, i, back int) float64 {
+	m := 0.0
+	for j := max(i-back, 0); j <= min(i+1, len(xs)-1); j++ {
+		m = math.Max(m, nz(at(xs, j)))
+	}
+	return m
+}
+
+// sumOf is the sum of the known values of xs.
+func sumOf(xs []Num) float64 {
+	var t float64
+	for i := range xs {
+		t += nz(at(xs, i))
+	}
+	return t
 }
 
 // lowest is the least known value of xs (NaN: none).

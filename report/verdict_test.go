@@ -293,15 +293,19 @@ func syntheticFixtures() map[string]fixture {
 	}
 	add("wal-segment-stalls", "PostgreSQL's commits stall for seconds each time it creates a WAL segment file (none ready), no checkpoint: named as such", ClassWALSegment, 19, []string{"and 12 of those 12 came as PostgreSQL created a new WAL segment file (5 created over the run, none ready ahead of the one being written)", "16 MiB of zeros (wal_init_zero)", "raise min_wal_size"}, tl)
 
-	// A checkpoint writes its buffers from t=11 to t=37, then fsyncs them:
-	// the p99 breaks the SLO for the two seconds after its writes stop.
+	// A checkpoint writes its buffers from t=11 to t=37 (150 a second),
+	// then fsyncs them.
+	ckptWrites := func(tl *Timeline) {
+		tl.CheckpointBufPerS = make([]Num, len(tl.T))
+		for i := 10; i <= 36; i++ {
+			tl.CheckpointBufPerS[i] = 150
+		}
+	}
+	// The p99 breaks the SLO for the two seconds after its writes stop.
 	tl = base()
 	tl.SLOP99Ms, tl.P99RunMs = 100, 300
 	pgWAL(tl)
-	tl.CheckpointBufPerS = make([]Num, len(tl.T))
-	for i := 10; i <= 36; i++ {
-		tl.CheckpointBufPerS[i] = 150
-	}
+	ckptWrites(tl)
 	tl.P99Ms[37], tl.P99Ms[38], tl.CommitMs[37] = 330, 790, 270
 	add("checkpoint-sync", "two one-second p99 spikes right after a checkpoint's buffer writes stop (its sync phase), away from any full-page-image surge", ClassCheckpoint, 38, []string{"2 of 2 of them (t=38s 330 ms, t=39s 790 ms) as a PostgreSQL checkpoint finished writing its buffers and began its sync phase", "the WAL's fsyncs"}, tl)
 
@@ -311,10 +315,7 @@ func syntheticFixtures() map[string]fixture {
 	tl = base()
 	tl.SLOP99Ms, tl.P99RunMs = 100, 300
 	pgWAL(tl)
-	tl.CheckpointBufPerS = make([]Num, len(tl.T))
-	for i := 10; i <= 36; i++ {
-		tl.CheckpointBufPerS[i] = 150
-	}
+	ckptWrites(tl)
 	tl.CheckpointBufPerS[20], tl.CheckpointBufPerS[28] = Num(math.NaN()), Num(math.NaN())
 	tl.P99Ms[21], tl.P99Ms[22], tl.P99Ms[29], tl.P99Ms[30] = 330, 790, 400, 500
 	add("checkpoint-scrape-gap", "p99 spikes right after two missing samples in a checkpoint's writes: not taken for its sync phase", ClassUnexplained, 22, []string{"in short spikes (t=22s 330 ms, t=23s 790 ms, t=30s 400 ms, t=31s 500 ms) but no sampled resource saturated"}, tl)
