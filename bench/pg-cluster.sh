@@ -100,11 +100,9 @@ pg_settings() {
 # zero-filling (wal_init_zero) a new 16 MiB file every 16 MiB of WAL with
 # commits waiting on it.
 pg_warm_wal() {
-	local n
-	n=$(pg_as "$PG_BIN/psql" -qAt -X -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres \
-		-c "SELECT count(pg_logical_emit_message(false, 'kettle-warm', repeat('x', 1048576))) FROM generate_series(1, $1)" \
-		-c "CHECKPOINT" -c "CHECKPOINT" -c "SELECT count(*) FROM pg_ls_waldir()" | tail -1) || return 1
-	echo "PostgreSQL's WAL warmed: $1 MiB written and recycled, $n segment files ready"
+	pg_sql postgres "SELECT count(pg_logical_emit_message(false, 'kettle-warm', repeat('x', 1048576))) FROM generate_series(1, $1)" >/dev/null &&
+		pg_sql postgres CHECKPOINT && pg_sql postgres CHECKPOINT || return 1
+	echo "PostgreSQL's WAL warmed: $1 MiB written and recycled, $(pg_sql postgres "SELECT count(*) FROM pg_ls_waldir()") segment files ready"
 }
 
 # pg_throttle MBPS: the running cluster's disk writes limited to MBPS MB/s
