@@ -8,6 +8,7 @@
 #      (the count the ingest stored) into a fresh scratch table of the same
 #      shape, right after it in the same run, with rows encoded by hand (the
 #      stricter ceiling, used for the ratio) and with pgx's CopyFrom;
+#      V1_ROUNDS times (default 1) at each concurrency, with the median ratio;
 #   3. acknowledged single-measurement requests/s (case-study POST
 #      /measurement, many devices, wrk + bench/measurement.lua as
 #      bench/ingest.sh) against the bare JSON-decoding handler (bench/bare)
@@ -44,7 +45,8 @@ NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-20s}
 CONNS=${CONNS-64 256 1024}   # wrk connections (benchmark 3), one run each
 THREADS=${THREADS:-2}
-V1_CONNS=${V1_CONNS-16 64}   # pgbench ingest connections (benchmark 2), one run each; "" skips it
+V1_CONNS=${V1_CONNS-16 64}   # pgbench ingest connections (benchmark 2); "" skips it
+V1_ROUNDS=${V1_ROUNDS:-1}     # batched: runs (ingest, then its ceiling) at each of V1_CONNS, and their median
 V1_DEVICES=${V1_DEVICES:-2000}
 PORT_K=${PORT_K:-$(free_port)}
 PORT_B=${PORT_B:-$(free_port)}
@@ -60,7 +62,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
 machine_line
 build_kettle "$work"
 go build -o "$work/bare" ./bench/bare
@@ -101,11 +103,14 @@ ceiling raw 2000000 >/dev/null
 # a fresh scratch table: COPY slows as the table and its index grow (into an
 # empty table, 2,000,000 rows went in at 885,375 rows/s; 4,000,000 at 519,058
 # in another run), so both sides start empty and end the same size.
+v1summary=()
 for vc in $V1_CONNS; do
-	echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
-	serve "kettle_v1_$vc" "$work/data-v1-$vc"
+v1ratios=()
+for vr in $(seq "$V1_ROUNDS"); do
+	echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION, round $vr of $V1_ROUNDS; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
+	serve "kettle_v1_${vc}_$vr" "$work/data-v1-$vc-$vr"
 	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
-	v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc" --devices "$V1_DEVICES" \
+	v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc-$vr" --devices "$V1_DEVICES" \
 		--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s; } 2>&1 )
 	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
 	kill "$kpid"; wait "$kpid" 2>/dev/null || true
@@ -121,7 +126,12 @@ for vc in $V1_CONNS; do
 	p=$(ceiling pgx "$sv"); echo "$p"
 	awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {
 		printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY of as many rows %d rows/s); against pgx CopyFrom (%d rows/s): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, c, p, s/p, cu, iu, cu/iu }'
+	v1ratios+=("$(awk -v s="$rv" -v c="$(echo "$c" | rate)" 'BEGIN { printf "%.3f", s/c }')")
+	pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
 done
+v1summary+=("RATIO v1 ingest/ceiling at $vc connections: median $(printf '%s\n' "${v1ratios[@]}" | median) of $V1_ROUNDS rounds (${v1ratios[*]}); goal >= 0.75")
+done
+((${#v1summary[@]} == 0)) || printf '%s\n' "${v1summary[@]}"
 
 [ -n "$CONNS" ] || exit 0
 # start_bare PORT NAME [FLAG...]: the bare handler on PORT, its pid in
