@@ -20,6 +20,7 @@ demo: build
 	./$(BIN) demo $(DEMO_ARGS)
 
 vet:
+	$(GO) mod tidy -diff
 	$(GO) vet $(PKGS)
 
 test: vet
