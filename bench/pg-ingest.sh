@@ -105,31 +105,31 @@ ceiling raw 2000000 >/dev/null
 # in another run), so both sides start empty and end the same size.
 v1summary=()
 for vc in $V1_CONNS; do
-v1ratios=()
-for vr in $(seq "$V1_ROUNDS"); do
-	echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION, round $vr of $V1_ROUNDS; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
-	serve "kettle_v1_${vc}_$vr" "$work/data-v1-$vc-$vr"
-	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
-	v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc-$vr" --devices "$V1_DEVICES" \
-		--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s; } 2>&1 )
-	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
-	kill "$kpid"; wait "$kpid" 2>/dev/null || true
-	echo "$v1out" | grep -v __CPU
-	sv=$(echo "$v1out" | sed -n 's/.*stored=\([0-9]*\).*/\1/p')
-	rv=$(echo "$v1out" | grep RESULT | rate)
-	v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
-		'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }')
-	echo "$v1cpu"
-	pg_sql postgres "CHECKPOINT" >/dev/null
-	echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
-	c=$(ceiling raw "$sv"); echo "$c"
-	p=$(ceiling pgx "$sv"); echo "$p"
-	awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {
-		printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY of as many rows %d rows/s); against pgx CopyFrom (%d rows/s): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, c, p, s/p, cu, iu, cu/iu }'
-	v1ratios+=("$(awk -v s="$rv" -v c="$(echo "$c" | rate)" 'BEGIN { printf "%.3f", s/c }')")
-	pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
-done
-v1summary+=("RATIO v1 ingest/ceiling at $vc connections: median $(printf '%s\n' "${v1ratios[@]}" | median) of $V1_ROUNDS rounds (${v1ratios[*]}); goal >= 0.75")
+	v1ratios=()
+	for vr in $(seq "$V1_ROUNDS"); do
+		echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION, round $vr of $V1_ROUNDS; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
+		serve "kettle_v1_${vc}_$vr" "$work/data-v1-$vc-$vr"
+		k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
+		v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc-$vr" --devices "$V1_DEVICES" \
+			--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s; } 2>&1 )
+		k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+		kill "$kpid"; wait "$kpid" 2>/dev/null || true
+		echo "$v1out" | grep -v __CPU
+		sv=$(echo "$v1out" | sed -n 's/.*stored=\([0-9]*\).*/\1/p')
+		rv=$(echo "$v1out" | grep RESULT | rate)
+		v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
+			'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }')
+		echo "$v1cpu"
+		pg_sql postgres "CHECKPOINT" >/dev/null
+		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
+		c=$(ceiling raw "$sv"); echo "$c"
+		p=$(ceiling pgx "$sv"); echo "$p"
+		awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {
+			printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY of as many rows %d rows/s); against pgx CopyFrom (%d rows/s): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, c, p, s/p, cu, iu, cu/iu }'
+		v1ratios+=("$(awk -v s="$rv" -v c="$(echo "$c" | rate)" 'BEGIN { printf "%.3f", s/c }')")
+		pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
+	done
+	v1summary+=("RATIO v1 ingest/ceiling at $vc connections: median $(printf '%s\n' "${v1ratios[@]}" | median) of $V1_ROUNDS rounds (${v1ratios[*]}); goal >= 0.75")
 done
 ((${#v1summary[@]} == 0)) || printf '%s\n' "${v1summary[@]}"
 
