@@ -91,6 +91,9 @@ ceiling() {
 	pg_sql ceiling "CHECKPOINT" >/dev/null
 }
 rate() { sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'; }
+# batches: kettle serve's ingest batches so far: readings, batches, commit seconds
+batches() { curl -s "http://127.0.0.1:$PORT_K/metrics" | awk '/^kettle_ingest_batch_rows_sum/ { r = $2 } /^kettle_ingest_batch_rows_count/ { c = $2 }
+	/^kettle_ingest_commit_seconds_sum/ { s = $2 } END { print r + 0, c + 0, s + 0 }'; }
 cpurow() { sed -n 's/.*µs_per_row=\([0-9.]*\).*/\1/p'; }
 # Warm-up, not counted: the first heavy write into a fresh cluster also
 # creates its WAL segment files (later ones recycle them). Without it the
@@ -109,12 +112,14 @@ for vc in $V1_CONNS; do
 	for vr in $(seq "$V1_ROUNDS"); do
 		echo "--- POST /v1/measurements, batches of 500 readings of one device, $vc connections, $V1_DEVICES devices, $DURATION, round $vr of $V1_ROUNDS; kettle serve --db postgres (fresh database) ${SERVE_ARGS:-} ---"
 		serve "kettle_v1_${vc}_$vr" "$work/data-v1-$vc-$vr"
-		k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
+		k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); m0=$(batches)
 		v1out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-v1-$vc-$vr" --devices "$V1_DEVICES" \
 			--batch 500 --conns "$vc" --duration "$DURATION" --warmup 0s; } 2>&1 )
-		k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+		k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); m1=$(batches)
 		kill "$kpid"; wait "$kpid" 2>/dev/null || true
 		echo "$v1out" | grep -v __CPU
+		awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, p); split(b, q); r = q[1] - p[1]; c = q[2] - p[2]; s = q[3] - p[3]
+			printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'
 		sv=$(echo "$v1out" | sed -n 's/.*stored=\([0-9]*\).*/\1/p')
 		rv=$(echo "$v1out" | grep RESULT | rate)
 		v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
@@ -174,8 +179,6 @@ drive() {
 		'/^__CPU/ { printf "CPU %s µs/request: wrk %.1f server %.1f postgres %.1f\n", t, ($2+$3)/n*1e6, k/n*1e6, pg/n*1e6 }'
 }
 # batches: kettle serve's batch rows sum, batch count and commit seconds sum
-batches() { curl -s "http://127.0.0.1:$PORT_K/metrics" | awk '/^kettle_ingest_batch_rows_sum/ { r = $2 } /^kettle_ingest_batch_rows_count/ { c = $2 }
-	/^kettle_ingest_commit_seconds_sum/ { s = $2 } END { print r + 0, c + 0, s + 0 }'; }
 rps() { sed -n 's/.*rps=\([0-9.]*\).*/\1/p'; }
 best_b=0; best_k=0; run=0; summary=()
 for c in $CONNS; do

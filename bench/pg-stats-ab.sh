@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A/B of GET /v1/statistics latency between two kettle binaries on one
+# seeded PostgreSQL database, interleaved in one run (a shared machine loads
+# both alike): kettle seed fills DEVICES kettles × DAYS days at INTERVAL
+# (the rollups hold one row per hour of it: 696 for 29 days, however many
+# kettles), then ROUNDS × (A, B), each kettle serve started on the seeded
+# database in turn, N sequential requests on one keep-alive connection
+# (bench/pgbench stats) of the open range (all history: hours_of_day) and
+# of the bounded range over the whole seeded history (the rollups of every
+# hour). Prints every round and the median ratios B/A of p50 and p99.
+#
+#   bench/pg-stats-ab.sh OLD_KETTLE_BIN NEW_KETTLE_BIN
+#   ROUNDS=5 N=4000 DEVICES=2000 DAYS=29 bench/pg-stats-ab.sh bin/kettle.old bin/kettle
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# = 2 ] || { echo "usage: $0 A_KETTLE_BIN B_KETTLE_BIN" >&2; exit 2; }
+ROUNDS=${ROUNDS:-5}
+N=${N:-2000}
+NDEV=${DEVICES:-500}
+DAYS=${DAYS:-29}
+INTERVAL=${INTERVAL:-15m}
+END=${END:-$(date -u +%Y-%m-%dT00:00:00Z)}
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-pgstats-XXXXXX)
+cp "$1" "$work/A"; cp "$2" "$work/B"
+kpid=
+cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
+trap cleanup EXIT
+echo "rerun: ROUNDS=$ROUNDS N=$N DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL END=$END bench/pg-stats-ab.sh $1 $2"
+echo "A=$1 ($(sha256sum "$1" | cut -c1-12))  B=$2 ($(sha256sum "$2" | cut -c1-12))"
+machine_line
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+dsn=$(pg_db stats)
+"$work/A" seed --db "$dsn" --devices "$NDEV" --days "$DAYS" --interval "$INTERVAL" --end "$END" --quiet | tail -1
+from=$(date -u -d "$END - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)
+range="from=$from&to=$END"
+mkdir -p "$work/data"
+for r in $(seq "$ROUNDS"); do
+	for v in A B; do
+		port=$(free_port)
+		"$work/$v" serve --addr 127.0.0.1:$port --db "$dsn" --data-dir "$work/data" 2>"$work/serve-$v-$r.log" &
+		kpid=$!
+		for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+		for q in open bounded; do
+			qs=""; [ "$q" = bounded ] && qs=$range
+			"$work/pgbench" stats --url "http://127.0.0.1:$port" --data-dir "$work/data" -n "$N" --query "$qs" |
+				awk -v r=$r -v v=$v -v q=$q '/^RESULT statistics/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+					printf "AB stats round=%d bin=%s range=%s p50_ms=%s p99_ms=%s max_ms=%s measurement_count=%s load=%s\n", r, v, q, x["p50_ms"], x["p99_ms"], x["max_ms"], x["measurement_count"], "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
+		done
+		kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
+	done
+done | tee "$work/ab.txt"
+ratios() { # ratios RANGE FIELD: B/A per round, one a line
+	awk -v q="$1" -v f="$2" '$2 == "stats" && $5 == "range=" q { split($3, r, "="); split($4, b, "="); for (i = 6; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
+		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
+for q in open bounded; do
+	echo "RATIO B/A $q range, median of $ROUNDS rounds: p50 $(ratios $q p50_ms | median) (rounds: $(ratios $q p50_ms | tr '\n' ' ')); p99 $(ratios $q p99_ms | median) (rounds: $(ratios $q p99_ms | tr '\n' ' '))"
+done
