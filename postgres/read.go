@@ -65,19 +65,22 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 			QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
 		merge := func(rows pgx.Rows, hod func(k time.Time, h int16) int) error {
 			defer rows.Close()
+			// Scanned into once per query, not once per row: their
+			// addresses go to Scan, so declared in the loop each would be
+			// a heap allocation a row, and so would Scan's argument slice
+			// (696 rows for 29 days of hours: a quarter of the bounded
+			// range's CPU went to allocating them).
+			var (
+				t    time.Time
+				h    int16
+				w, a kettle.Moments
+			)
+			dst := []any{&h, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2}
+			if !open {
+				dst[0] = &t
+			}
 			for rows.Next() {
-				var (
-					t    time.Time
-					h    int16
-					w, a kettle.Moments
-				)
-				var err error
-				if open {
-					err = rows.Scan(&h, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2)
-				} else {
-					err = rows.Scan(&t, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2)
-				}
-				if err != nil {
+				if err := rows.Scan(dst...); err != nil {
 					return err
 				}
 				a.N = w.N
