@@ -5,9 +5,11 @@
 # (the rollups hold one row per hour of it: 696 for 29 days, however many
 # kettles), then ROUNDS × (A, B), each kettle serve started on the seeded
 # database in turn, N sequential requests on one keep-alive connection
-# (bench/pgbench stats) of the open range (all history: hours_of_day) and
-# of the bounded range over the whole seeded history (the rollups of every
-# hour). Prints every round and the median ratios B/A of p50 and p99.
+# (bench/pgbench stats) of the open range (all history: hours_of_day), of
+# the bounded range over the whole seeded history (the rollups of every
+# hour) and of one kettle's history, a page of 1,000 readings (GET
+# /v1/devices/ID/measurements, as the dashboard's charts read it). Prints
+# every round and the median ratios B/A of p50 and p99.
 #
 #   bench/pg-stats-ab.sh OLD_KETTLE_BIN NEW_KETTLE_BIN
 #   ROUNDS=5 N=4000 DEVICES=2000 DAYS=29 bench/pg-stats-ab.sh bin/kettle.old bin/kettle
@@ -43,11 +45,17 @@ for r in $(seq "$ROUNDS"); do
 		"$work/$v" serve --addr 127.0.0.1:$port --db "$dsn" --data-dir "$work/data" 2>"$work/serve-$v-$r.log" &
 		kpid=$!
 		for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-		for q in open bounded; do
-			qs=""; [ "$q" = bounded ] && qs=$range
-			"$work/pgbench" stats --url "http://127.0.0.1:$port" --data-dir "$work/data" -n "$N" --query "$qs" |
-				awk -v r=$r -v v=$v -v q=$q '/^RESULT statistics/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
-					printf "AB stats round=%d bin=%s range=%s p50_ms=%s p99_ms=%s max_ms=%s measurement_count=%s load=%s\n", r, v, q, x["p50_ms"], x["p99_ms"], x["max_ms"], x["measurement_count"], "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
+		if [ -z "${dev:-}" ]; then # the first kettle in id order: its history is the third query
+			dev=$(curl -sf -H "Authorization: Bearer $(cat "$work/data/operator-token")" "http://127.0.0.1:$port/v1/devices?limit=1" |
+				python3 -c 'import json, sys; d = json.load(sys.stdin); d = d.get("devices", d) if isinstance(d, dict) else d; print(d[0]["id"])')
+		fi
+		for q in open bounded history; do
+			qs=""; path=/v1/statistics
+			[ "$q" = bounded ] && qs=$range
+			[ "$q" = history ] && qs="$range&limit=1000" && path=/v1/devices/$dev/measurements
+			"$work/pgbench" stats --url "http://127.0.0.1:$port" --data-dir "$work/data" -n "$N" --query "$qs" --path "$path" |
+				awk -v r=$r -v v=$v -v q=$q '/^RESULT (statistics|get)/ { for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+					printf "AB stats round=%d bin=%s range=%s p50_ms=%s p99_ms=%s max_ms=%s measurement_count=%s bytes=%s load=%s\n", r, v, q, x["p50_ms"], x["p99_ms"], x["max_ms"], x["measurement_count"], x["bytes"], "'"$(cut -d' ' -f1 /proc/loadavg)"'" }'
 		done
 		kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
 	done
@@ -55,6 +63,6 @@ done | tee "$work/ab.txt"
 ratios() { # ratios RANGE FIELD: B/A per round, one a line
 	awk -v q="$1" -v f="$2" '$2 == "stats" && $5 == "range=" q { split($3, r, "="); split($4, b, "="); for (i = 6; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
 		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
-for q in open bounded; do
-	echo "RATIO B/A $q range, median of $ROUNDS rounds: p50 $(ratios $q p50_ms | median) (rounds: $(ratios $q p50_ms | tr '\n' ' ')); p99 $(ratios $q p99_ms | median) (rounds: $(ratios $q p99_ms | tr '\n' ' '))"
+for q in open bounded history; do
+	echo "RATIO B/A $q, median of $ROUNDS rounds: p50 $(ratios $q p50_ms | median) (rounds: $(ratios $q p50_ms | tr '\n' ' ')); p99 $(ratios $q p99_ms | median) (rounds: $(ratios $q p99_ms | tr '\n' ' '))"
 done

@@ -233,11 +233,14 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 		sql += fmt.Sprintf(" LIMIT $%d", len(args))
 	}
 	rows, _ := s.pool.Query(ctx, sql, args...)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kettle.Measurement, error) {
-		m := kettle.Measurement{Device: q.Device}
-		err := r.Scan(&m.Time, &m.ChargeMWh, &m.FullMWh, &m.RateMW, &m.AmbientC, &m.WaterC, &m.LevelML)
+	// Every row scanned into one m (not one allocated a row, as with
+	// CollectRows and a Scan of a fresh value's fields) and copied out.
+	out := []kettle.Measurement{}
+	m := kettle.Measurement{Device: q.Device}
+	_, err := pgx.ForEachRow(rows, []any{&m.Time, &m.ChargeMWh, &m.FullMWh, &m.RateMW, &m.AmbientC, &m.WaterC, &m.LevelML}, func() error {
 		m.Time = m.Time.UTC()
-		return m, err
+		out = append(out, m)
+		return nil
 	})
 	if err != nil {
 		return nil, unavailable(fmt.Sprintf("postgres history of %s", q.Device), err)

@@ -588,6 +588,7 @@ func stats(args []string) error {
 	dataDir := fs.String("data-dir", "kettle-data", "kettle serve --data-dir (for the operator token)")
 	n := fs.Int("n", 2000, "requests")
 	query := fs.String("query", "", "query string, e.g. from=…&to=…")
+	path := fs.String("path", "/v1/statistics", "what to GET (as the operator): the statistics, or e.g. /v1/devices/ID/measurements")
 	dsn := fs.String("dsn", "", "also time the naive SQL on this database")
 	fs.Parse(args)
 	tok, err := server.ReadSecret(*dataDir, "operator-token")
@@ -596,7 +597,7 @@ func stats(args []string) error {
 	}
 	cl := &http.Client{Timeout: 30 * time.Second}
 	get := func() (time.Duration, []byte, error) {
-		u := *url + "/v1/statistics"
+		u := *url + *path
 		if *query != "" {
 			u += "?" + *query
 		}
@@ -610,7 +611,7 @@ func stats(args []string) error {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
-			return 0, nil, fmt.Errorf("GET /v1/statistics: %d %s", resp.StatusCode, b)
+			return 0, nil, fmt.Errorf("GET %s: %d %s", *path, resp.StatusCode, b)
 		}
 		return time.Since(t0), b, nil
 	}
@@ -629,6 +630,11 @@ func stats(args []string) error {
 		lats = append(lats, d)
 	}
 	slices.Sort(lats)
+	if *path != "/v1/statistics" {
+		fmt.Printf("RESULT get path=%s requests=%d bytes=%d p50_ms=%.3f p99_ms=%.3f max_ms=%.3f\n",
+			*path, *n, len(body), ms(pct(lats, 50)), ms(pct(lats, 99)), ms(lats[len(lats)-1]))
+		return nil
+	}
 	var st struct {
 		Count int64 `json:"measurement_count"`
 	}
