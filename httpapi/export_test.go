@@ -16,3 +16,6 @@ func FastV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measureme
 }
 
 var ParseUTC = parseUTC
+
+// WriteJSON is how every JSON answer is written.
+var WriteJSON = writeJSON
