@@ -25,13 +25,8 @@ V1_CONNS=${V1_CONNS-16}   # "" skips the v1 phase
 NDEV=${DEVICES:-2000}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 . bench/pg-cluster.sh
-work=$(mktemp -d /tmp/kettle-pgab-XXXXXX)
-cp "$1" "$work/A"; cp "$2" "$work/B"
-kpid=
-cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
-trap cleanup EXIT
 echo "rerun: ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
-echo "A=$1 ($(sha256sum "$1" | cut -c1-12))  B=$2 ($(sha256sum "$2" | cut -c1-12))"
+ab_start pgab "$1" "$2"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
@@ -71,9 +66,7 @@ for r in $(seq "$ROUNDS"); do
 	done
 done | tee "$work/ab.txt"
 # (CPU per row includes the 2 s warm-up's work in the numerator: an overestimate, alike for A and B.)
-ratios() { # ratios KIND FIELD: B/A per round, one a line
-	awk -v kind="$1" -v f="$2" '$2 == kind { split($3, r, "="); split($4, b, "="); for (i = 5; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
-		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
+ratios() { ab_ratios "$work/ab.txt" "$1" "$2"; } # ratios KIND FIELD: B/A per round, one a line
 [ -n "$V1_CONNS" ] || { echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"; exit 0; }
 echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"\
 "; v1 rows/s $(ratios v1 rows_per_s | median) (rounds: $(ratios v1 rows_per_s | tr '\n' ' '))"

@@ -159,3 +159,24 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # KETTLE_BIN (a prebuilt kettle, e.g. when the working tree has unrelated
 # work in progress).
 build_kettle() { if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$1/kettle"; else go build -o "$1/kettle" ./cmd/kettle; fi; }
+
+# ab_start NAME A_BIN B_BIN: for an A/B script, a work dir (work) holding
+# the two binaries as A and B, kpid for the kettle serve it runs (killed at
+# exit, with the cluster stopped and the work dir removed), and the line
+# naming the binaries.
+ab_start() {
+	work=$(mktemp -d "/tmp/kettle-$1-XXXXXX")
+	cp "$2" "$work/A"; cp "$3" "$work/B"
+	kpid=
+	trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
+	echo "A=$2 ($(sha256sum "$2" | cut -c1-12))  B=$3 ($(sha256sum "$3" | cut -c1-12))"
+}
+# ab_ratios FILE KIND FIELD [KEY=VALUE]: B/A of FIELD in each round, one a
+# line, from FILE's lines "AB KIND round=R bin=A|B KEY=VALUE…" (only those
+# holding KEY=VALUE when given).
+ab_ratios() {
+	awk -v kind="$2" -v f="$3" -v sel="${4:-}" '$1 == "AB" && $2 == kind {
+		delete kv; ok = sel == ""
+		for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2]; if ($i == sel) ok = 1 }
+		if (ok) { x[kv["round"], kv["bin"]] = kv[f]; n = kv["round"] > n ? kv["round"] : n } }
+		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$1"; }

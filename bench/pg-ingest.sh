@@ -94,6 +94,9 @@ rate() { sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'; }
 # batches: kettle serve's ingest batches so far: readings, batches, commit seconds
 batches() { curl -s "http://127.0.0.1:$PORT_K/metrics" | awk '/^kettle_ingest_batch_rows_sum/ { r = $2 } /^kettle_ingest_batch_rows_count/ { c = $2 }
 	/^kettle_ingest_commit_seconds_sum/ { s = $2 } END { print r + 0, c + 0, s + 0 }'; }
+# batch_line BEFORE AFTER: the batches between two readings of batches, as means
+batch_line() { awk -v a="$1" -v b="$2" 'BEGIN { split(a, p); split(b, q); r = q[1] - p[1]; c = q[2] - p[2]; s = q[3] - p[3]
+	printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'; }
 cpurow() { sed -n 's/.*µs_per_row=\([0-9.]*\).*/\1/p'; }
 # Warm-up, not counted: the first heavy write into a fresh cluster also
 # creates its WAL segment files (later ones recycle them). Without it the
@@ -118,8 +121,7 @@ for vc in $V1_CONNS; do
 		k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); m1=$(batches)
 		kill "$kpid"; wait "$kpid" 2>/dev/null || true
 		echo "$v1out" | grep -v __CPU
-		awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, p); split(b, q); r = q[1] - p[1]; c = q[2] - p[2]; s = q[3] - p[3]
-			printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'
+		batch_line "$m0" "$m1"
 		sv=$(echo "$v1out" | sed -n 's/.*stored=\([0-9]*\).*/\1/p')
 		rv=$(echo "$v1out" | grep RESULT | rate)
 		v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
@@ -173,8 +175,7 @@ drive() {
 	# context switches of the whole machine; kettle serve's batches (rows and
 	# commit time, means over the run)
 	awk -v t="$1" -v n="$n" -v x="$((x1 - x0))" 'BEGIN { printf "context switches %s: %.2f a request (machine)\n", t, x / n }'
-	[ "$1" = kettle ] && awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, p); split(b, q); r = q[1] - p[1]; c = q[2] - p[2]; s = q[3] - p[3]
-		printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'
+	[ "$1" = kettle ] && batch_line "$m0" "$m1"
 	echo "$out" | awk -v t="$1" -v n="$n" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
 		'/^__CPU/ { printf "CPU %s µs/request: wrk %.1f server %.1f postgres %.1f\n", t, ($2+$3)/n*1e6, k/n*1e6, pg/n*1e6 }'
 }

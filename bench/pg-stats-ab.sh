@@ -23,13 +23,8 @@ DAYS=${DAYS:-29}
 INTERVAL=${INTERVAL:-15m}
 END=${END:-$(date -u +%Y-%m-%dT00:00:00Z)}
 . bench/pg-cluster.sh
-work=$(mktemp -d /tmp/kettle-pgstats-XXXXXX)
-cp "$1" "$work/A"; cp "$2" "$work/B"
-kpid=
-cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
-trap cleanup EXIT
 echo "rerun: ROUNDS=$ROUNDS N=$N DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL END=$END bench/pg-stats-ab.sh $1 $2"
-echo "A=$1 ($(sha256sum "$1" | cut -c1-12))  B=$2 ($(sha256sum "$2" | cut -c1-12))"
+ab_start pgstats "$1" "$2"
 machine_line
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
@@ -60,9 +55,7 @@ for r in $(seq "$ROUNDS"); do
 		kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
 	done
 done | tee "$work/ab.txt"
-ratios() { # ratios RANGE FIELD: B/A per round, one a line
-	awk -v q="$1" -v f="$2" '$2 == "stats" && $5 == "range=" q { split($3, r, "="); split($4, b, "="); for (i = 6; i <= NF; i++) { split($i, kv, "="); if (kv[1] == f) x[r[2], b[2]] = kv[2] } n = r[2] > n ? r[2] : n }
-		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$work/ab.txt"; }
+ratios() { ab_ratios "$work/ab.txt" stats "$2" "range=$1"; } # ratios RANGE FIELD: B/A per round, one a line
 for q in open bounded history; do
 	echo "RATIO B/A $q, median of $ROUNDS rounds: p50 $(ratios $q p50_ms | median) (rounds: $(ratios $q p50_ms | tr '\n' ' ')); p99 $(ratios $q p99_ms | median) (rounds: $(ratios $q p99_ms | tr '\n' ' '))"
 done
