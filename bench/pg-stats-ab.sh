@@ -42,7 +42,7 @@ for r in $(seq "$ROUNDS"); do
 		for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 		if [ -z "${dev:-}" ]; then # the first kettle in id order: its history is the third query
 			dev=$(curl -sf -H "Authorization: Bearer $(cat "$work/data/operator-token")" "http://127.0.0.1:$port/v1/devices?limit=1" |
-				python3 -c 'import json, sys; d = json.load(sys.stdin); d = d.get("devices", d) if isinstance(d, dict) else d; print(d[0]["id"])')
+				python3 -c 'import json, sys; print(json.load(sys.stdin)["devices"][0]["id"])')
 		fi
 		for q in open bounded history; do
 			qs=""; path=/v1/statistics
