@@ -6,7 +6,10 @@ package kettle
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -191,12 +194,73 @@ type Store interface {
 	// credentials are refused from then on; its history stays. Revoking
 	// again keeps the first time.
 	Revoke(ctx context.Context, id DeviceID, at time.Time) error
+	// Expire removes every measurement whose device time is before before,
+	// which must be the first instant of a UTC month (EInvalid otherwise;
+	// see ExpireBefore), and returns how many it removed. The derived
+	// figures follow in the same transactions: the fleet's and each
+	// device's measurement counts and the by-hour statistics (bounded and
+	// all-history) count only the measurements that remain. A device's
+	// latest state, capacity and last-seen time stay: they describe the
+	// kettle now, not its history. Each month goes in one transaction, so
+	// readers never see part of one removed.
+	Expire(ctx context.Context, before time.Time) (removed int64, err error)
 	// Scan calls fn for every device, to rebuild in-memory caches at start.
 	Scan(ctx context.Context, fn func(DeviceState) error) error
 	// Ping checks that the store answers (readiness).
 	Ping(ctx context.Context) error
 	// Close releases the store.
 	Close() error
+}
+
+// ExpireBefore is the Expire bound of a retention of keep at now: the start
+// of the UTC month that holds now − keep. Readings are kept at least keep
+// and removed a whole month at a time, once all of the month is older.
+func ExpireBefore(now time.Time, keep time.Duration) time.Time {
+	t := now.Add(-keep).UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// ParseRetention reads a retention: a whole number of days ("90d"), or a Go
+// duration ("2160h"); "0" keeps everything. It must be 0 or at least a day.
+func ParseRetention(v string) (time.Duration, error) {
+	if v == "0" {
+		return 0, nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.ParseInt(days, 10, 32)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("want a whole number of days such as 90d, a duration such as 2160h, or 0, got %q", v)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil || d < 0 {
+			return 0, fmt.Errorf("want a whole number of days such as 90d, a duration such as 2160h, or 0, got %q", v)
+		}
+	}
+	if d != 0 && d < 24*time.Hour {
+		return 0, fmt.Errorf("must be 0 (keep everything) or at least a day, got %q", v)
+	}
+	return d, nil
+}
+
+// FormatRetention writes d as ParseRetention reads it: in days when whole.
+func FormatRetention(d time.Duration) string {
+	if d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+// CheckMonthStart returns an EInvalid error unless t is the first instant
+// of a UTC month (the bound Expire takes).
+func CheckMonthStart(t time.Time) error {
+	u := t.UTC()
+	if !u.Equal(time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)) {
+		return Errorf(EInvalid, "expire: the bound must be the first instant of a UTC month, got %s", t.Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // Nodes is implemented by a store that several processes may write at once

@@ -71,14 +71,14 @@ func TestDeviceToken(t *testing.T) {
 func TestValidate(t *testing.T) {
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 	ok := kettle.Measurement{Time: now, ChargeMWh: 0, FullMWh: 0, RateMW: -1e9, AmbientC: -50, WaterC: 150, LevelML: 0}
-	if errs := ok.Validate(now, &kettle.V1Names, "", nil); len(errs) != 0 {
+	if errs := ok.Validate(kettle.Window{Now: now}, &kettle.V1Names, "", nil); len(errs) != 0 {
 		t.Errorf("edge values refused: %v", errs)
 	}
 	f := func(mod func(*kettle.Measurement), field string) {
 		t.Helper()
 		m := ok
 		mod(&m)
-		errs := m.Validate(now, &kettle.V1Names, "", nil)
+		errs := m.Validate(kettle.Window{Now: now}, &kettle.V1Names, "", nil)
 		if len(errs) != 1 || errs[0].Field != field {
 			t.Errorf("got %v, want one error on %s", errs, field)
 		}

@@ -33,18 +33,29 @@ var V1Names = FieldNames{"time", "battery_charge_mwh", "battery_full_mwh", "batt
 // V0Names are the field names of the case-study protocol.
 var V0Names = FieldNames{"time", "charge_now", "charge_full", "charge_rate", "ambient_temp", "water_temp", "water_level"}
 
+// Window is the device time a reading must fall in to be accepted: from
+// Oldest (the retention window; zero: no bound but MinTime) to Now +
+// MaxAhead, where Now is the server clock.
+type Window struct {
+	Now, Oldest time.Time
+}
+
 // Normalize puts m.Time in UTC at store precision.
 func (m *Measurement) Normalize() { m.Time = m.Time.UTC().Truncate(TimePrecis) }
 
 // Validate appends to errs one FieldError per bad field, named with names.
-// now is the server clock. prefix is prepended to field names (e.g. "[3].")
-// for readings inside a batch.
-func (m *Measurement) Validate(now time.Time, names *FieldNames, prefix string, errs []FieldError) []FieldError {
+// w is the time window (the server clock, the retention bound). prefix is
+// prepended to field names (e.g. "[3].") for readings inside a batch.
+func (m *Measurement) Validate(w Window, names *FieldNames, prefix string, errs []FieldError) []FieldError {
 	bad := func(field, msg string) { errs = append(errs, FieldError{Field: prefix + field, Message: msg}) }
-	if m.Time.Before(MinTime) {
+	switch {
+	case m.Time.Before(MinTime):
 		bad(names.Time, fmt.Sprintf("must be at or after %s, got %s", MinTime.Format(time.RFC3339), m.Time.Format(time.RFC3339Nano)))
-	} else if m.Time.After(now.Add(MaxAhead)) {
-		bad(names.Time, fmt.Sprintf("must be at most 24h ahead of the server clock (%s), got %s", now.UTC().Format(time.RFC3339), m.Time.Format(time.RFC3339Nano)))
+	case m.Time.Before(w.Oldest):
+		bad(names.Time, fmt.Sprintf("must be at or after %s: the server keeps readings %s (its retention), got %s",
+			w.Oldest.UTC().Format(time.RFC3339), FormatRetention(w.Now.Sub(w.Oldest)), m.Time.Format(time.RFC3339Nano)))
+	case m.Time.After(w.Now.Add(MaxAhead)):
+		bad(names.Time, fmt.Sprintf("must be at most 24h ahead of the server clock (%s), got %s", w.Now.UTC().Format(time.RFC3339), m.Time.Format(time.RFC3339Nano)))
 	}
 	nonNeg := func(field string, v float64) {
 		if !finite(v) {

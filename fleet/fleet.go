@@ -48,6 +48,14 @@ type Config struct {
 	// this often and reloads only while another process writes (and once
 	// after the last one stopped).
 	Refresh time.Duration
+	// Retention, when > 0, is how long readings are kept, by device time:
+	// readings older than now − Retention are refused (kettle.Window), and
+	// every ExpireEvery the store expires the months wholly older than that
+	// (kettle.ExpireBefore). 0 keeps everything.
+	Retention time.Duration
+	// ExpireEvery is how often the expiry runs when Retention > 0
+	// (default 1h); the first run is at start.
+	ExpireEvery time.Duration
 }
 
 func (c *Config) defaults() {
@@ -65,6 +73,9 @@ func (c *Config) defaults() {
 	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = time.Second
+	}
+	if c.ExpireEvery <= 0 {
+		c.ExpireEvery = time.Hour
 	}
 }
 
@@ -107,6 +118,7 @@ type Service struct {
 
 	stopRefresh chan struct{}
 	refreshDone chan struct{}
+	expiry      expiry
 	// With a store several processes write (kettle.Nodes), this node's id
 	// in it, the others it saw alive at the last beat (-1: not known yet,
 	// or the beat failed), and the refreshes run.
@@ -208,6 +220,9 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		s.stopRefresh = make(chan struct{})
 		s.refreshDone = make(chan struct{})
 		go s.refresher()
+	}
+	if cfg.Retention > 0 {
+		s.startExpirer()
 	}
 	return s, nil
 }
@@ -598,6 +613,7 @@ func (s *Service) apply(m *kettle.Measurement, maxLevelML float64, received time
 // Close stops accepting readings, commits everything queued and stops the
 // batchers. Call it after the wire adapters stopped.
 func (s *Service) Close() {
+	s.stopExpirer()
 	if s.stopRefresh != nil {
 		select {
 		case <-s.stopRefresh:

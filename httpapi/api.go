@@ -374,7 +374,7 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 		writeError(w, a.log, err)
 		return
 	}
-	m, err := DecodeV0(body, id, a.svc.Now())
+	m, err := DecodeV0(body, id, a.svc.Window())
 	if err != nil {
 		writeError(w, a.log, err)
 		return
@@ -766,7 +766,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	up.body = body
-	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Now())
+	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Window())
 	if err != nil {
 		writeError(w, a.log, err)
 		return

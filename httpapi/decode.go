@@ -53,7 +53,7 @@ func (v *V1Measurement) fields() wireFields {
 
 // toMeasurement checks presence, parses the time, validates ranges and
 // appends field errors. The result is normalized (UTC, µs).
-func (w wireFields) toMeasurement(dev kettle.DeviceID, now time.Time, names *kettle.FieldNames, prefix string, errs []kettle.FieldError) (kettle.Measurement, []kettle.FieldError) {
+func (w wireFields) toMeasurement(dev kettle.DeviceID, win kettle.Window, names *kettle.FieldNames, prefix string, errs []kettle.FieldError) (kettle.Measurement, []kettle.FieldError) {
 	m := kettle.Measurement{Device: dev}
 	n0 := len(errs)
 	missing := func(field string) {
@@ -83,7 +83,7 @@ func (w wireFields) toMeasurement(dev kettle.DeviceID, now time.Time, names *ket
 		return m, errs
 	}
 	m.Normalize()
-	return m, m.Validate(now, names, prefix, errs)
+	return m, m.Validate(win, names, prefix, errs)
 }
 
 func truncate(s string, n int) string {
@@ -210,12 +210,12 @@ func decodeJSON(body []byte, v any) error {
 }
 
 // DecodeV0 decodes and validates a case-study POST /measurement body.
-func DecodeV0(body []byte, dev kettle.DeviceID, now time.Time) (kettle.Measurement, error) {
+func DecodeV0(body []byte, dev kettle.DeviceID, win kettle.Window) (kettle.Measurement, error) {
 	var v v0Measurement
 	if err := decodeReadings(body, &v); err != nil {
 		return kettle.Measurement{}, err
 	}
-	m, errs := v.fields().toMeasurement(dev, now, &kettle.V0Names, "", nil)
+	m, errs := v.fields().toMeasurement(dev, win, &kettle.V0Names, "", nil)
 	if len(errs) > 0 {
 		return m, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
 	}
@@ -224,20 +224,20 @@ func DecodeV0(body []byte, dev kettle.DeviceID, now time.Time) (kettle.Measureme
 
 // DecodeV1 decodes and validates a v1 upload: one reading or an array of up
 // to kettle.MaxBatch. Field names in errors of an array are prefixed "[i].".
-func DecodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
-	return decodeV1Buf(nil, body, dev, now)
+func DecodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
+	return decodeV1Buf(nil, body, dev, win)
 }
 
 // decodeV1Buf is DecodeV1 into dst's memory when it is large enough.
-func decodeV1Buf(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
-	if ms, ok := fastV1(body, dev, now, dst); ok {
+func decodeV1Buf(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
+	if ms, ok := fastV1(body, dev, win, dst); ok {
 		return ms, nil
 	}
-	return decodeV1(body, dev, now)
+	return decodeV1(body, dev, win)
 }
 
 // decodeV1 is DecodeV1 the general way: any JSON, every error named.
-func decodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, error) {
+func decodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) > 0 && trimmed[0] == '[' {
 		var vs []V1Measurement
@@ -253,7 +253,7 @@ func decodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measure
 		ms := make([]kettle.Measurement, len(vs))
 		var errs []kettle.FieldError
 		for i := range vs {
-			ms[i], errs = vs[i].fields().toMeasurement(dev, now, &kettle.V1Names, fmt.Sprintf("[%d].", i), errs)
+			ms[i], errs = vs[i].fields().toMeasurement(dev, win, &kettle.V1Names, fmt.Sprintf("[%d].", i), errs)
 		}
 		if len(errs) > 0 {
 			return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurements", Fields: errs}
@@ -264,7 +264,7 @@ func decodeV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measure
 	if err := decodeReadings(body, &v); err != nil {
 		return nil, err
 	}
-	m, errs := v.fields().toMeasurement(dev, now, &kettle.V1Names, "", nil)
+	m, errs := v.fields().toMeasurement(dev, win, &kettle.V1Names, "", nil)
 	if len(errs) > 0 {
 		return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
 	}

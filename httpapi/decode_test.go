@@ -15,13 +15,14 @@ import (
 
 var (
 	now    = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	win    = kettle.Window{Now: now}
 	dev    = uuid.MustParse("7f9a1c52-3b1e-4c4e-9a51-0d7f6a1b2c3d")
 	v0Good = `{"id":3,"time":"2026-11-22T11:59:30.123456Z","charge_now":57,"charge_full":100,"charge_rate":-2.5,"ambient_temp":21.5,"water_temp":88.25,"water_level":750}`
 	v1Good = `{"time":"2026-11-22T11:59:30.123456Z","battery_charge_mwh":57,"battery_full_mwh":100,"battery_rate_mw":-2.5,"ambient_temp_c":21.5,"water_temp_c":88.25,"water_level_ml":750}`
 )
 
 func TestDecodeV0(t *testing.T) {
-	m, err := httpapi.DecodeV0([]byte(v0Good), dev, now)
+	m, err := httpapi.DecodeV0([]byte(v0Good), dev, win)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,14 +31,14 @@ func TestDecodeV0(t *testing.T) {
 		t.Errorf("got %+v, want %+v", m, want)
 	}
 	// Nanoseconds are truncated to the stores' microseconds; offsets become UTC.
-	m, err = httpapi.DecodeV0([]byte(strings.Replace(v0Good, "11:59:30.123456Z", "12:59:30.1234569+01:00", 1)), dev, now)
+	m, err = httpapi.DecodeV0([]byte(strings.Replace(v0Good, "11:59:30.123456Z", "12:59:30.1234569+01:00", 1)), dev, win)
 	if err != nil || !m.Time.Equal(want.Time) || m.Time.Location() != time.UTC {
 		t.Errorf("offset/nanosecond time: %v %v", m.Time, err)
 	}
 }
 
 func TestDecodeV1Batch(t *testing.T) {
-	ms, err := httpapi.DecodeV1([]byte(" \n["+v1Good+","+v1Good+"]"), dev, now)
+	ms, err := httpapi.DecodeV1([]byte(" \n["+v1Good+","+v1Good+"]"), dev, win)
 	if err != nil || len(ms) != 2 {
 		t.Fatalf("%v %v", ms, err)
 	}
@@ -62,10 +63,10 @@ func FuzzDecodeV0(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := httpapi.DecodeV0(b, dev, now)
+		m, err := httpapi.DecodeV0(b, dev, win)
 		checkDecodeError(t, err)
 		if err == nil {
-			if errs := m.Validate(now, &kettle.V0Names, "", nil); len(errs) > 0 {
+			if errs := m.Validate(win, &kettle.V0Names, "", nil); len(errs) > 0 {
 				t.Fatalf("accepted an invalid reading: %v", errs)
 			}
 		}
@@ -77,7 +78,7 @@ func FuzzDecodeV1(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ms, err := httpapi.DecodeV1(b, dev, now)
+		ms, err := httpapi.DecodeV1(b, dev, win)
 		checkDecodeError(t, err)
 		if err == nil && (len(ms) == 0 || len(ms) > kettle.MaxBatch) {
 			t.Fatalf("accepted a batch of %d", len(ms))
@@ -90,7 +91,7 @@ func BenchmarkDecodeV0(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if _, err := httpapi.DecodeV0(body, dev, now); err != nil {
+		if _, err := httpapi.DecodeV0(body, dev, win); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -100,13 +101,13 @@ func BenchmarkDecodeV1Batch500(b *testing.B) {
 	body := []byte("[" + strings.TrimSuffix(strings.Repeat(v1Good+",", 500), ",") + "]")
 	for _, c := range []struct {
 		name   string
-		decode func([]byte, kettle.DeviceID, time.Time) ([]kettle.Measurement, error)
+		decode func([]byte, kettle.DeviceID, kettle.Window) ([]kettle.Measurement, error)
 	}{{"DecodeV1", httpapi.DecodeV1}, {"general", httpapi.DecodeV1General}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if _, err := c.decode(body, dev, now); err != nil {
+				if _, err := c.decode(body, dev, win); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -121,11 +122,11 @@ func BenchmarkDecodeV1Batch500(b *testing.B) {
 func TestDecodeV1Fast(t *testing.T) {
 	f := func(body string, wantFast bool) {
 		t.Helper()
-		ms, ok := httpapi.FastV1([]byte(body), dev, now)
+		ms, ok := httpapi.FastV1([]byte(body), dev, win)
 		if ok != wantFast {
 			t.Errorf("fast path took %q: %v, want %v", body, ok, wantFast)
 		}
-		want, err := httpapi.DecodeV1General([]byte(body), dev, now)
+		want, err := httpapi.DecodeV1General([]byte(body), dev, win)
 		if ok && (err != nil || !slices.Equal(ms, want)) {
 			t.Errorf("%q: fast %v, general %v %v", body, ms, want, err)
 		}
@@ -163,11 +164,11 @@ func FuzzDecodeV1Fast(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ms, ok := httpapi.FastV1(b, dev, now)
+		ms, ok := httpapi.FastV1(b, dev, win)
 		if !ok {
 			return
 		}
-		want, err := httpapi.DecodeV1General(b, dev, now)
+		want, err := httpapi.DecodeV1General(b, dev, win)
 		if err != nil {
 			t.Fatalf("fast path accepted %q, general decoder: %v", b, err)
 		}

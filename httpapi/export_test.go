@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"time"
 
 	"github.com/kettlefleet/kettlefleet"
 )
@@ -11,8 +10,8 @@ import (
 var DecodeV1General = decodeV1
 
 // FastV1 is DecodeV1's fast path alone.
-func FastV1(body []byte, dev kettle.DeviceID, now time.Time) ([]kettle.Measurement, bool) {
-	return fastV1(body, dev, now, nil)
+func FastV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, bool) {
+	return fastV1(body, dev, win, nil)
 }
 
 var ParseUTC = parseUTC

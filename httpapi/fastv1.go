@@ -20,7 +20,7 @@ import (
 // which finds the same readings or names the error. So it changes speed,
 // never the answer (FuzzDecodeV1Fast checks that against the general path).
 // The readings go into dst's memory when it is large enough.
-func fastV1(body []byte, dev kettle.DeviceID, now time.Time, dst []kettle.Measurement) (ms []kettle.Measurement, ok bool) {
+func fastV1(body []byte, dev kettle.DeviceID, win kettle.Window, dst []kettle.Measurement) (ms []kettle.Measurement, ok bool) {
 	p := fastParser{b: body}
 	p.ws()
 	if p.i < len(p.b) && p.b[p.i] == '[' {
@@ -37,7 +37,7 @@ func fastV1(body []byte, dev kettle.DeviceID, now time.Time, dst []kettle.Measur
 				return nil, false
 			}
 			ms = append(ms, kettle.Measurement{Device: dev})
-			if !p.reading(&ms[len(ms)-1], now) {
+			if !p.reading(&ms[len(ms)-1], win) {
 				return nil, false
 			}
 			p.ws()
@@ -62,7 +62,7 @@ func fastV1(body []byte, dev kettle.DeviceID, now time.Time, dst []kettle.Measur
 			ms = make([]kettle.Measurement, 1)
 		}
 		ms[0].Device = dev
-		if !p.reading(&ms[0], now) {
+		if !p.reading(&ms[0], win) {
 			return nil, false
 		}
 	}
@@ -94,7 +94,7 @@ func (p *fastParser) ws() {
 }
 
 // reading parses one object into m (whose Device is set) and validates it.
-func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
+func (p *fastParser) reading(m *kettle.Measurement, win kettle.Window) bool {
 	if p.i >= len(p.b) || p.b[p.i] != '{' {
 		return false
 	}
@@ -168,7 +168,7 @@ func (p *fastParser) reading(m *kettle.Measurement, now time.Time) bool {
 		return false
 	}
 	m.Normalize()
-	return len(m.Validate(now, &kettle.V1Names, "", nil)) == 0
+	return len(m.Validate(win, &kettle.V1Names, "", nil)) == 0
 }
 
 // v1Keys are kettle.V1Names quoted, in the documented order.

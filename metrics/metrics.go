@@ -300,6 +300,7 @@ type Fleet interface {
 	ReportingSince(time.Time) int
 	Now() time.Time
 	RefreshStats() (peers int64, refreshes uint64)
+	ExpiryStats() fleet.ExpiryStats
 }
 
 var _ Fleet = (*fleet.Service)(nil)
@@ -333,6 +334,36 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_cache_refreshes_total",
 			Help: "Full reloads of the device cache from the store (--cache-refresh; on PostgreSQL only while another process writes it).",
 		}, func() float64 { _, n := f.RefreshStats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_retention_seconds",
+			Help: "How long readings are kept, by device time (--retention); 0: everything is kept.",
+		}, func() float64 { return f.Config().Retention.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_expire_runs_total",
+			Help: "Runs of the retention loop (every --expire-every with --retention).",
+		}, func() float64 { return float64(f.ExpiryStats().Runs) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_expire_errors_total",
+			Help: "Runs of the retention loop that failed or left a month for the next run (the log says why).",
+		}, func() float64 { return float64(f.ExpiryStats().Errors) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_expired_measurements_total",
+			Help: "Readings removed by the retention loop since start.",
+		}, func() float64 { return float64(f.ExpiryStats().Removed) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_expire_last_duration_seconds",
+			Help: "How long the last run of the retention loop took (writers wait only for its last step; see docs/reliability.md).",
+		}, func() float64 { return f.ExpiryStats().LastDuration.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_expire_last_success_timestamp_seconds",
+			Help: "Unix time the retention loop last succeeded; 0: not yet. Alert when it lags --expire-every by much: the store keeps growing.",
+		}, func() float64 {
+			t := f.ExpiryStats().LastSuccess
+			if t.IsZero() {
+				return 0
+			}
+			return float64(t.UnixNano()) / 1e9
+		}),
 	)
 }
 

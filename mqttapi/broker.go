@@ -486,7 +486,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	c, _ := cl.Net.Conn.(*conn)
 	pipelined := qos > 0 && c != nil
-	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Now())
+	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Window())
 	if err != nil {
 		h.b.counters.Invalid.Add(1)
 		h.b.log.Warn("mqtt: invalid measurement payload", "device", id, "qos", qos, "protocol", cl.Properties.ProtocolVersion, "err", err.Error())

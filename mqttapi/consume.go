@@ -193,7 +193,7 @@ func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
 		c.ack(pr)
 		return true, nil
 	}
-	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Now())
+	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Window())
 	if err != nil {
 		c.counters.Invalid.Add(1)
 		c.log.Warn("mqtt: invalid measurement payload dropped", "device", id, "qos", qos, "err", err.Error())

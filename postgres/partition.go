@@ -119,8 +119,11 @@ func (s *Store) forgetPartitions() {
 	s.partMu.Unlock()
 }
 
-// isNoPartition reports the error of an insert whose row has no partition.
+// isNoPartition reports the error of an insert whose row has no partition:
+// through the parent table (no partition for the row), or a COPY straight
+// into a month's partition that is gone (undefined_table: Expire dropped it,
+// perhaps on another node, after this store cached it).
 func isNoPartition(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == ""
+	return errors.As(err, &pgErr) && (pgErr.Code == "23514" && pgErr.ConstraintName == "" || pgErr.Code == "42P01")
 }

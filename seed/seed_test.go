@@ -52,7 +52,7 @@ func TestValidAndOnGrid(t *testing.T) {
 	for i := range f.Devices {
 		rows := all(f, i)
 		for j, m := range rows {
-			if errs := m.Validate(end, &kettle.V1Names, "", nil); len(errs) > 0 {
+			if errs := m.Validate(kettle.Window{Now: end}, &kettle.V1Names, "", nil); len(errs) > 0 {
 				t.Fatalf("device %d reading %d invalid: %v (%+v)", i, j, errs, m)
 			}
 			if m.Time.Before(f.Start) || !m.Time.Before(f.End) || m.Time.Nanosecond()%1000 != 0 {

@@ -82,7 +82,7 @@ func TestModelReadingIsValid(t *testing.T) {
 		}
 		m.Step(&r, t0.Add(time.Duration(i)*30*time.Second))
 		rd := m.Reading()
-		errs = rd.Validate(t0.Add(48*time.Hour), &kettle.V1Names, "", errs)
+		errs = rd.Validate(kettle.Window{Now: t0.Add(48 * time.Hour)}, &kettle.V1Names, "", errs)
 	}
 	if len(errs) > 0 {
 		t.Fatalf("model produced invalid readings: %v", errs[0])

@@ -19,11 +19,29 @@ type key struct {
 
 // model is what the test knows it stored: the first row written for each
 // key, and (when the writes were sequential) when each device last stored
-// a new row.
+// a new row. Rows Expire removed move to expired: they no longer count, but
+// a device's latest state and capacity still reflect them.
 type model struct {
 	rows     map[key]kettle.Measurement
 	lastSeen map[kettle.DeviceID]time.Time // nil: not tracked
 	devices  map[kettle.DeviceID]bool
+	expired  map[kettle.DeviceID][]kettle.Measurement
+}
+
+// expire moves the rows before before to expired and returns how many.
+func (m *model) expire(before time.Time) int64 {
+	if m.expired == nil {
+		m.expired = map[kettle.DeviceID][]kettle.Measurement{}
+	}
+	var n int64
+	for k, x := range m.rows {
+		if x.Time.Before(before) {
+			m.expired[k.dev] = append(m.expired[k.dev], x)
+			delete(m.rows, k)
+			n++
+		}
+	}
+	return n
 }
 
 func newModel(trackSeen bool) *model {
@@ -167,21 +185,28 @@ func check(t *testing.T, s kettle.Store, m *model, queries []kettle.StatsQuery) 
 		if d.Measurements != int64(len(h)) {
 			t.Errorf("device %s: Measurements %d, %d rows stored", d.ID, d.Measurements, len(h))
 		}
+		// Latest state and capacity are over every row ever stored,
+		// expired ones included (there are none unless the test expired).
+		ever := h
+		if m != nil && len(m.expired[d.ID]) > 0 {
+			ever = append(slices.Clone(m.expired[d.ID]), h...)
+			slices.SortStableFunc(ever, func(a, b kettle.Measurement) int { return a.Time.Compare(b.Time) })
+		}
 		capML := 0.0
-		for _, x := range h {
+		for _, x := range ever {
 			capML = math.Max(capML, x.LevelML)
 		}
 		if d.CapacityML != capML {
 			t.Errorf("device %s: CapacityML %v, want %v", d.ID, d.CapacityML, capML)
 		}
 		switch {
-		case len(h) == 0 && d.Latest != nil:
+		case len(ever) == 0 && d.Latest != nil:
 			t.Errorf("device %s: latest %+v without history", d.ID, *d.Latest)
-		case len(h) > 0 && (d.Latest == nil || *d.Latest != h[len(h)-1]):
-			t.Errorf("device %s: latest %+v, want the newest row %+v", d.ID, d.Latest, h[len(h)-1])
+		case len(ever) > 0 && (d.Latest == nil || *d.Latest != ever[len(ever)-1]):
+			t.Errorf("device %s: latest %+v, want the newest row %+v", d.ID, d.Latest, ever[len(ever)-1])
 		}
-		if len(h) > 0 {
-			latest[d.ID] = h[len(h)-1]
+		if len(ever) > 0 {
+			latest[d.ID] = ever[len(ever)-1]
 		}
 		if m.lastSeen != nil && !d.LastSeen.Equal(m.lastSeen[d.ID]) {
 			t.Errorf("device %s: LastSeen %v, want %v", d.ID, d.LastSeen, m.lastSeen[d.ID])

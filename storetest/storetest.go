@@ -54,6 +54,8 @@ func Run(t *testing.T, open Opener) {
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},
 		{"ConcurrentRegistration", testConcurrentRegistration},
+		{"Expire", testExpire},
+		{"ExpireConcurrent", testExpireConcurrent},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, open) })
 	}

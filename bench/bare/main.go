@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 )
 
@@ -37,7 +38,7 @@ func main() {
 			http.Error(w, "too large", 413)
 			return
 		}
-		if _, err := httpapi.DecodeV0(body, id, time.Now()); err != nil {
+		if _, err := httpapi.DecodeV0(body, id, kettle.Window{Now: time.Now()}); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
 		}

@@ -1,0 +1,107 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// expiry is the retention loop's state.
+type expiry struct {
+	stop, done chan struct{}
+	once       sync.Once
+
+	mu   sync.Mutex
+	st   ExpiryStats
+}
+
+// ExpiryStats counts the retention loop's work since start.
+type ExpiryStats struct {
+	Runs, Errors uint64
+	Removed      int64         // measurements expired
+	LastDuration time.Duration // of the last run
+	LastSuccess  time.Time     // zero: none yet
+}
+
+// Window is the device time a reading must fall in to be accepted now
+// (Oldest set by Config.Retention).
+func (s *Service) Window() kettle.Window {
+	now := s.now()
+	w := kettle.Window{Now: now}
+	if s.cfg.Retention > 0 {
+		w.Oldest = now.Add(-s.cfg.Retention)
+	}
+	return w
+}
+
+// ExpiryStats reports the retention loop's counters.
+func (s *Service) ExpiryStats() ExpiryStats {
+	s.expiry.mu.Lock()
+	defer s.expiry.mu.Unlock()
+	return s.expiry.st
+}
+
+// Expire removes the months of readings wholly older than the retention
+// window now (Config.Retention must be > 0) and returns how many readings
+// went. The retention loop calls it every ExpireEvery.
+func (s *Service) Expire(ctx context.Context) (int64, error) {
+	start := time.Now()
+	before := kettle.ExpireBefore(s.now(), s.cfg.Retention)
+	n, err := s.store.Expire(ctx, before)
+	d := time.Since(start)
+	s.expiry.mu.Lock()
+	s.expiry.st.Runs++
+	s.expiry.st.Removed += n
+	s.expiry.st.LastDuration = d
+	if err != nil {
+		s.expiry.st.Errors++
+	} else {
+		s.expiry.st.LastSuccess = time.Now()
+	}
+	s.expiry.mu.Unlock()
+	switch {
+	case err != nil:
+		s.log.Warn("expiring readings older than the retention window failed; trying again next round",
+			"before", before, "removed", n, "err", err, "next_in", s.cfg.ExpireEvery)
+	case n > 0:
+		s.log.Info("expired readings older than the retention window", "before", before, "removed", n, "took", d.Round(time.Millisecond))
+	}
+	return n, err
+}
+
+func (s *Service) startExpirer() {
+	s.expiry.stop, s.expiry.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.expiry.done)
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.expiry.stop:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-s.expiry.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			s.Expire(ctx)
+			cancel()
+			t.Reset(s.cfg.ExpireEvery)
+		}
+	}()
+}
+
+func (s *Service) stopExpirer() {
+	if s.expiry.stop == nil {
+		return
+	}
+	s.expiry.once.Do(func() { close(s.expiry.stop) })
+	<-s.expiry.done
+}

@@ -1,0 +1,240 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// lockExpire serialises Expire across nodes (each node of a fleet may run
+// the retention loop).
+const lockExpire int64 = 0x6b65_7474_6c65_0005
+
+// expireLockWait bounds each wait of Expire's last step for a lock a writer
+// holds (a device's row, the measurements table): writers commit in tens of
+// milliseconds, and while Expire waits for the table every new writer
+// queues behind it. A wait that runs out is tried again, expireAttempts
+// times in all, before Expire gives up until its next round.
+const (
+	expireLockWait = 500 * time.Millisecond
+	expireAttempts = 10
+)
+
+// Expire removes every measurement whose device time is before before (the
+// first instant of a UTC month): it drops the month partitions before it,
+// oldest first, one transaction each, and in the same transaction takes
+// their readings out of every derived figure: each device's measurement
+// count and the fleet's, the hours' rollups, and the all-history moments
+// per hour of day (rebuilt from the rollups that remain). A device's latest
+// state and capacity stay: they are what the fleet knows of the kettle
+// now, not history.
+//
+// Each month's transaction first counts the partition's readings per
+// device, holding the partition against inserts (SHARE) but nothing a
+// writer of newer data needs, however long the count takes. Then, in the
+// writers' lock order (devices, then measurements: see writeOnce), it locks
+// the counted devices and the measurements table, and drops the partition;
+// from there to the commit (milliseconds for a fleet of 20,000 kettles)
+// writers wait. A writer that meanwhile tried to insert into the month being
+// expired (the API refuses readings older than the retention window, so
+// only another tool could) would wait for the SHARE lock while holding its
+// devices: Expire then rolls back, leaving the month for its next round,
+// instead of deadlocking with it.
+func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
+	if err := kettle.CheckMonthStart(before); err != nil {
+		return 0, err
+	}
+	var removed int64
+	for {
+		m, ok, err := s.oldestPartitionBefore(ctx, monthOf(before))
+		if err != nil || !ok {
+			return removed, err
+		}
+		n, err := s.expireMonth(ctx, m)
+		removed += n
+		if err != nil {
+			return removed, err
+		}
+	}
+}
+
+// oldestPartitionBefore returns the oldest month before month that has a
+// partition.
+func (s *Store) oldestPartitionBefore(ctx context.Context, month int) (int, bool, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'measurements'::regclass`)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, false, unavailable("expire: list partitions", err)
+	}
+	var months []int
+	for _, n := range names {
+		var y, mo int
+		if _, err := fmt.Sscanf(n, "measurements_y%04dm%02d", &y, &mo); err == nil && partitionName(y*12+mo-1) == n && y*12+mo-1 < month {
+			months = append(months, y*12+mo-1)
+		}
+	}
+	if len(months) == 0 {
+		return 0, false, nil
+	}
+	return slices.Min(months), true, nil
+}
+
+// errExpireWaiter: a writer waits to insert into the month being expired.
+var errExpireWaiter = errors.New("a writer waits to insert into the partition")
+
+// expireMonth drops month m's partition and takes its rows out of the
+// derived figures, in one transaction (see Expire).
+func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
+	part := partitionName(m)
+	var removed int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		removed = 0
+		var got bool
+		if err := tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock($1)", lockExpire).Scan(&got); err != nil {
+			return err
+		}
+		if !got {
+			return &kettle.Error{Code: kettle.EUnavailable, Message: "expire: another process is expiring measurements; try again later", RetryAfter: time.Minute}
+		}
+		// The count may take minutes on a big month: no statement timeout.
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+part+" IN SHARE MODE"); err != nil {
+			return err
+		}
+		rows, _ := tx.Query(ctx, "SELECT device, count(*) FROM "+part+" GROUP BY device ORDER BY device")
+		var (
+			ids    []kettle.DeviceID
+			counts []int64
+		)
+		for rows.Next() {
+			var id kettle.DeviceID
+			var n int64
+			if err := rows.Scan(&id, &n); err != nil {
+				rows.Close()
+				return err
+			}
+			ids, counts = append(ids, id), append(counts, n)
+			removed += n
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("count %s: %w", part, err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", expireLockWait.Milliseconds())); err != nil {
+			return err
+		}
+		for attempt := 1; ; attempt++ {
+			if _, err := tx.Exec(ctx, "SAVEPOINT kettle_expire"); err != nil {
+				return err
+			}
+			err := s.expireLocked(ctx, tx, m, ids, counts, removed)
+			if err == nil {
+				return nil
+			}
+			var pgErr *pgconn.PgError
+			if attempt == expireAttempts || !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+				return err
+			}
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_expire"); err != nil {
+				return err
+			}
+		}
+	})
+	if err != nil {
+		if errors.Is(err, errExpireWaiter) {
+			return 0, &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("expire %s: %v; left for the next round", part, err), RetryAfter: time.Minute}
+		}
+		var ke *kettle.Error
+		if errors.As(err, &ke) {
+			return 0, err
+		}
+		return 0, unavailable("expire "+part, err)
+	}
+	s.partMu.Lock()
+	delete(s.parts, m)
+	s.partMu.Unlock()
+	return removed, nil
+}
+
+// expireLocked is the last step of expireMonth: lock, drop, adjust.
+func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, ids []kettle.DeviceID, counts []int64, removed int64) error {
+	part := partitionName(m)
+	var waiting bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation'
+		AND relation = $1::regclass AND NOT granted)`, part).Scan(&waiting); err != nil {
+		return err
+	}
+	if waiting {
+		return errExpireWaiter
+	}
+	if len(ids) > 0 {
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM devices WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE", ids); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE measurements IN ACCESS EXCLUSIVE MODE"); err != nil {
+		return err
+	}
+	// From here no writer is inside its transaction: each inserts into
+	// measurements before it touches rollups, hours_of_day and totals.
+	if _, err := tx.Exec(ctx, "DROP TABLE "+part); err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE devices d SET measurements = d.measurements - u.n
+			FROM unnest($1::uuid[], $2::int8[]) u(id, n) WHERE d.id = u.id`, ids, counts); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, "DELETE FROM rollups WHERE hour >= $1 AND hour < $2", monthStart(m), monthStart(m+1)); err != nil {
+		return err
+	}
+	if err := rebuildHoursOfDay(ctx, tx); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "UPDATE totals SET measurements = measurements - $1 WHERE id = 0", removed)
+	return err
+}
+
+// rebuildHoursOfDay sets the all-history moments per hour of day to the
+// merge of the rollups, in (hour, shard) order, into shard 0 (the other
+// shards emptied). Called with writers locked out.
+func rebuildHoursOfDay(ctx context.Context, tx pgx.Tx) error {
+	var hods [24]hourAgg
+	var h time.Time
+	var w, a kettle.Moments
+	rows, _ := tx.Query(ctx, "SELECT hour, n, water_mean, water_m2, ambient_mean, ambient_m2 FROM rollups ORDER BY hour, shard")
+	_, err := pgx.ForEachRow(rows, []any{&h, &w.N, &w.Mean, &w.M2, &a.Mean, &a.M2}, func() error {
+		a.N = w.N
+		d := &hods[h.UTC().Hour()]
+		d.water, d.ambient = d.water.Merge(w), d.ambient.Merge(a)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild hours of day: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE hours_of_day SET n = 0, water_mean = 0, water_m2 = 0, ambient_mean = 0, ambient_m2 = 0"); err != nil {
+		return err
+	}
+	for hod, d := range hods {
+		if d.water.N == 0 {
+			continue
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO hours_of_day (hod, shard, n, water_mean, water_m2, ambient_mean, ambient_m2)
+			VALUES ($1, 0, $2, $3, $4, $5, $6)
+			ON CONFLICT (hod, shard) DO UPDATE SET n = excluded.n, water_mean = excluded.water_mean, water_m2 = excluded.water_m2,
+				ambient_mean = excluded.ambient_mean, ambient_m2 = excluded.ambient_m2`,
+			int16(hod), d.water.N, d.water.Mean, d.water.M2, d.ambient.Mean, d.ambient.M2); err != nil {
+			return err
+		}
+	}
+	return nil
+}
