@@ -3,6 +3,7 @@ package kettle_test
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +92,57 @@ func TestValidate(t *testing.T) {
 	f(func(m *kettle.Measurement) { m.LevelML = -1e-9 }, "water_level_ml")
 	f(func(m *kettle.Measurement) { m.Time = kettle.MinTime.Add(-time.Nanosecond) }, "time")
 	f(func(m *kettle.Measurement) { m.Time = now.Add(24*time.Hour + time.Second) }, "time")
+}
+
+func TestValidateRetention(t *testing.T) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	w := kettle.Window{Now: now, Oldest: now.Add(-90 * 24 * time.Hour)}
+	m := kettle.Measurement{Time: w.Oldest, FullMWh: 1, LevelML: 1}
+	if errs := m.Validate(w, &kettle.V1Names, "", nil); len(errs) != 0 {
+		t.Errorf("a reading at the retention bound refused: %v", errs)
+	}
+	m.Time = w.Oldest.Add(-time.Microsecond)
+	errs := m.Validate(w, &kettle.V1Names, "[2].", nil)
+	if len(errs) != 1 || errs[0].Field != "[2].time" || !strings.Contains(errs[0].Message, "2026-08-24T12:00:00Z") || !strings.Contains(errs[0].Message, "90d") {
+		t.Errorf("a reading older than the retention: %v; want one error on [2].time naming the bound and 90d", errs)
+	}
+}
+
+func TestRetentionBounds(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"0", 0, true}, {"90d", 90 * 24 * time.Hour, true}, {"2160h", 90 * 24 * time.Hour, true}, {"36h", 36 * time.Hour, true},
+		{"1d", 24 * time.Hour, true}, {"23h", 0, false}, {"0d", 0, true}, {"-1d", 0, false}, {"x", 0, false}, {"1.5d", 0, false}, {"", 0, false}, {"-48h", 0, false},
+	} {
+		got, err := kettle.ParseRetention(c.in)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("ParseRetention(%q) = %v, %v; want %v, ok %v", c.in, got, err, c.want, c.ok)
+		}
+		if err == nil && got > 0 {
+			if back, err := kettle.ParseRetention(kettle.FormatRetention(got)); err != nil || back != got {
+				t.Errorf("ParseRetention(FormatRetention(%v)) = %v, %v", got, back, err)
+			}
+		}
+	}
+	for _, c := range []struct{ now, want string }{
+		{"2026-11-26T02:00:00Z", "2026-08-01T00:00:00Z"}, // now − 90d = 2026-08-28
+		{"2026-10-30T00:00:00Z", "2026-08-01T00:00:00Z"}, // 2026-08-01 exactly
+		{"2026-10-29T23:59:59Z", "2026-07-01T00:00:00Z"},
+		{"2026-03-01T05:00:00+09:00", "2025-11-01T00:00:00Z"}, // 2026-02-28T20:00Z − 90d = 2025-11-30T20:00Z: UTC months
+	} {
+		now, _ := time.Parse(time.RFC3339, c.now)
+		got := kettle.ExpireBefore(now, 90*24*time.Hour)
+		if got.Format(time.RFC3339) != c.want {
+			t.Errorf("ExpireBefore(%s, 90d) = %s, want %s", c.now, got.Format(time.RFC3339), c.want)
+		}
+		if err := kettle.CheckMonthStart(got); err != nil {
+			t.Errorf("CheckMonthStart(ExpireBefore(…)) = %v", err)
+		}
+	}
+	if err := kettle.CheckMonthStart(time.Date(2026, 8, 1, 0, 0, 0, 1000, time.UTC)); kettle.ErrorCode(err) != kettle.EInvalid {
+		t.Errorf("CheckMonthStart of a µs past the month: %v", err)
+	}
 }
