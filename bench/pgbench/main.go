@@ -5,6 +5,7 @@
 //	pgbench ingest  --url URL --data-dir DIR  POST /v1/measurements batches, acknowledged rows/s
 //	pgbench login   --url URL -n N            register N devices with POST /login, print their ids
 //	pgbench stats   --url URL --data-dir DIR  GET /v1/statistics latency; --dsn: the naive SQL beside it
+//	pgbench expire  --dsn DSN --devices N     Store.Expire of the months before --before while writers store live readings
 //
 // Every subcommand prints one RESULT line with what it measured.
 package main
@@ -37,7 +38,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: pgbench ceiling|ingest|login|stats [flags]")
+		fmt.Fprintln(os.Stderr, "usage: pgbench ceiling|ingest|login|stats|expire [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -50,6 +51,8 @@ func main() {
 		err = login(os.Args[2:])
 	case "stats":
 		err = stats(os.Args[2:])
+	case "expire":
+		err = expire(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
 	}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Retention on PostgreSQL: Store.Expire of a month of history while writers
+# store live readings, on a throwaway cluster.
+#   1. kettle seed DEVICES kettles × DAYS days at INTERVAL, ending on the 2nd
+#      of this month (so last month's partition is full);
+#   2. pgbench expire: WRITERS goroutines write batches of BATCH live
+#      readings of the seeded kettles (as kettle serve's batchers do) for
+#      WARMUP, then Store.Expire removes the months before this one; it
+#      prints how long that took, what it removed, the writers' commit
+#      latency before and while it ran, and checks the statistics' count
+#      and every kettle's count against the rows left.
+#
+#   bench/pg-expire.sh                                     # 2000 kettles × 33 days at 60m (1.6M rows)
+#   DEVICES=20000 DAYS=33 INTERVAL=15m bench/pg-expire.sh   # 63M rows, ~60M of them expired
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICES=${DEVICES:-2000}
+DAYS=${DAYS:-33}
+INTERVAL=${INTERVAL:-60m}
+WORKERS=${WORKERS:-3}
+WRITERS=${WRITERS:-2}
+BATCH=${BATCH:-200}
+WARMUP=${WARMUP:-10s}
+END=${END:-$(date -u +%Y-%m-02T00:00:00Z)}
+. bench/pg-cluster.sh
+work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
+trap 'pg_stop; rm -rf "$work"' EXIT
+echo "rerun: DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
+machine_line
+build_kettle "$work"
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+dsn=$(pg_db kettle)
+echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --end $END ---"
+"$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" --end "$END" --quiet
+pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
+pg_sql kettle "CHECKPOINT" >/dev/null
+pg_sql kettle "SELECT 'partitions: ' || string_agg(c.relname || ' ' || c.reltuples::bigint, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+echo "--- pgbench expire: $WRITERS writers × $BATCH live readings a write; Expire(start of this month) after $WARMUP ---"
+"$work/pgbench" expire --dsn "$dsn" --devices "$DEVICES" --writers "$WRITERS" --batch "$BATCH" --warmup "$WARMUP"
+pg_sql kettle "SELECT 'partitions left: ' || string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
