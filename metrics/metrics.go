@@ -338,6 +338,10 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_retention_seconds",
 			Help: "How long readings are kept, by device time (--retention); 0: everything is kept.",
 		}, func() float64 { return f.Config().Retention.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_expire_every_seconds",
+			Help: "How often the retention loop runs (--expire-every).",
+		}, func() float64 { return f.Config().ExpireEvery.Seconds() }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_expire_runs_total",
 			Help: "Runs of the retention loop (every --expire-every with --retention).",

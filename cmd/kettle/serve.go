@@ -37,6 +37,12 @@ send their readings later in one request), and polls keep being answered
 (while the CPU is saturated, with Cache-Control max-age: poll again later).
 SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
 
+Retention: by default every reading is kept. With --retention 90d, uploads
+older than 90 days (device time) are refused, and at start and every
+--expire-every the calendar months (UTC) wholly older are removed from the
+store together with their share of the statistics; a kettle's latest state
+stays.
+
 Secrets: when --operator-token or --secret is empty, a random value is
 generated at first start and kept in --data-dir (files operator-token and
 secret, mode 0600); the log says where.`
