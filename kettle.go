@@ -109,6 +109,24 @@ func (m Moments) Merge(o Moments) Moments {
 	}
 }
 
+// Without returns the moments of m's sample without part, a subsample of
+// it: Merge undone. It is exact in the counts; the mean and M2 lose what
+// cancellation loses when little remains (kettlefleet uses it only for
+// figures it rebuilds exactly once a removal completes).
+func (m Moments) Without(part Moments) Moments {
+	n := m.N - part.N
+	if n <= 0 || part.N == 0 {
+		if part.N == 0 {
+			return m
+		}
+		return Moments{}
+	}
+	mean := (float64(m.N)*m.Mean - float64(part.N)*part.Mean) / float64(n)
+	d := part.Mean - mean
+	m2 := m.M2 - part.M2 - d*d*float64(n)*float64(part.N)/float64(m.N)
+	return Moments{N: n, Mean: mean, M2: max(m2, 0)}
+}
+
 // Stddev is the population standard deviation (0 for an empty sample).
 func (m Moments) Stddev() float64 {
 	if m.N == 0 || m.M2 <= 0 {

@@ -146,3 +146,24 @@ func TestRetentionBounds(t *testing.T) {
 		t.Errorf("CheckMonthStart of a µs past the month: %v", err)
 	}
 }
+
+func TestMomentsWithout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var a, b kettle.Moments
+	for range 3000 {
+		a.Add(20 + rng.Float64()*70)
+	}
+	for range 1000 {
+		b.Add(5 + rng.Float64()*30)
+	}
+	got := a.Merge(b).Without(b)
+	if got.N != a.N || math.Abs(got.Mean-a.Mean) > 1e-9*a.Mean || math.Abs(got.M2-a.M2) > 1e-9*a.M2 {
+		t.Errorf("Merge then Without: %+v, want %+v", got, a)
+	}
+	if got := a.Without(a); got != (kettle.Moments{}) {
+		t.Errorf("all removed: %+v", got)
+	}
+	if got := a.Without(kettle.Moments{}); got != a {
+		t.Errorf("nothing removed: %+v", got)
+	}
+}

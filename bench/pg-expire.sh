@@ -12,6 +12,7 @@
 #
 #   bench/pg-expire.sh                                     # 2000 kettles × 33 days at 60m (1.6M rows)
 #   DEVICES=20000 DAYS=33 INTERVAL=15m bench/pg-expire.sh   # 63M rows, ~60M of them expired
+#   STORE=sqlite bench/pg-expire.sh                          # the same on the embedded store (no cluster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICES=${DEVICES:-2000}
@@ -21,23 +22,32 @@ WORKERS=${WORKERS:-3}
 WRITERS=${WRITERS:-2}
 BATCH=${BATCH:-200}
 WARMUP=${WARMUP:-10s}
+STORE=${STORE:-postgres}
 END=${END:-$(date -u +%Y-%m-02T00:00:00Z)}
 . bench/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 trap 'pg_stop; rm -rf "$work"' EXIT
-echo "rerun: DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
+echo "rerun: STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
 machine_line
 build_kettle "$work"
 go build -o "$work/pgbench" ./bench/pgbench
-pg_start
-pg_settings
-dsn=$(pg_db kettle)
+if [ "$STORE" = sqlite ]; then
+	dsn="sqlite:$work/kettle.db"
+else
+	pg_start
+	pg_settings
+	dsn=$(pg_db kettle)
+fi
 echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --end $END ---"
 "$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" --end "$END" --quiet
-pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
-pg_sql kettle "CHECKPOINT" >/dev/null
-pg_sql kettle "SELECT 'partitions: ' || string_agg(c.relname || ' ' || c.reltuples::bigint, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+if [ "$STORE" != sqlite ]; then
+	pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
+	pg_sql kettle "CHECKPOINT" >/dev/null
+	pg_sql kettle "SELECT 'partitions: ' || string_agg(c.relname || ' ' || c.reltuples::bigint, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+fi
 echo "--- pgbench expire: $WRITERS writers × $BATCH live readings a write; Expire(start of this month) after $WARMUP ---"
 "$work/pgbench" expire --dsn "$dsn" --devices "$DEVICES" --writers "$WRITERS" --batch "$BATCH" --warmup "$WARMUP"
-pg_sql kettle "SELECT 'partitions left: ' || string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+if [ "$STORE" != sqlite ]; then
+	pg_sql kettle "SELECT 'partitions left: ' || string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
+fi
 echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"

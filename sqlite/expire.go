@@ -7,50 +7,86 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// errStagedAgain: another process staged rows between the merge and the
-// expiry's transaction.
+// errStagedAgain: another process staged rows of the bucket between its
+// merge and the expiry's transaction.
 var errStagedAgain = errors.New("rows staged since the merge")
 
 // Expire removes every measurement whose device time is before before (the
-// first instant of a UTC month) and takes them out of the derived figures,
-// in one write transaction: each device's measurement count and the
-// fleet's, the hours' rollups, and the all-history moments per hour of day
-// (rebuilt from the rollups that remain). A device's latest state, capacity
-// and last-seen time stay. It first merges the staged rows, so that every
-// measurement is in the measurements table, and finds each device's old
-// rows by its primary key (device, t). Writers wait for it: the embedded
-// store is for fleets whose month of history deletes in seconds.
+// first instant of a UTC month) and takes them out of the derived figures:
+// each device's measurement count and the fleet's, the hours' rollups and
+// the all-history moments per hour of day. A device's latest state,
+// capacity and last-seen time stay.
+//
+// It goes a staged bucket of devices at a time (1/64 of the fleet, see
+// stage.go), each in its own write transaction, releasing the writer
+// between buckets so that batches keep committing: the bucket's staged rows
+// are merged first, then each of its devices' old rows are read (to take
+// their moments out of their hours' rollups and hours of day, Moments.
+// Without) and deleted by primary-key range, and the counts lowered. A last
+// transaction deletes the emptied rollups and rebuilds the hours of day
+// from the rollups left, so that once Expire returns every figure is what a
+// recompute from the rows gives; while it runs, the by-hour moments are off
+// by float rounding at most.
 func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 	if err := kettle.CheckMonthStart(before); err != nil {
 		return 0, err
 	}
 	bound := before.UnixMicro()
+	var removed int64
+	for b := 0; b < stageBuckets; b++ {
+		n, err := s.expireBucket(ctx, b, bound)
+		removed += n
+		if err != nil {
+			return removed, fmt.Errorf("sqlite expire: %w", err)
+		}
+	}
+	// Last, in one transaction: what writers stored before the bound since
+	// their bucket's turn (every device again, by its primary key: a probe
+	// each when there is none), the emptied rollups, the hours of day.
+	n, err := s.expireBucket(ctx, -1, bound)
+	removed += n
+	if err != nil {
+		return removed, fmt.Errorf("sqlite expire: %w", err)
+	}
+	return removed, nil
+}
+
+// expireBucket removes bucket b's readings before bound, under wmu; b −1:
+// every device's, and then the rollups before bound, and it rebuilds the
+// hours of day.
+func (s *Store) expireBucket(ctx context.Context, b int, bound int64) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	for attempt := 0; ; attempt++ {
-		if err := s.mergeLocked(ctx); err != nil {
-			return 0, fmt.Errorf("sqlite expire: %w", err)
+		var err error
+		if b < 0 {
+			err = s.mergeLocked(ctx)
+		} else {
+			err = s.mergeBucket(ctx, b)
 		}
-		n, err := s.expire(ctx, bound)
+		if err != nil {
+			return 0, err
+		}
+		n, err := s.expireMerged(ctx, b, bound)
 		if errors.Is(err, errStagedAgain) && attempt < 3 {
 			continue
 		}
 		if err != nil {
 			s.cache.valid = false
-			return 0, fmt.Errorf("sqlite expire: %w", err)
+			return 0, err
 		}
 		return n, nil
 	}
 }
 
-// expire is Expire's transaction, under wmu with nothing staged.
-func (s *Store) expire(ctx context.Context, bound int64) (int64, error) {
+// expireMerged is expireBucket's transaction, with nothing of bucket b
+// (b −1: nothing at all) staged.
+func (s *Store) expireMerged(ctx context.Context, b int, bound int64) (int64, error) {
 	type devCount struct {
 		id kettle.DeviceID
 		n  int64
@@ -59,19 +95,26 @@ func (s *Store) expire(ctx context.Context, bound int64) (int64, error) {
 		removed int64
 		counts  []devCount
 	)
-	err := s.tx(ctx, "expire measurements", func(tx *sql.Tx) error {
+	err := s.tx(ctx, "expire measurements", func(tx *sql.Tx) (err error) {
 		removed, counts = 0, counts[:0]
 		if err := s.syncCache(ctx, tx); err != nil {
 			return err
 		}
-		if s.stage.rows != 0 {
+		if b < 0 && s.stage.rows != 0 || b >= 0 && s.stage.bucketRows[b] != 0 {
 			return errStagedAgain
 		}
-		ids := make([]kettle.DeviceID, 0, len(s.cache.devs))
+		var ids []kettle.DeviceID
 		for id := range s.cache.devs {
-			ids = append(ids, id)
+			if b < 0 || bucketOf(id) == b {
+				ids = append(ids, id)
+			}
 		}
-		slices.SortFunc(ids, func(a, b kettle.DeviceID) int { return bytes.Compare(a[:], b[:]) })
+		slices.SortFunc(ids, func(x, y kettle.DeviceID) int { return bytes.Compare(x[:], y[:]) })
+		sel, err := tx.PrepareContext(ctx, `SELECT t, water_c, ambient_c FROM measurements WHERE device = ? AND t < ?`)
+		if err != nil {
+			return err
+		}
+		defer sel.Close()
 		del, err := tx.PrepareContext(ctx, `DELETE FROM measurements WHERE device = ? AND t < ?`)
 		if err != nil {
 			return err
@@ -82,17 +125,17 @@ func (s *Store) expire(ctx context.Context, bound int64) (int64, error) {
 			return err
 		}
 		defer upd.Close()
+		gone := map[int64]*[2]kettle.Moments{} // hour (unix s) → water, ambient moments removed
 		for _, id := range ids {
-			res, err := del.ExecContext(ctx, id[:], bound)
+			n, err := oldMoments(ctx, sel, id, bound, gone)
 			if err != nil {
-				return fmt.Errorf("delete measurements of %s: %w", id, err)
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return err
+				return fmt.Errorf("read old measurements of %s: %w", id, err)
 			}
 			if n == 0 {
 				continue
+			}
+			if _, err := del.ExecContext(ctx, id[:], bound); err != nil {
+				return fmt.Errorf("delete measurements of %s: %w", id, err)
 			}
 			if _, err := upd.ExecContext(ctx, n, id[:]); err != nil {
 				return fmt.Errorf("count of %s: %w", id, err)
@@ -100,11 +143,30 @@ func (s *Store) expire(ctx context.Context, bound int64) (int64, error) {
 			counts = append(counts, devCount{id, n})
 			removed += n
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM rollups WHERE hour < ?`, hourOf(bound)*3600); err != nil {
-			return fmt.Errorf("delete rollups: %w", err)
+		if b < 0 {
+			defer func() {
+				if err == nil {
+					err = finishExpire(ctx, tx, bound)
+				}
+			}()
 		}
-		if err := rebuildHoursOfDay(ctx, tx); err != nil {
-			return err
+		if removed == 0 {
+			return nil
+		}
+		var hods [24][2]kettle.Moments
+		for hour, g := range gone {
+			if err := without(ctx, tx.StmtContext(ctx, s.selRollup), tx.StmtContext(ctx, s.putRollup), hour, g); err != nil {
+				return fmt.Errorf("rollups: %w", err)
+			}
+			h := &hods[floorMod(hour/3600, 24)]
+			h[0], h[1] = h[0].Merge(g[0]), h[1].Merge(g[1])
+		}
+		for hod := range hods {
+			if hods[hod][0].N > 0 {
+				if err := without(ctx, tx.StmtContext(ctx, s.selHod), tx.StmtContext(ctx, s.putHod), int64(hod), &hods[hod]); err != nil {
+					return fmt.Errorf("hours of day: %w", err)
+				}
+			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE totals SET measurement_count = measurement_count - ? WHERE id = 0`, removed); err != nil {
 			return fmt.Errorf("update totals: %w", err)
@@ -120,6 +182,70 @@ func (s *Store) expire(ctx context.Context, bound int64) (int64, error) {
 		s.cache.devs[c.id] = st
 	}
 	return removed, nil
+}
+
+// finishExpire deletes the rollups before bound (emptied by then) and
+// rebuilds the hours of day from the rollups left: exact again.
+func finishExpire(ctx context.Context, tx *sql.Tx, bound int64) error {
+	if _, err := tx.ExecContext(ctx, `DELETE FROM rollups WHERE hour < ?`, hourOf(bound)*3600); err != nil {
+		return fmt.Errorf("delete rollups: %w", err)
+	}
+	return rebuildHoursOfDay(ctx, tx)
+}
+
+// oldMoments folds device id's readings before bound into gone, per hour,
+// and returns how many there are.
+func oldMoments(ctx context.Context, sel *sql.Stmt, id kettle.DeviceID, bound int64, gone map[int64]*[2]kettle.Moments) (int64, error) {
+	rows, err := sel.QueryContext(ctx, id[:], bound)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var (
+		n, t       int64
+		water, amb float64
+		lastH      int64 = -1 << 62
+		g          *[2]kettle.Moments
+		part       [2]kettle.Moments // this device's readings of hour lastH
+		flush      = func() {
+			if part[0].N == 0 {
+				return
+			}
+			g[0], g[1] = g[0].Merge(part[0]), g[1].Merge(part[1])
+			part = [2]kettle.Moments{}
+		}
+	)
+	for rows.Next() {
+		if err := rows.Scan(&t, &water, &amb); err != nil {
+			return 0, err
+		}
+		if h := hourOf(t) * 3600; h != lastH {
+			flush()
+			lastH = h
+			if g = gone[h]; g == nil {
+				g = new([2]kettle.Moments)
+				gone[h] = g
+			}
+		}
+		part[0].Add(water)
+		part[1].Add(amb)
+		n++
+	}
+	flush()
+	return n, rows.Err()
+}
+
+// without takes the moments g out of the row key (an hour or an hour of
+// day) that sel reads and put writes.
+func without(ctx context.Context, sel, put *sql.Stmt, key int64, g *[2]kettle.Moments) error {
+	var w, a kettle.Moments
+	if err := sel.QueryRowContext(ctx, key).Scan(&w.N, &w.Mean, &w.M2, &a.Mean, &a.M2); err != nil {
+		return fmt.Errorf("%d: %w", key, err)
+	}
+	a.N = w.N
+	w, a = w.Without(g[0]), a.Without(g[1])
+	_, err := put.ExecContext(ctx, key, w.N, w.Mean, w.M2, a.Mean, a.M2)
+	return err
 }
 
 // rebuildHoursOfDay sets the all-history moments per hour of day to the
