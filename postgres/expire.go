@@ -67,19 +67,11 @@ func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 // oldestPartitionBefore returns the oldest month before month that has a
 // partition.
 func (s *Store) oldestPartitionBefore(ctx context.Context, month int) (int, bool, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = 'measurements'::regclass`)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	months, err := s.partitionMonths(ctx)
 	if err != nil {
-		return 0, false, unavailable("expire: list partitions", err)
+		return 0, false, unavailable("expire", err)
 	}
-	var months []int
-	for _, n := range names {
-		var y, mo int
-		if _, err := fmt.Sscanf(n, "measurements_y%04dm%02d", &y, &mo); err == nil && partitionName(y*12+mo-1) == n && y*12+mo-1 < month {
-			months = append(months, y*12+mo-1)
-		}
-	}
+	months = slices.DeleteFunc(months, func(m int) bool { return m >= month })
 	if len(months) == 0 {
 		return 0, false, nil
 	}

@@ -28,21 +28,34 @@ func partitionName(m int) string {
 	return fmt.Sprintf("measurements_y%04dm%02d", m/12, m%12+1)
 }
 
-// loadPartitions fills the cache with the partitions that exist.
-func (s *Store) loadPartitions(ctx context.Context) error {
+// partitionMonths lists the months whose partition exists.
+func (s *Store) partitionMonths(ctx context.Context) ([]int, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = 'measurements'::regclass`)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("list partitions: %w", err)
+		return nil, fmt.Errorf("list partitions: %w", err)
+	}
+	var months []int
+	for _, n := range names {
+		var y, mo int
+		if _, err := fmt.Sscanf(n, "measurements_y%04dm%02d", &y, &mo); err == nil && partitionName(y*12+mo-1) == n {
+			months = append(months, y*12+mo-1)
+		}
+	}
+	return months, nil
+}
+
+// loadPartitions fills the cache with the partitions that exist.
+func (s *Store) loadPartitions(ctx context.Context) error {
+	months, err := s.partitionMonths(ctx)
+	if err != nil {
+		return err
 	}
 	s.partMu.Lock()
 	defer s.partMu.Unlock()
-	for _, n := range names {
-		var y, mo int
-		if _, err := fmt.Sscanf(n, "measurements_y%04dm%02d", &y, &mo); err == nil {
-			s.parts[y*12+mo-1] = true
-		}
+	for _, m := range months {
+		s.parts[m] = true
 	}
 	return nil
 }
