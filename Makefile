@@ -21,6 +21,8 @@ demo: build
 
 vet:
 	$(GO) mod tidy -diff
+	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt: not formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
 test: vet

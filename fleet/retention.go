@@ -13,8 +13,8 @@ type expiry struct {
 	stop, done chan struct{}
 	once       sync.Once
 
-	mu   sync.Mutex
-	st   ExpiryStats
+	mu sync.Mutex
+	st ExpiryStats
 }
 
 // ExpiryStats counts the retention loop's work since start.

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-
 	"github.com/kettlefleet/kettlefleet"
 )
 
