@@ -179,6 +179,26 @@ func TestInvalidPayload(t *testing.T) {
 	}
 }
 
+// TestRetentionRefused: with a retention, a reading older than it gets
+// MQTT 5's PUBACK 0x99 naming the time field and the window; one inside it
+// is stored.
+func TestRetentionRefused(t *testing.T) {
+	e := start(t, fleet.Config{Retention: 30 * 24 * time.Hour})
+	r, id := kettleConn(t, e.broker.Addr(), 5, uuid.Nil)
+	r.publish(mqttapi.MeasurementTopic(id), 1, 1, false, reading(time.Now().Add(-31*24*time.Hour), 5))
+	if ack := r.must(packets.Puback); ack.ReasonCode != 0x99 || !strings.Contains(ack.Properties.ReasonString, `field "time"`) ||
+		!strings.Contains(ack.Properties.ReasonString, "30d (its retention)") {
+		t.Errorf("a reading older than the retention: PUBACK 0x%02x %q, want 0x99 naming the field and the retention", ack.ReasonCode, ack.Properties.ReasonString)
+	}
+	r.publish(mqttapi.MeasurementTopic(id), 2, 1, false, reading(time.Now().Add(-29*24*time.Hour), 5))
+	if ack := r.must(packets.Puback); ack.ReasonCode != 0 {
+		t.Errorf("a reading inside the retention: PUBACK 0x%02x %q", ack.ReasonCode, ack.Properties.ReasonString)
+	}
+	if h := e.history(t, id); len(h) != 1 {
+		t.Errorf("%d rows stored, want the one inside the retention", len(h))
+	}
+}
+
 // TestCommands: the current command arrives on subscribe (after SUBACK,
 // retained), and again when an override or a reading changes it.
 func TestCommands(t *testing.T) {
