@@ -30,8 +30,9 @@ var errStagedAgain = errors.New("rows staged since the merge")
 // Without) and deleted by primary-key range, and the counts lowered. A last
 // transaction deletes the emptied rollups and rebuilds the hours of day
 // from the rollups left, so that once Expire returns every figure is what a
-// recompute from the rows gives; while it runs, the by-hour moments are off
-// by float rounding at most.
+// recompute from the rows gives; while it runs (and after a crash in the
+// middle of it, until the next Expire, which kettle serve runs at start),
+// the by-hour moments are off by float rounding at most.
 func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 	if err := kettle.CheckMonthStart(before); err != nil {
 		return 0, err
