@@ -12,9 +12,14 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// errStagedAgain: another process staged rows of the bucket between its
-// merge and the expiry's transaction.
+// errStagedAgain: another process staged rows between the merge and the
+// expiry's last transaction.
 var errStagedAgain = errors.New("rows staged since the merge")
+
+// expireTxRows is about how many readings one of Expire's transactions
+// removes (it finishes the device it is at): the writer waits for one such
+// transaction at a time.
+const expireTxRows = 20_000
 
 // Expire removes every measurement whose device time is before before (the
 // first instant of a UTC month) and takes them out of the derived figures:
@@ -22,14 +27,17 @@ var errStagedAgain = errors.New("rows staged since the merge")
 // the all-history moments per hour of day. A device's latest state,
 // capacity and last-seen time stay.
 //
-// It goes a staged bucket of devices at a time (1/64 of the fleet, see
-// stage.go), each in its own write transaction, releasing the writer
-// between buckets so that batches keep committing: the bucket's staged rows
-// are merged first, then each of its devices' old rows are read (to take
-// their moments out of their hours' rollups and hours of day, Moments.
-// Without) and deleted by primary-key range, and the counts lowered. A last
-// transaction deletes the emptied rollups and rebuilds the hours of day
-// from the rollups left, so that once Expire returns every figure is what a
+// It goes device by device in id order, in write transactions of about
+// expireTxRows readings each, releasing the writer between them so that
+// batches keep committing: each device's old rows in measurements are read
+// (to take their moments out of their hours' rollups and hours of day,
+// Moments.Without) and deleted by primary-key range, and the counts
+// lowered; staged rows are left where they are (a devices row describes the
+// device's rows in measurements, see stage.go). A last transaction, after
+// merging everything staged, takes what is still before the bound (a
+// back-dated reading staged meanwhile: a primary-key probe per device),
+// deletes the emptied rollups and rebuilds the hours of day from the
+// rollups left, so that once Expire returns every figure is what a
 // recompute from the rows gives; while it runs (and after a crash in the
 // middle of it, until the next Expire, which kettle serve runs at start),
 // the by-hour moments are off by float rounding at most.
@@ -37,80 +45,91 @@ func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 	if err := kettle.CheckMonthStart(before); err != nil {
 		return 0, err
 	}
-	bound := before.UnixMicro()
-	var removed int64
-	for b := 0; b < stageBuckets; b++ {
-		n, err := s.expireBucket(ctx, b, bound)
-		removed += n
-		if err != nil {
-			return removed, fmt.Errorf("sqlite expire: %w", err)
-		}
-	}
-	// Last, in one transaction: what writers stored before the bound since
-	// their bucket's turn (every device again, by its primary key: a probe
-	// each when there is none), the emptied rollups, the hours of day.
-	n, err := s.expireBucket(ctx, -1, bound)
-	removed += n
+	n, _, err := s.expire(ctx, before.UnixMicro(), 1, expireTxRows)
 	if err != nil {
-		return removed, fmt.Errorf("sqlite expire: %w", err)
+		return n, fmt.Errorf("sqlite expire: %w", err)
 	}
-	return removed, nil
+	return n, nil
 }
 
-// expireBucket removes bucket b's readings before bound, under wmu; b −1:
-// every device's, and then the rollups before bound, and it rebuilds the
-// hours of day.
-func (s *Store) expireBucket(ctx context.Context, b int, bound int64) (int64, error) {
+// expire is Expire over the first share (0–1] of the devices in id order,
+// in transactions of about budget readings, and its last transaction when
+// share is 1. It returns the readings removed and the transactions run.
+func (s *Store) expire(ctx context.Context, bound int64, share float64, budget int64) (removed int64, txs int, err error) {
+	s.wmu.Lock()
+	ids := make([]kettle.DeviceID, 0, len(s.cache.devs))
+	for id := range s.cache.devs {
+		ids = append(ids, id)
+	}
+	s.wmu.Unlock()
+	slices.SortFunc(ids, func(x, y kettle.DeviceID) int { return bytes.Compare(x[:], y[:]) })
+	ids = ids[:int(float64(len(ids))*share)]
+	for len(ids) > 0 {
+		n, done, err := s.expireSome(ctx, ids, bound, budget, false)
+		removed += n
+		txs++
+		if err != nil {
+			return removed, txs, err
+		}
+		ids = ids[done:]
+	}
+	if share < 1 {
+		return removed, txs, nil
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	for attempt := 0; ; attempt++ {
-		var err error
-		if b < 0 {
-			err = s.mergeLocked(ctx)
-		} else {
-			err = s.mergeBucket(ctx, b)
+		if err := s.mergeLocked(ctx); err != nil {
+			return removed, txs, err
 		}
-		if err != nil {
-			return 0, err
-		}
-		n, err := s.expireMerged(ctx, b, bound)
+		n, _, err := s.expireSome(ctx, nil, bound, 0, true)
+		txs++
 		if errors.Is(err, errStagedAgain) && attempt < 3 {
 			continue
 		}
-		if err != nil {
-			s.cache.valid = false
-			return 0, err
-		}
-		return n, nil
+		return removed + n, txs, err
 	}
 }
 
-// expireMerged is expireBucket's transaction, with nothing of bucket b
-// (b −1: nothing at all) staged.
-func (s *Store) expireMerged(ctx context.Context, b int, bound int64) (int64, error) {
+// expireSome runs one of expire's transactions: it removes the readings
+// before bound of ids, in order, until about budget are gone, and returns
+// how many it removed and how many of ids it went through. last: the last
+// transaction (with nothing staged, under wmu), over every device, which
+// also deletes the rollups before bound and rebuilds the hours of day.
+func (s *Store) expireSome(ctx context.Context, ids []kettle.DeviceID, bound int64, budget int64, last bool) (int64, int, error) {
 	type devCount struct {
 		id kettle.DeviceID
 		n  int64
 	}
+	if !last {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+	}
 	var (
 		removed int64
+		done    int
 		counts  []devCount
 	)
 	err := s.tx(ctx, "expire measurements", func(tx *sql.Tx) (err error) {
-		removed, counts = 0, counts[:0]
+		removed, done, counts = 0, 0, counts[:0]
 		if err := s.syncCache(ctx, tx); err != nil {
 			return err
 		}
-		if b < 0 && s.stage.rows != 0 || b >= 0 && s.stage.bucketRows[b] != 0 {
-			return errStagedAgain
-		}
-		var ids []kettle.DeviceID
-		for id := range s.cache.devs {
-			if b < 0 || bucketOf(id) == b {
+		if last {
+			if s.stage.rows != 0 {
+				return errStagedAgain
+			}
+			ids = ids[:0]
+			for id := range s.cache.devs {
 				ids = append(ids, id)
 			}
+			slices.SortFunc(ids, func(x, y kettle.DeviceID) int { return bytes.Compare(x[:], y[:]) })
+			defer func() {
+				if err == nil {
+					err = finishExpire(ctx, tx, bound)
+				}
+			}()
 		}
-		slices.SortFunc(ids, func(x, y kettle.DeviceID) int { return bytes.Compare(x[:], y[:]) })
 		sel, err := tx.PrepareContext(ctx, `SELECT t, water_c, ambient_c FROM measurements WHERE device = ? AND t < ?`)
 		if err != nil {
 			return err
@@ -128,6 +147,10 @@ func (s *Store) expireMerged(ctx context.Context, b int, bound int64) (int64, er
 		defer upd.Close()
 		gone := map[int64]*[2]kettle.Moments{} // hour (unix s) → water, ambient moments removed
 		for _, id := range ids {
+			if !last && removed >= budget {
+				break
+			}
+			done++
 			n, err := oldMoments(ctx, sel, id, bound, gone)
 			if err != nil {
 				return fmt.Errorf("read old measurements of %s: %w", id, err)
@@ -143,13 +166,6 @@ func (s *Store) expireMerged(ctx context.Context, b int, bound int64) (int64, er
 			}
 			counts = append(counts, devCount{id, n})
 			removed += n
-		}
-		if b < 0 {
-			defer func() {
-				if err == nil {
-					err = finishExpire(ctx, tx, bound)
-				}
-			}()
 		}
 		if removed == 0 {
 			return nil
@@ -175,14 +191,15 @@ func (s *Store) expireMerged(ctx context.Context, b int, bound int64) (int64, er
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		s.cache.valid = false
+		return 0, 0, err
 	}
 	for _, c := range counts {
 		st := s.cache.devs[c.id]
 		st.n -= c.n
 		s.cache.devs[c.id] = st
 	}
-	return removed, nil
+	return removed, done, nil
 }
 
 // finishExpire deletes the rollups before bound (emptied by then) and

@@ -13,10 +13,11 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// TestExpireHalfway: while an expiry is under way (half the buckets done),
-// readers see the statistics of the rows stored at that moment: counts
-// exactly, the by-hour moments to 1e-9 relative (they are taken out with
-// Moments.Without, rebuilt exactly only at the end).
+// TestExpireHalfway: while an expiry is under way (half the devices done,
+// in transactions of ~150 readings), readers see the statistics of the rows
+// stored at that moment: counts exactly, the by-hour moments to 1e-9
+// relative (they are taken out with Moments.Without, rebuilt exactly only at
+// the end); then the rest, and nothing before the bound is left.
 func TestExpireHalfway(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "kettle.db"))
@@ -39,47 +40,68 @@ func TestExpireHalfway(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	removed, err := s.ExpireBuckets(ctx, may, 32)
-	if err != nil || removed == 0 {
-		t.Fatalf("ExpireBuckets: %d, %v", removed, err)
+	// (What is still staged is taken by Expire's last transaction; a month
+	// old, everything has long been merged.)
+	if err := s.Merge(ctx); err != nil {
+		t.Fatal(err)
 	}
-	// Recompute from the rows left.
-	var water, amb [24]kettle.Moments
-	var rows, early int64
-	for _, d := range devs {
-		h, err := s.History(ctx, kettle.HistoryQuery{Device: d})
+	removed, txs, err := s.ExpireShare(ctx, may, 0.5, 150)
+	if err != nil || removed == 0 {
+		t.Fatalf("ExpireShare: %d, %v", removed, err)
+	}
+	// Each transaction stops at the first device that takes it to 150 (a
+	// device has ~60 readings before May here, surely fewer than 300).
+	if txs < int(removed/(150+300)) || txs < 3 {
+		t.Errorf("halfway: %d readings removed in %d transactions; want transactions of about 150", removed, txs)
+	}
+	check := func(stage string) (early int64) {
+		t.Helper()
+		// Recompute from the rows left.
+		var water, amb [24]kettle.Moments
+		var rows int64
+		for _, d := range devs {
+			h, err := s.History(ctx, kettle.HistoryQuery{Device: d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range h {
+				rows++
+				if x.Time.Before(may) {
+					early++
+				}
+				water[x.Time.Hour()].Add(x.WaterC)
+				amb[x.Time.Hour()].Add(x.AmbientC)
+			}
+		}
+		st, err := s.Statistics(ctx, kettle.StatsQuery{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, x := range h {
-			rows++
-			if x.Time.Before(may) {
-				early++
+		ranged, err := s.Statistics(ctx, kettle.StatsQuery{From: start, To: may})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.MeasurementCount != rows || ranged.RangeCount != early {
+			t.Errorf("%s: %d measurements, %d before May; the rows say %d and %d", stage, st.MeasurementCount, ranged.RangeCount, rows, early)
+		}
+		near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*math.Max(math.Abs(want), 1) }
+		for h := range 24 {
+			g := st.ByHour[h]
+			if g.Water.N != water[h].N || !near(g.Water.Mean, water[h].Mean) || !near(g.Water.Stddev(), water[h].Stddev()) ||
+				!near(g.Ambient.Mean, amb[h].Mean) || !near(g.Ambient.Stddev(), amb[h].Stddev()) {
+				t.Errorf("%s, hour %d: water %+v ambient %+v; the rows say %+v, %+v", stage, h, g.Water, g.Ambient, water[h], amb[h])
 			}
-			water[x.Time.Hour()].Add(x.WaterC)
-			amb[x.Time.Hour()].Add(x.AmbientC)
 		}
+		return early
 	}
-	if early == 0 {
-		t.Fatal("no row before May left: the test needs the half not yet expired")
+	if check("halfway") == 0 {
+		t.Fatal("no row before May left halfway: the test needs the half not yet expired")
 	}
-	st, err := s.Statistics(ctx, kettle.StatsQuery{})
-	if err != nil {
-		t.Fatal(err)
+	more, _, err := s.ExpireShare(ctx, may, 1, 150)
+	if err != nil || more == 0 {
+		t.Fatalf("ExpireShare of the rest: %d, %v", more, err)
 	}
-	ranged, err := s.Statistics(ctx, kettle.StatsQuery{From: start, To: may})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.MeasurementCount != rows || ranged.RangeCount != early {
-		t.Errorf("halfway: %d measurements, %d before May; the rows say %d and %d", st.MeasurementCount, ranged.RangeCount, rows, early)
-	}
-	near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*math.Max(math.Abs(want), 1) }
-	for h := range 24 {
-		g := st.ByHour[h]
-		if g.Water.N != water[h].N || !near(g.Water.Mean, water[h].Mean) || !near(g.Water.Stddev(), water[h].Stddev()) ||
-			!near(g.Ambient.Mean, amb[h].Mean) || !near(g.Ambient.Stddev(), amb[h].Stddev()) {
-			t.Errorf("halfway, hour %d: water %+v ambient %+v; the rows say %+v, %+v", h, g.Water, g.Ambient, water[h], amb[h])
-		}
+	if early := check("after"); early != 0 {
+		t.Errorf("%d rows before May left after the expiry", early)
 	}
 }

@@ -5,16 +5,11 @@ import (
 	"time"
 )
 
-// ExpireBuckets runs Expire's per-bucket transactions for buckets [0, n)
-// only: the state readers see while an expiry is under way.
-func (s *Store) ExpireBuckets(ctx context.Context, before time.Time, n int) (int64, error) {
-	var removed int64
-	for b := range n {
-		k, err := s.expireBucket(ctx, b, before.UnixMicro())
-		removed += k
-		if err != nil {
-			return removed, err
-		}
-	}
-	return removed, nil
+// ExpireShare runs Expire's transactions, of about budget readings each,
+// for the first share of the devices (1: all of it, and the last
+// transaction): with share < 1, the state readers see while an expiry is
+// under way.
+// It returns the readings removed and the transactions run.
+func (s *Store) ExpireShare(ctx context.Context, before time.Time, share float64, budget int64) (int64, int, error) {
+	return s.expire(ctx, before.UnixMicro(), share, budget)
 }

