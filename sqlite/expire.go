@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -12,14 +13,14 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// errStagedAgain: another process staged rows between the merge and the
-// expiry's last transaction.
+// errStagedAgain: rows before the bound were staged (by another process)
+// between their bucket's merge and the expiry's last transaction.
 var errStagedAgain = errors.New("rows staged since the merge")
 
 // expireTxRows is about how many readings one of Expire's transactions
 // removes (it finishes the device it is at): the writer waits for one such
 // transaction at a time.
-const expireTxRows = 20_000
+const expireTxRows = 5_000
 
 // Expire removes every measurement whose device time is before before (the
 // first instant of a UTC month) and takes them out of the derived figures:
@@ -34,8 +35,9 @@ const expireTxRows = 20_000
 // Moments.Without) and deleted by primary-key range, and the counts
 // lowered; staged rows are left where they are (a devices row describes the
 // device's rows in measurements, see stage.go). A last transaction, after
-// merging everything staged, takes what is still before the bound (a
-// back-dated reading staged meanwhile: a primary-key probe per device),
+// merging the staged buckets that hold rows before the bound (back-dated
+// readings, rare), takes what is still before it (a primary-key probe per
+// device),
 // deletes the emptied rollups and rebuilds the hours of day from the
 // rollups left, so that once Expire returns every figure is what a
 // recompute from the rows gives; while it runs (and after a crash in the
@@ -79,8 +81,19 @@ func (s *Store) expire(ctx context.Context, bound int64, share float64, budget i
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	for attempt := 0; ; attempt++ {
-		if err := s.mergeLocked(ctx); err != nil {
-			return removed, txs, err
+		// Merge the buckets with staged rows before the bound (back-dated
+		// readings, rare), not everything staged: the writer waits for it.
+		for b := range stageBuckets {
+			if s.stage.bucketRows[b] == 0 {
+				continue
+			}
+			old, err := s.stagedBefore(ctx, s.w, b, bound)
+			if err == nil && old {
+				err = s.mergeBucket(ctx, b)
+			}
+			if err != nil {
+				return removed, txs, err
+			}
 		}
 		n, _, err := s.expireSome(ctx, nil, bound, 0, true)
 		txs++
@@ -116,8 +129,10 @@ func (s *Store) expireSome(ctx context.Context, ids []kettle.DeviceID, bound int
 			return err
 		}
 		if last {
-			if s.stage.rows != 0 {
-				return errStagedAgain
+			for b := range stageBuckets {
+				if old, err := s.stagedBefore(ctx, tx, b, bound); err != nil || old {
+					return cmp.Or(err, errStagedAgain)
+				}
 			}
 			ids = ids[:0]
 			for id := range s.cache.devs {
@@ -200,6 +215,16 @@ func (s *Store) expireSome(ctx context.Context, ids []kettle.DeviceID, bound int
 		s.cache.devs[c.id] = st
 	}
 	return removed, done, nil
+}
+
+// stagedBefore reports whether bucket b has staged rows before bound (a
+// range of staged's primary key).
+func (s *Store) stagedBefore(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, b int, bound int64) (bool, error) {
+	var old bool
+	err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM staged WHERE b = ? AND t < ?)`, b, bound).Scan(&old)
+	return old, err
 }
 
 // finishExpire deletes the rollups before bound (emptied by then) and
