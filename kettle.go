@@ -6,6 +6,7 @@ package kettle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -229,6 +230,11 @@ type Store interface {
 	// Close releases the store.
 	Close() error
 }
+
+// ErrExpiring is what a store's Expire returns (wrapped) when another
+// process is expiring the same store at that moment (several kettle serve
+// nodes on one PostgreSQL): nothing for this one to do.
+var ErrExpiring = errors.New("another process is expiring measurements now")
 
 // ExpireBefore is the Expire bound of a retention of keep at now: the start
 // of the UTC month that holds now − keep. Readings are kept at least keep

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -47,10 +49,17 @@ func (s *Service) ExpiryStats() ExpiryStats {
 // window now (Config.Retention must be > 0) and returns how many readings
 // went. The retention loop calls it every ExpireEvery.
 func (s *Service) Expire(ctx context.Context) (int64, error) {
+	if s.cfg.Retention <= 0 {
+		return 0, fmt.Errorf("expire: no retention configured")
+	}
 	start := time.Now()
 	before := kettle.ExpireBefore(s.now(), s.cfg.Retention)
 	n, err := s.store.Expire(ctx, before)
 	d := time.Since(start)
+	busy := errors.Is(err, kettle.ErrExpiring) // another node is at it: its run is ours
+	if busy {
+		err = nil
+	}
 	s.expiry.mu.Lock()
 	s.expiry.st.Runs++
 	s.expiry.st.Removed += n
@@ -62,6 +71,8 @@ func (s *Service) Expire(ctx context.Context) (int64, error) {
 	}
 	s.expiry.mu.Unlock()
 	switch {
+	case busy:
+		s.log.Info("another process is expiring readings older than the retention window; skipped this round", "before", before)
 	case err != nil:
 		s.log.Warn("expiring readings older than the retention window failed; trying again next round",
 			"before", before, "removed", n, "err", err, "next_in", s.cfg.ExpireEvery)

@@ -93,7 +93,7 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 			return err
 		}
 		if !got {
-			return &kettle.Error{Code: kettle.EUnavailable, Message: "expire: another process is expiring measurements; try again later", RetryAfter: time.Minute}
+			return kettle.ErrExpiring
 		}
 		// The count may take minutes on a big month: no statement timeout.
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
@@ -141,6 +141,9 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 		}
 	})
 	if err != nil {
+		if errors.Is(err, kettle.ErrExpiring) {
+			return 0, fmt.Errorf("expire %s: %w", part, err)
+		}
 		if errors.Is(err, errExpireWaiter) {
 			return 0, &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("expire %s: %v; left for the next round", part, err), RetryAfter: time.Minute}
 		}

@@ -36,3 +36,6 @@ func (s *Store) HoldPool(ctx context.Context) (release func(), err error) {
 		}
 	}, nil
 }
+
+// LockExpire is the advisory lock key Expire serialises on.
+const LockExpire = lockExpire
