@@ -60,17 +60,21 @@ func (s *Service) Expire(ctx context.Context) (int64, error) {
 	if busy {
 		err = nil
 	}
+	stopped := err != nil && ctx.Err() != nil // shutting down: interrupted, not failed
 	s.expiry.mu.Lock()
 	s.expiry.st.Runs++
 	s.expiry.st.Removed += n
 	s.expiry.st.LastDuration = d
-	if err != nil {
-		s.expiry.st.Errors++
-	} else {
+	switch {
+	case err == nil:
 		s.expiry.st.LastSuccess = time.Now()
+	case !stopped:
+		s.expiry.st.Errors++
 	}
 	s.expiry.mu.Unlock()
 	switch {
+	case stopped:
+		s.log.Info("expiring readings older than the retention window interrupted; the next start goes on", "before", before, "removed", n, "err", err)
 	case busy:
 		s.log.Info("another process is expiring readings older than the retention window; skipped this round", "before", before)
 	case err != nil:

@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"testing"
@@ -45,7 +44,7 @@ func TestExpireWhileAnotherExpires(t *testing.T) {
 	if n, err := s.Expire(ctx, before); n != 0 || !errors.Is(err, kettle.ErrExpiring) {
 		t.Errorf("Expire while another process expires: %d, %v; want 0 and ErrExpiring", n, err)
 	}
-	svc, err := fleet.New(ctx, s, fleet.Config{Retention: 40 * 24 * time.Hour, ExpireEvery: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{})
+	svc, err := fleet.New(ctx, s, fleet.Config{Retention: 40 * 24 * time.Hour, ExpireEvery: time.Hour}, slog.New(slog.DiscardHandler), nil, fleet.Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
