@@ -107,7 +107,8 @@ func (s *Store) expire(ctx context.Context, bound int64, share float64, budget i
 // expireSome runs one of expire's transactions: it removes the readings
 // before bound of ids, in order, until about budget are gone, and returns
 // how many it removed and how many of ids it went through. last: the last
-// transaction (with nothing staged, under wmu), over every device, which
+// transaction (nothing staged before bound; called under wmu), over every
+// device, which
 // also deletes the rollups before bound and rebuilds the hours of day.
 func (s *Store) expireSome(ctx context.Context, ids []kettle.DeviceID, bound int64, budget int64, last bool) (int64, int, error) {
 	type devCount struct {
