@@ -78,6 +78,10 @@ func (s *Store) oldestPartitionBefore(ctx context.Context, month int) (int, bool
 	return slices.Min(months), true, nil
 }
 
+// expireCounted, when set (tests), runs after expireMonth counted the
+// partition, holding it against inserts.
+var expireCounted func()
+
 // errExpireWaiter: a writer waits to insert into the month being expired.
 var errExpireWaiter = errors.New("a writer waits to insert into the partition")
 
@@ -119,6 +123,9 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("count %s: %w", part, err)
+		}
+		if expireCounted != nil {
+			expireCounted()
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", expireLockWait.Milliseconds())); err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,77 @@ func TestExpireWhileAnotherExpires(t *testing.T) {
 	}
 	if n, err := s.Expire(ctx, before); n != 1 || err != nil {
 		t.Errorf("Expire once the lock is free: %d, %v; want the old reading", n, err)
+	}
+}
+
+// TestExpireYieldsToWriter: a writer that stores a reading into the month
+// being expired, after Expire counted it, locks its kettle's row and then
+// waits for the partition; Expire, whose next step would lock that row,
+// sees it waiting and rolls back (the month left for the next round)
+// instead of deadlocking with it. The write succeeds; the next Expire
+// removes the month, that reading included, and every figure still equals
+// the rows.
+func TestExpireYieldsToWriter(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	dev := uuid.New()
+	old := time.Now().UTC().AddDate(0, -3, 0)
+	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old), rowAt(rng, dev, time.Now().UTC().Add(-time.Hour))}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	written := make(chan error, 1)
+	defer postgres.SetExpireCounted(func() {
+		go func() {
+			_, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old.Add(time.Minute))}, time.Now())
+			written <- err
+		}()
+		// until the write waits for the partition
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			var waiting bool
+			if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+				WHERE c.relname LIKE 'measurements_y%' AND NOT l.granted)`).Scan(&waiting); err != nil {
+				t.Error(err)
+				return
+			}
+			if waiting {
+				return
+			}
+		}
+		t.Error("the write never waited for the partition")
+	})()
+	before := kettle.ExpireBefore(time.Now(), 40*24*time.Hour)
+	n, err := s.Expire(ctx, before)
+	if n != 0 || kettle.ErrorCode(err) != kettle.EUnavailable || !strings.Contains(err.Error(), "waits to insert") {
+		t.Errorf("Expire with a writer waiting for the month: %d, %v; want 0 and EUnavailable naming the waiting writer", n, err)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("the write into the month being expired: %v", err)
+	}
+	postgres.SetExpireCounted(nil)
+	if n, err := s.Expire(ctx, before); n != 2 || err != nil {
+		t.Errorf("the next Expire: %d, %v; want the month's 2 readings", n, err)
+	}
+	var rows int64
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM measurements").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Statistics(ctx, kettle.StatsQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Device(ctx, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || st.MeasurementCount != 1 || d.Measurements != 1 {
+		t.Errorf("after: %d rows, statistic 1 = %d, the kettle's count %d; want 1, 1, 1", rows, st.MeasurementCount, d.Measurements)
 	}
 }

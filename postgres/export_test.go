@@ -39,3 +39,12 @@ func (s *Store) HoldPool(ctx context.Context) (release func(), err error) {
 
 // LockExpire is the advisory lock key Expire serialises on.
 const LockExpire = lockExpire
+
+// SetExpireCounted makes Expire call f after it counted a month's readings,
+// holding the partition against inserts; it returns a function that
+// restores it. Not for parallel tests.
+func SetExpireCounted(f func()) (restore func()) {
+	old := expireCounted
+	expireCounted = f
+	return func() { expireCounted = old }
+}
