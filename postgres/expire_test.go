@@ -65,10 +65,10 @@ func TestExpireWhileAnotherExpires(t *testing.T) {
 }
 
 // TestExpireYieldsToWriter: a writer that stores a reading into the month
-// being expired, after Expire counted it, locks its kettle's row and then
-// waits for the partition; Expire, whose next step would lock that row,
-// sees it waiting and rolls back (the month left for the next round)
-// instead of deadlocking with it. The write succeeds; the next Expire
+// being expired, after Expire counted it, holds the measurements table (and
+// its kettle's row) and waits for the partition; Expire, whose next step
+// takes the table, sees it waiting and rolls back (the month left for the
+// next round) instead of deadlocking with it. The write succeeds; the next Expire
 // removes the month, that reading included, and every figure still equals
 // the rows.
 func TestExpireYieldsToWriter(t *testing.T) {
@@ -133,5 +133,37 @@ func TestExpireYieldsToWriter(t *testing.T) {
 	}
 	if rows != 1 || st.MeasurementCount != 1 || d.Measurements != 1 {
 		t.Errorf("after: %d rows, statistic 1 = %d, the kettle's count %d; want 1, 1, 1", rows, st.MeasurementCount, d.Measurements)
+	}
+}
+
+// TestExpireDropsLeftovers: a month a previous Expire detached but did not
+// drop (it failed, or the process died, between its commit and the drop)
+// is dropped by the next Expire; other tables are left alone.
+func TestExpireDropsLeftovers(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		"CREATE TABLE measurements_y2024m03_expired (LIKE measurements)",
+		"CREATE TABLE measurements_y2024m03_keep (x int)",
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Expire(ctx, time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	rows, _ := conn.Query(ctx, "SELECT relname FROM pg_class WHERE relname LIKE 'measurements_y2024m03%' ORDER BY 1")
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(left) != 1 || left[0] != "measurements_y2024m03_keep" {
+		t.Errorf("tables left: %v (%v); want only measurements_y2024m03_keep", left, err)
 	}
 }

@@ -122,9 +122,14 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 	return st, nil
 }
 
-const deviceCols = `id, registered_at, last_seen, measurements, capacity_ml,
+// deviceCols are what scanDevice reads from deviceFrom: the count is net of
+// the readings Expire removed (migration 7).
+const (
+	deviceCols = `id, registered_at, last_seen, measurements - coalesce(n, 0), capacity_ml,
 	latest_t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml,
 	ov_charge, ov_fill, ov_flush, ov_expires_at, ov_set_at, revoked_at`
+	deviceFrom = `devices LEFT JOIN device_expired USING (id)`
+)
 
 func scanDevice(r pgx.Row) (kettle.DeviceState, error) {
 	var (
@@ -165,9 +170,9 @@ func scanDevice(r pgx.Row) (kettle.DeviceState, error) {
 func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
 	var rows pgx.Rows
 	if limit > 0 {
-		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM devices WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	} else {
-		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM devices WHERE id > $1 ORDER BY id`, after)
+		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id`, after)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kettle.DeviceState, error) { return scanDevice(r) })
 	if err != nil {
@@ -178,7 +183,7 @@ func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) (
 
 // Device returns one device, or an *kettle.Error with code ENotFound.
 func (s *Store) Device(ctx context.Context, id kettle.DeviceID) (kettle.DeviceState, error) {
-	d, err := scanDevice(s.pool.QueryRow(ctx, `SELECT `+deviceCols+` FROM devices WHERE id = $1`, id))
+	d, err := scanDevice(s.pool.QueryRow(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return kettle.DeviceState{}, notFound(id)
 	}

@@ -158,8 +158,9 @@ func expire(args []string) error {
 	if err := conn.QueryRow(ctx, "SELECT count(*), count(*) FILTER (WHERE t < $1) FROM measurements", before).Scan(&rows, &oldRows); err != nil {
 		return err
 	}
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM devices d LEFT JOIN (SELECT device, count(*) n FROM measurements GROUP BY device) m
-		ON m.device = d.id WHERE d.measurements <> coalesce(m.n, 0)`).Scan(&badDevs); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM devices d LEFT JOIN device_expired x ON x.id = d.id
+		LEFT JOIN (SELECT device, count(*) n FROM measurements GROUP BY device) m ON m.device = d.id
+		WHERE d.measurements - coalesce(x.n, 0) <> coalesce(m.n, 0)`).Scan(&badDevs); err != nil {
 		return err
 	}
 	sizeAfter, _, err := tableSize(ctx, *dsn)
