@@ -27,10 +27,11 @@ END=${END:-$(date -u +%Y-%m-02T00:00:00Z)}
 . bench/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 trap 'pg_stop; rm -rf "$work"' EXIT
-echo "rerun: STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
+echo "rerun: ${PGBENCH_BIN:+PGBENCH_BIN=$PGBENCH_BIN }STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
 machine_line
 build_kettle "$work"
-go build -o "$work/pgbench" ./bench/pgbench
+# PGBENCH_BIN: a pgbench built from another commit (it holds the store's Expire), to compare
+if [ -n "${PGBENCH_BIN:-}" ]; then cp "$PGBENCH_BIN" "$work/pgbench"; else go build -o "$work/pgbench" ./bench/pgbench; fi
 if [ "$STORE" = sqlite ]; then
 	dsn="sqlite:$work/kettle.db"
 else

@@ -22,8 +22,8 @@ import (
 // goroutines store batches of live readings of the seeded kettles (as kettle
 // serve's batchers do): how long the expiry takes, what it removed, and the
 // writers' commit latency before it and while it ran (its last step locks
-// the expired kettles' rows and the measurements table: writers wait for
-// it). Afterwards it checks the statistics' measurement count against
+// the measurements table: writers wait for it). Afterwards it checks the
+// statistics' measurement count against
 // count(*) of the table and the devices' counts against their rows.
 func expire(args []string) error {
 	fs := flag.NewFlagSet("expire", flag.ExitOnError)
