@@ -18,26 +18,36 @@ import (
 	"github.com/kettlefleet/kettlefleet/postgres"
 )
 
+// expireFixture opens a store on a fresh database holding one kettle's
+// reading of three months ago and one of an hour ago, and a second
+// connection to the database; both are closed at the end of the test.
+func expireFixture(t *testing.T, seed uint64) (s *postgres.Store, conn *pgx.Conn, rng *rand.Rand, dev kettle.DeviceID, old time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.Start(t)
+	s = open(t, dsn)
+	t.Cleanup(func() { s.Close() })
+	rng = rand.New(rand.NewPCG(seed, seed+1))
+	dev = uuid.New()
+	old = time.Now().UTC().AddDate(0, -3, 0)
+	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old), rowAt(rng, dev, time.Now().UTC().Add(-time.Hour))}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return s, conn, rng, dev, old
+}
+
 // TestExpireWhileAnotherExpires: while another process holds the expiry's
 // advisory lock (another node expiring), Expire removes nothing and says
 // kettle.ErrExpiring; the retention loop counts that round as done, not
 // failed; once the lock is free, Expire removes the old month.
 func TestExpireWhileAnotherExpires(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.Start(t)
-	s := open(t, dsn)
-	defer s.Close()
-	rng := rand.New(rand.NewPCG(1, 2))
-	dev := uuid.New()
-	old := time.Now().UTC().AddDate(0, -3, 0)
-	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old), rowAt(rng, dev, time.Now().UTC().Add(-time.Hour))}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	other, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(ctx)
+	s, other, _, _, _ := expireFixture(t, 1)
 	if _, err := other.Exec(ctx, "SELECT pg_advisory_lock($1)", postgres.LockExpire); err != nil {
 		t.Fatal(err)
 	}
@@ -73,20 +83,7 @@ func TestExpireWhileAnotherExpires(t *testing.T) {
 // the rows.
 func TestExpireYieldsToWriter(t *testing.T) {
 	ctx := context.Background()
-	dsn := pgtest.Start(t)
-	s := open(t, dsn)
-	defer s.Close()
-	rng := rand.New(rand.NewPCG(3, 4))
-	dev := uuid.New()
-	old := time.Now().UTC().AddDate(0, -3, 0)
-	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old), rowAt(rng, dev, time.Now().UTC().Add(-time.Hour))}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	s, conn, rng, dev, old := expireFixture(t, 3)
 	written := make(chan error, 1)
 	defer postgres.SetExpireCounted(func() {
 		go func() {
