@@ -220,8 +220,10 @@ type Store interface {
 	// device's measurement counts and the by-hour statistics (bounded and
 	// all-history) count only the measurements that remain. A device's
 	// latest state, capacity and last-seen time stay: they describe the
-	// kettle now, not its history. Each month goes in one transaction, so
-	// readers never see part of one removed.
+	// kettle now, not its history. PostgreSQL removes each month in one
+	// transaction; SQLite in transactions of a few thousand readings, after
+	// each of which the counts equal the rows and the by-hour moments are
+	// within float rounding of them (exact again once Expire returns).
 	Expire(ctx context.Context, before time.Time) (removed int64, err error)
 	// Scan calls fn for every device, to rebuild in-memory caches at start.
 	Scan(ctx context.Context, fn func(DeviceState) error) error
@@ -244,8 +246,13 @@ func ExpireBefore(now time.Time, keep time.Duration) time.Time {
 	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
 }
 
-// ParseRetention reads a retention: a whole number of days ("90d"), or a Go
-// duration ("2160h"); "0" keeps everything. It must be 0 or at least a day.
+// maxRetentionDays bounds a retention in days (100 years; a time.Duration
+// holds about 292).
+const maxRetentionDays = 36_600
+
+// ParseRetention reads a retention: a whole number of days ("90d", at most
+// 36600d), or a Go duration ("2160h"); "0" keeps everything. It must be 0
+// or at least a day.
 func ParseRetention(v string) (time.Duration, error) {
 	if v == "0" {
 		return 0, nil
@@ -253,8 +260,8 @@ func ParseRetention(v string) (time.Duration, error) {
 	var d time.Duration
 	if days, ok := strings.CutSuffix(v, "d"); ok {
 		n, err := strconv.ParseInt(days, 10, 32)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("want a whole number of days such as 90d, a duration such as 2160h, or 0, got %q", v)
+		if err != nil || n < 0 || n > maxRetentionDays {
+			return 0, fmt.Errorf("want a whole number of days such as 90d (at most %dd), a duration such as 2160h, or 0, got %q", maxRetentionDays, v)
 		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {

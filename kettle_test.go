@@ -116,6 +116,7 @@ func TestRetentionBounds(t *testing.T) {
 	}{
 		{"0", 0, true}, {"90d", 90 * 24 * time.Hour, true}, {"2160h", 90 * 24 * time.Hour, true}, {"36h", 36 * time.Hour, true},
 		{"1d", 24 * time.Hour, true}, {"23h", 0, false}, {"0d", 0, true}, {"-1d", 0, false}, {"x", 0, false}, {"1.5d", 0, false}, {"", 0, false}, {"-48h", 0, false},
+		{"36600d", 36600 * 24 * time.Hour, true}, {"36601d", 0, false}, {"2147483647d", 0, false}, {"9999999999h", 0, false},
 	} {
 		got, err := kettle.ParseRetention(c.in)
 		if (err == nil) != c.ok || got != c.want {
