@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -65,19 +64,18 @@ func testRetention(t *testing.T, dsn string) {
 	srv = start(t, dsn, base, func(c *server.Config) { c.Ingest.Retention = keep })
 	c = newClient(t, srv)
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		m := c.do("GET", "/metrics", nil, "")
-		if strings.Contains(string(m.body), "\nkettle_expired_measurements_total 4\n") {
-			if !strings.Contains(string(m.body), fmt.Sprintf("\nkettle_retention_seconds %g\n", keep.Seconds())) ||
-				!strings.Contains(string(m.body), "\nkettle_expire_errors_total 0\n") {
-				t.Errorf("retention metrics:\n%s", grepLines(m.body, "kettle_expire", "kettle_retention"))
-			}
-			break
-		}
+	for metricValue(t, srv, "kettle_expired_measurements_total") != 4 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no expiry after 30 s:\n%s", grepLines(m.body, "kettle_expire", "kettle_retention"))
+			t.Fatalf("no expiry after 30 s: kettle_expired_measurements_total %v, kettle_expire_errors_total %v",
+				metricValue(t, srv, "kettle_expired_measurements_total"), metricValue(t, srv, "kettle_expire_errors_total"))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if v := metricValue(t, srv, "kettle_retention_seconds"); v != keep.Seconds() {
+		t.Errorf("kettle_retention_seconds %v, want %v", v, keep.Seconds())
+	}
+	if v := metricValue(t, srv, "kettle_expire_errors_total"); v != 0 {
+		t.Errorf("kettle_expire_errors_total %v, want 0", v)
 	}
 	c.do("GET", "/v1/statistics", op, "").json(t, &st)
 	if st.MeasurementCount != 2 {
@@ -120,18 +118,4 @@ func testRetention(t *testing.T, dsn string) {
 	if st.MeasurementCount != 3 {
 		t.Errorf("after the refused and the accepted uploads: %d measurements, want 3", st.MeasurementCount)
 	}
-}
-
-// grepLines returns the lines of b that contain any of the words.
-func grepLines(b []byte, words ...string) string {
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		for _, w := range words {
-			if strings.Contains(l, w) {
-				out = append(out, l)
-				break
-			}
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -37,10 +37,7 @@ func runExpire(ctx context.Context, args []string) error {
 	fs := newFlagSet("expire", "--db DSN (--retention D | --before YYYY-MM-01)", expireDoc)
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
 	var keep time.Duration
-	fs.Func("retention", "remove the months wholly older than this, e.g. 90d or 2160h", func(v string) (err error) {
-		keep, err = kettle.ParseRetention(v)
-		return err
-	})
+	retentionVar(fs, &keep, "remove the months wholly older than this, e.g. 90d or 2160h")
 	beforeFlag := fs.String("before", "", "remove the readings before this UTC month start (YYYY-MM-01 or RFC 3339)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -51,10 +48,8 @@ func runExpire(ctx context.Context, args []string) error {
 		return fmt.Errorf("--before and --retention: give one")
 	case *beforeFlag != "":
 		var err error
-		if before, err = time.Parse(time.DateOnly, *beforeFlag); err != nil {
-			if before, err = time.Parse(time.RFC3339Nano, *beforeFlag); err != nil {
-				return fmt.Errorf("--before %q: want YYYY-MM-01 or RFC 3339", *beforeFlag)
-			}
+		if before, err = parseTimeFlag("before", *beforeFlag); err != nil {
+			return err
 		}
 		if err := kettle.CheckMonthStart(before); err != nil {
 			return fmt.Errorf("--before %q: must be the first instant of a UTC month, e.g. %s", *beforeFlag, before.UTC().Format("2006-01")+"-01")

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // envName is the environment twin of a flag: --ingest-queue → KETTLE_INGEST_QUEUE.
@@ -53,4 +56,23 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		err = fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
 	}
 	return err
+}
+
+// parseTimeFlag reads the value of flag --name: RFC 3339 or YYYY-MM-DD (UTC).
+func parseTimeFlag(name, v string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		if t, err = time.Parse(time.DateOnly, v); err != nil {
+			return time.Time{}, fmt.Errorf("--%s %q: want RFC 3339 (2024-06-01T00:00:00Z) or YYYY-MM-DD", name, v)
+		}
+	}
+	return t, nil
+}
+
+// retentionVar defines --retention, read by kettle.ParseRetention into d.
+func retentionVar(fs *flag.FlagSet, d *time.Duration, usage string) {
+	fs.Func("retention", usage, func(v string) (err error) {
+		*d, err = kettle.ParseRetention(v)
+		return err
+	})
 }

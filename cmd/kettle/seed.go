@@ -63,10 +63,8 @@ func runSeed(ctx context.Context, args []string) error {
 	end := time.Now().UTC().Truncate(time.Hour)
 	if *endFlag != "" {
 		var err error
-		if end, err = time.Parse(time.RFC3339Nano, *endFlag); err != nil {
-			if end, err = time.Parse(time.DateOnly, *endFlag); err != nil {
-				return fmt.Errorf("--end %q: want RFC 3339 (2024-06-01T00:00:00Z) or YYYY-MM-DD", *endFlag)
-			}
+		if end, err = parseTimeFlag("end", *endFlag); err != nil {
+			return err
 		}
 	}
 	if *days <= 0 {

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
@@ -77,11 +76,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Ingest.Writers, "writers", 0, "concurrent batch transactions (0: 1 for SQLite, which has one writer; 2 for PostgreSQL)")
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: 5s on PostgreSQL, never on SQLite)")
-	fs.Func("retention", "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the months wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their partitions", func(v string) error {
-		d, err := kettle.ParseRetention(v)
-		cfg.Ingest.Retention = d
-		return err
-	})
+	retentionVar(fs, &cfg.Ingest.Retention, "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the months wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their partitions")
 	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention: how often to look for months to remove (the first look is at start)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
 	fs.DurationVar(&cfg.Shed.Latency, "shed-latency", 0, "0: off (the default). Else: while goroutines wait longer than this for a CPU (p99 over --shed-windows windows of --shed-window in a row, --shed-runnable or more waiting, uploads ≥ --shed-min-ingest-share of requests), ingest is answered 503 + Retry-After before its body is read and v1 command polls get Cache-Control max-age (about --shed-retry-after) instead of no-cache, so polls stay fast at the cost of acknowledged readings and of overrides reaching kettles later; e.g. 20ms")
