@@ -12,8 +12,8 @@ import (
 
 // expiry is the retention loop's state.
 type expiry struct {
-	stop, done chan struct{}
-	once       sync.Once
+	cancel context.CancelFunc // stops the loop and its round in flight
+	done   chan struct{}      // closed when the loop returned
 
 	mu sync.Mutex
 	st ExpiryStats
@@ -87,36 +87,28 @@ func (s *Service) Expire(ctx context.Context) (int64, error) {
 }
 
 func (s *Service) startExpirer() {
-	s.expiry.stop, s.expiry.done = make(chan struct{}), make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	s.expiry.cancel, s.expiry.done = cancel, make(chan struct{})
 	go func() {
 		defer close(s.expiry.done)
 		t := time.NewTimer(0)
 		defer t.Stop()
 		for {
 			select {
-			case <-s.expiry.stop:
+			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			go func() {
-				select {
-				case <-s.expiry.stop:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
 			s.Expire(ctx)
-			cancel()
 			t.Reset(s.cfg.ExpireEvery)
 		}
 	}()
 }
 
 func (s *Service) stopExpirer() {
-	if s.expiry.stop == nil {
+	if s.expiry.cancel == nil {
 		return
 	}
-	s.expiry.once.Do(func() { close(s.expiry.stop) })
+	s.expiry.cancel()
 	<-s.expiry.done
 }
