@@ -11,8 +11,8 @@
 // in memory: a batch never reads the devices table. The cache is rebuilt from
 // the file at Open and whenever PRAGMA data_version shows that another
 // process committed to it, so it stays an accelerator, never a source of
-// truth. WAL checkpoints run on a background goroutine of their own
-// connection rather than inside a commit.
+// truth. WAL checkpoints are SQLite's automatic ones (PASSIVE, inside the
+// commit that takes the WAL past 1,000 pages): they never wait for a reader.
 package sqlite
 
 import (
@@ -71,8 +71,6 @@ type Store struct {
 	// must be rebuilt (data_version is per connection).
 	connGen atomic.Uint64
 
-	ck *checkpointer
-
 	stage stage // guarded by wmu (see stage.go)
 }
 
@@ -82,8 +80,6 @@ type config struct {
 	cacheKiB    int
 	maxRetries  int
 	pageSize    int
-	ckEvery     time.Duration
-	ckPages     int64
 	mergeRows   int
 	mergeEvery  time.Duration
 	log         *slog.Logger
@@ -108,14 +104,6 @@ func WithCacheKiB(n int) Option { return func(c *config) { c.cacheKiB = n } }
 // keeps its own). Default 4096. See DefaultPageSize.
 func WithPageSize(n int) Option { return func(c *config) { c.pageSize = n } }
 
-// WithCheckpoint sets how often the background goroutine checkpoints the WAL
-// into the database file, and after how many WAL pages written it does so
-// sooner. every ≤ 0 turns the background checkpointer off and leaves
-// checkpoints to SQLite's automatic one inside commit. Default 1s, 4096 pages.
-func WithCheckpoint(every time.Duration, pages int) Option {
-	return func(c *config) { c.ckEvery, c.ckPages = every, int64(pages) }
-}
-
 // WithMerge sets how many staged rows start a merge into measurements, and
 // how long rows stay staged at most (see stage.go). Defaults
 // DefaultMergeRows and DefaultMergeEvery.
@@ -136,7 +124,7 @@ func WithMaxBusyRetries(n int) Option { return func(c *config) { c.maxRetries = 
 // needed) the SQLite database at path and migrates it to the current schema.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: 5 * time.Second, readers: 4, cacheKiB: 65536, maxRetries: 10,
-		pageSize: DefaultPageSize, ckEvery: 0, ckPages: 4096,
+		pageSize:  DefaultPageSize,
 		mergeRows: DefaultMergeRows, mergeEvery: DefaultMergeEvery}
 	for _, o := range opts {
 		o(&cfg)
@@ -163,9 +151,6 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	// The journal mode is set by the connect hook, after the page size
 	// (which a WAL database can no longer change).
 	hook := []string{fmt.Sprintf("PRAGMA page_size = %d", cfg.pageSize), "PRAGMA journal_mode = WAL"}
-	if cfg.ckEvery > 0 {
-		hook = append(hook, "PRAGMA wal_autocheckpoint = 0")
-	}
 	s.w = sql.OpenDB(&connector{
 		dsn: uri + "?_synchronous=FULL&_txlock=immediate" +
 			"&_busy_timeout=" + busyMS + "&_cache_size=-" + strconv.Itoa(cfg.cacheKiB),
@@ -215,13 +200,6 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite store %s: load device cache: %w", path, err)
 	}
 	s.startMerger()
-	if cfg.ckEvery > 0 {
-		s.ck, err = startCheckpointer(ctx, uri+"?_busy_timeout="+busyMS, cfg.ckEvery, cfg.ckPages)
-		if err != nil {
-			s.Close()
-			return nil, fmt.Errorf("open sqlite store %s: checkpointer: %w", path, err)
-		}
-	}
 	return s, nil
 }
 
@@ -435,16 +413,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the checkpointer, closes the readers, checkpoints the whole
-// WAL into the database file and truncates it, then closes the writer.
+// Close stops the merger, closes the readers, then the writer (the last
+// connection to close checkpoints the WAL into the file and removes it).
 // Calling it again is a no-op.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
 		s.stopMerger()
-		if s.ck != nil {
-			errs = append(errs, s.ck.close())
-		}
 		if s.r != nil {
 			errs = append(errs, s.r.Close())
 		}
@@ -457,13 +432,6 @@ func (s *Store) Close() error {
 			}
 		}
 		if s.w != nil {
-			if s.ck != nil {
-				// Busy (another process reading) is not an error: the last
-				// connection to close checkpoints what is left.
-				if _, err := s.w.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); err != nil && !isBusy(err) {
-					errs = append(errs, fmt.Errorf("final checkpoint: %w", err))
-				}
-			}
 			errs = append(errs, s.w.Close())
 		}
 		if err := errors.Join(errs...); err != nil {

@@ -372,10 +372,10 @@ func writeFleet(b *testing.B, s kettle.Store) {
 		rows += len(batch)
 	}
 	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
-	// CPU time (user + system, every thread of the process: SQLite, the
-	// kernel's share of the WAL writes, the checkpointer) is what ingest
-	// competes for with the HTTP side on a small machine; unlike rows/s it
-	// hardly moves when other work shares the machine.
+	// CPU time (user + system, every thread of the process: SQLite and the
+	// kernel's share of the WAL writes) is what ingest competes for with the
+	// HTTP side on a small machine; unlike rows/s it hardly moves when other
+	// work shares the machine.
 	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(rows), "cpu-ns/row")
 	if m, ok := s.(interface {
 		MergeStats() (int64, uint64, uint64, float64)

@@ -246,7 +246,6 @@ func (s *Store) mergeBucket(ctx context.Context, b int) error {
 		}
 		return nil
 	})
-	ndev := len(sc.devs)
 	sc.reset()
 	if err != nil {
 		s.cache.valid = false
@@ -261,11 +260,6 @@ func (s *Store) mergeBucket(ctx context.Context, b int) error {
 	clear(s.stage.devs[b])
 	s.stage.merges.Add(1)
 	s.stage.mergeNanos.Add(int64(time.Since(start)))
-	if s.ck != nil {
-		// One measurements page or two per device, the new rows' share of
-		// pages, the devices pages, and the bucket's staged pages.
-		s.ck.wrote(int64(ndev)*2 + rows/20)
-	}
 	return nil
 }
 

@@ -118,23 +118,11 @@ func (s *Store) write(ctx context.Context, batch []kettle.Measurement, recv int6
 		sc.reset()
 		return nil, fmt.Errorf("sqlite write batch of %d: %w", len(batch), err)
 	}
-	added := 0
 	for i := range sc.devs {
 		s.cache.devs[sc.devs[i].id] = sc.devs[i].st
 		if !direct {
 			s.stage.add(sc.devs[i].id, int(sc.devs[i].n))
 		}
-		added += int(sc.devs[i].n)
-	}
-	if s.ck != nil {
-		// Dirty pages ≈ the new rows' pages (≈ 100 bytes a row), the
-		// devices pages of a direct write, a few interior, rollup,
-		// last_seen and totals pages.
-		n := int64(added)/40 + 8
-		if direct {
-			n += int64(len(sc.devs))
-		}
-		s.ck.wrote(n)
 	}
 	sc.reset()
 	s.stage.poke()
