@@ -76,3 +76,22 @@ func retentionVar(fs *flag.FlagSet, d *time.Duration, usage string) {
 		return err
 	})
 }
+
+// pgBackupHint is what kettle backup and kettle restore say of a
+// PostgreSQL --db: PostgreSQL has its own tools for both.
+const pgBackupHint = "PostgreSQL has its own: pg_dump --format=custom --file=kettle.dump DSN and pg_restore (a logical copy), " +
+	"or pg_basebackup with WAL archiving for point-in-time recovery; see the README's Backups"
+
+// sqliteFile returns the path of a sqlite:PATH --db, or says why there is
+// none (what is for the message: "kettle backup copies").
+// The DSN of a PostgreSQL --db is not repeated: it may hold a password.
+func sqliteFile(dsn, what string) (string, error) {
+	switch {
+	case strings.HasPrefix(dsn, "sqlite:") && len(dsn) > len("sqlite:"):
+		return strings.TrimPrefix(dsn, "sqlite:"), nil
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"),
+		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname="):
+		return "", fmt.Errorf("--db is PostgreSQL: %s only the embedded SQLite store; %s", what, pgBackupHint)
+	}
+	return "", fmt.Errorf("--db %q: want sqlite:PATH", dsn)
+}

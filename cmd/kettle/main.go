@@ -1,5 +1,6 @@
 // Command kettle is kettlefleet's one binary: the backend (serve) and the lab
-// that proves it (swarm, seed, report, capacity, demo) and its upkeep (expire).
+// that proves it (swarm, seed, report, capacity, demo) and its upkeep (expire,
+// backup, restore).
 package main
 
 import (
@@ -25,7 +26,7 @@ func register(name, summary string, run func(ctx context.Context, args []string)
 	subcommands[name] = subcommand{summary, run}
 }
 
-var order = []string{"serve", "token", "seed", "expire", "swarm", "report", "capacity", "demo"}
+var order = []string{"serve", "token", "seed", "expire", "backup", "restore", "swarm", "report", "capacity", "demo"}
 
 func usage() {
 	fmt.Fprintf(os.Stderr, "kettle — the kettlefleet backend and the lab that proves it\n\nUsage: kettle COMMAND [flags]\n\nCommands:\n")

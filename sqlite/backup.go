@@ -1,0 +1,291 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// FileInfo is what a kettle database file holds, as Inspect read it.
+type FileInfo struct {
+	Schema       int   // PRAGMA user_version: migrations applied
+	Bytes        int64 // page_size × page_count
+	Measurements int64 // statistic 1
+	Devices      int64 // registered kettles
+	Checked      bool  // PRAGMA quick_check ran and said ok
+}
+
+// Backup writes a consistent copy of the kettle database at path to out, a
+// file that must not exist yet, while other processes (a running kettle
+// serve) go on writing to path.
+//
+// The copy is SQLite's VACUUM INTO from a read-only connection: one read
+// transaction, so the copy is the database as of one commit, with every
+// reading acknowledged before Backup started; in WAL mode it blocks no
+// writer (the WAL grows while it runs: SQLite's automatic checkpoints are
+// PASSIVE and copy no further than the oldest reader's snapshot). The copy
+// is compacted and in rollback-journal mode (one self-contained file), is
+// checked with Inspect (quick_check when check is set), fsynced and only
+// then renamed to out, so a file named out is always a whole, checked
+// backup.
+func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error) {
+	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
+		return FileInfo{}, fmt.Errorf("back up %s: no database file there", path)
+	}
+	if _, err := os.Lstat(out); err == nil {
+		return FileInfo{}, fmt.Errorf("back up to %s: the file exists; name a new file (a backup never overwrites)", out)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
+	}
+	if dir := filepath.Dir(out); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return FileInfo{}, fmt.Errorf("back up to %s: create directory: %w", out, err)
+		}
+	}
+	tmp := out + ".partial"
+	os.Remove(tmp) // left by a backup that was interrupted
+	info, err := backupInto(ctx, path, tmp, check)
+	if err != nil {
+		os.Remove(tmp)
+		return FileInfo{}, err
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		os.Remove(tmp)
+		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
+	}
+	if err := syncDir(filepath.Dir(out)); err != nil {
+		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
+	}
+	return info, nil
+}
+
+func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, error) {
+	src, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer src.Close()
+	src.SetMaxOpenConns(1)
+	if _, err := schemaOf(ctx, src, path); err != nil {
+		return FileInfo{}, err
+	}
+	if _, err := src.ExecContext(ctx, "VACUUM INTO ?", tmp); err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	info, err := Inspect(ctx, tmp, check)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: the copy failed its check: %w", path, err)
+	}
+	f, err := os.Open(tmp)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: sync the copy: %w", path, err)
+	}
+	return info, nil
+}
+
+// Inspect opens the kettle database file at path read-only and checks
+// that it is one this binary can open and that its counts agree: statistic
+// 1 equals the kettles' counts plus the staged readings, and the devices
+// count the kettles' rows. With quick set it also runs PRAGMA quick_check
+// (every page of the file is read: ~1 s a GB here).
+func Inspect(ctx context.Context, path string, quick bool) (FileInfo, error) {
+	if _, err := os.Stat(path); err != nil {
+		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
+	}
+	db, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
+	}
+	defer conn.Close()
+	// One read transaction: every count below is of the same commit.
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	var info FileInfo
+	if info.Schema, err = schemaOf(ctx, conn, path); err != nil {
+		return FileInfo{}, err
+	}
+	var pageSize, pages, devRows, devSum, staged int64
+	q := func(query string, dst ...any) {
+		if err == nil {
+			if err = conn.QueryRowContext(ctx, query).Scan(dst...); err != nil {
+				err = fmt.Errorf("%s: %w", query, err)
+			}
+		}
+	}
+	q("PRAGMA page_size", &pageSize)
+	q("PRAGMA page_count", &pages)
+	q("SELECT measurement_count, device_count FROM totals WHERE id = 0", &info.Measurements, &info.Devices)
+	q("SELECT count(*), coalesce(sum(measurements), 0) FROM devices", &devRows, &devSum)
+	if info.Schema >= 3 { // 0003_staging.sql
+		q("SELECT count(*) FROM staged", &staged)
+	}
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
+	}
+	info.Bytes = pageSize * pages
+	if devSum+staged != info.Measurements || devRows != info.Devices {
+		return FileInfo{}, fmt.Errorf("inspect %s: totals say %d readings of %d kettles; the kettles' rows say %d + %d staged readings of %d kettles",
+			path, info.Measurements, info.Devices, devSum, staged, devRows)
+	}
+	if quick {
+		rows, err := conn.QueryContext(ctx, "PRAGMA quick_check")
+		if err != nil {
+			return FileInfo{}, fmt.Errorf("inspect %s: quick_check: %w", path, err)
+		}
+		var problems []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				rows.Close()
+				return FileInfo{}, fmt.Errorf("inspect %s: quick_check: %w", path, err)
+			}
+			if line != "ok" && len(problems) < 5 {
+				problems = append(problems, line)
+			}
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return FileInfo{}, fmt.Errorf("inspect %s: quick_check: %w", path, err)
+		}
+		if len(problems) > 0 {
+			return FileInfo{}, fmt.Errorf("inspect %s: quick_check: %s", path, strings.Join(problems, "; "))
+		}
+		info.Checked = true
+	}
+	return info, nil
+}
+
+// querier is what schemaOf needs of a *sql.DB or *sql.Conn.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// schemaOf reads the schema version and refuses a file that is not a
+// kettle database or is newer than this binary.
+func schemaOf(ctx context.Context, db querier, path string) (int, error) {
+	var v int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	switch {
+	case v == 0:
+		return 0, fmt.Errorf("%s: not a kettle database (schema version 0)", path)
+	case v > len(names):
+		return 0, fmt.Errorf("%s: schema version %d is newer than this binary knows (%d); use a newer kettle", path, v, len(names))
+	}
+	return v, nil
+}
+
+// Restore replaces the database at path (created if missing) with the
+// content of the backup at from, after Inspect has checked the backup
+// (quick_check included). It refuses while any other process has path
+// open — a kettle serve on it would go on answering from its caches — by
+// taking SQLite's exclusive lock without waiting; it holds that lock until
+// the content is copied in (SQLite's online backup API, through the pager,
+// so a stale WAL beside path cannot be replayed over it) and the WAL is
+// folded back into the file.
+func Restore(ctx context.Context, from, path string) (FileInfo, error) {
+	info, err := Inspect(ctx, from, true)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("restore from %s: %w", from, err)
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return FileInfo{}, fmt.Errorf("restore to %s: create directory: %w", path, err)
+		}
+	}
+	dst, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?_locking_mode=EXCLUSIVE&_busy_timeout=0&_synchronous=FULL")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer dst.Close()
+	dst.SetMaxOpenConns(1)
+	lockErr := func(err error) error {
+		if isBusy(err) {
+			return fmt.Errorf("restore to %s: the file is open in another process (a running kettle serve or kettle expire?); stop it first", path)
+		}
+		return fmt.Errorf("restore to %s: %w", path, err)
+	}
+	dc, err := dst.Conn(ctx)
+	if err != nil {
+		return FileInfo{}, lockErr(err)
+	}
+	defer dc.Close()
+	if _, err := dc.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		return FileInfo{}, lockErr(err)
+	}
+	// Exclusive locking mode keeps the lock after the commit, until the
+	// connection closes.
+	if _, err := dc.ExecContext(ctx, "COMMIT"); err != nil {
+		return FileInfo{}, fmt.Errorf("restore to %s: %w", path, err)
+	}
+	src, err := sql.Open("sqlite3", "file:"+escapePath(from)+"?mode=ro")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer src.Close()
+	sc, err := src.Conn(ctx)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("restore from %s: %w", from, err)
+	}
+	defer sc.Close()
+	err = dc.Raw(func(d any) error {
+		return sc.Raw(func(s any) error {
+			bk, err := d.(*sqlite3.SQLiteConn).Backup("main", s.(*sqlite3.SQLiteConn), "main")
+			if err != nil {
+				return err
+			}
+			for {
+				done, err := bk.Step(-1)
+				if err != nil || done {
+					return errors.Join(err, bk.Finish())
+				}
+				// Busy or locked: nobody else can hold path; the backup
+				// file is read-only here. Try again shortly.
+				select {
+				case <-ctx.Done():
+					return errors.Join(ctx.Err(), bk.Finish())
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		})
+	})
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("restore %s from %s: %w", path, from, err)
+	}
+	var busy, log, done int
+	if err := dc.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &log, &done); err != nil {
+		return FileInfo{}, fmt.Errorf("restore to %s: checkpoint: %w", path, err)
+	}
+	return info, nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
