@@ -27,15 +27,15 @@ type FileInfo struct {
 // file that must not exist yet, while other processes (a running kettle
 // serve) go on writing to path.
 //
-// The copy is SQLite's VACUUM INTO from a read-only connection: one read
-// transaction, so the copy is the database as of one commit, with every
-// reading acknowledged before Backup started; in WAL mode it blocks no
-// writer (the WAL grows while it runs: SQLite's automatic checkpoints are
-// PASSIVE and copy no further than the oldest reader's snapshot). The copy
-// is compacted and in rollback-journal mode (one self-contained file), is
-// checked with Inspect (quick_check when check is set), fsynced and only
-// then renamed to out, so a file named out is always a whole, checked
-// backup.
+// The copy is SQLite's online backup API run from a read-only connection
+// inside one read transaction, so the copy is the database as of one
+// commit, with every reading acknowledged before Backup started; in WAL
+// mode it blocks no writer (the WAL grows while it runs: SQLite's automatic
+// checkpoints are PASSIVE and copy no further than the oldest reader's
+// snapshot). The copy is made durable step by step, switched to a rollback
+// journal (one self-contained file), checked with Inspect (quick_check
+// when check is set) and only then renamed to out, so a file named out is
+// always a whole, checked backup.
 func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error) {
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
 		return FileInfo{}, fmt.Errorf("back up %s: no database file there", path)
@@ -73,27 +73,112 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 		return FileInfo{}, err
 	}
 	defer src.Close()
-	src.SetMaxOpenConns(1)
-	if _, err := schemaOf(ctx, src, path); err != nil {
+	sc, err := src.Conn(ctx)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	defer sc.Close()
+	if _, err := schemaOf(ctx, sc, path); err != nil {
 		return FileInfo{}, err
 	}
-	if _, err := src.ExecContext(ctx, "VACUUM INTO ?", tmp); err != nil {
+	// One read transaction for the whole copy: the backup's steps run in
+	// it (sqlite3_backup_step opens one of its own only when the source
+	// connection has none), so every page comes from the same commit and
+	// other processes' commits do not restart the copy.
+	if _, err := sc.ExecContext(ctx, "BEGIN"); err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	defer sc.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	var n int64
+	if err := sc.QueryRowContext(ctx, "SELECT measurement_count FROM totals WHERE id = 0").Scan(&n); err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	// The copy is written with synchronous=OFF and made durable step by
+	// step (syncStep), not by SQLite's one fsync at the end.
+	dst, err := sql.Open("sqlite3", "file:"+escapePath(tmp)+"?_synchronous=OFF")
+	if err != nil {
+		return FileInfo{}, err
+	}
+	defer dst.Close()
+	dc, err := dst.Conn(ctx)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up to %s: %w", tmp, err)
+	}
+	defer dc.Close()
+	var f *os.File // the copy, for the fsyncs
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	syncStep := func() error {
+		if f == nil {
+			var err error
+			if f, err = os.OpenFile(tmp, os.O_RDWR, 0); err != nil {
+				return err
+			}
+		}
+		return f.Sync()
+	}
+	err = dc.Raw(func(d any) error {
+		return sc.Raw(func(s any) error {
+			bk, err := d.(*sqlite3.SQLiteConn).Backup("main", s.(*sqlite3.SQLiteConn), "main")
+			if err != nil {
+				return err
+			}
+			left := -1
+			for {
+				done, err := bk.Step(backupStepPages)
+				if err == nil {
+					err = syncStep()
+				}
+				if err != nil || done {
+					return errors.Join(err, bk.Finish())
+				}
+				if r := bk.Remaining(); r == left { // busy: nothing copied
+					select {
+					case <-ctx.Done():
+						return errors.Join(ctx.Err(), bk.Finish())
+					case <-time.After(10 * time.Millisecond):
+					}
+				} else {
+					left = r
+				}
+				if err := ctx.Err(); err != nil {
+					return errors.Join(err, bk.Finish())
+				}
+			}
+		})
+	})
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	// The copy has the source's header, WAL flag included; a reader of a
+	// WAL file creates -wal and -shm files beside it. A backup is one file.
+	var mode string
+	if err := dc.QueryRowContext(ctx, "PRAGMA journal_mode = DELETE").Scan(&mode); err != nil || !strings.EqualFold(mode, "delete") {
+		return FileInfo{}, fmt.Errorf("back up to %s: set the rollback journal: %q, %v", tmp, mode, err)
+	}
+	if err := syncStep(); err != nil {
+		return FileInfo{}, fmt.Errorf("back up to %s: %w", tmp, err)
 	}
 	info, err := Inspect(ctx, tmp, check)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: the copy failed its check: %w", path, err)
 	}
-	f, err := os.Open(tmp)
-	if err == nil {
-		err = f.Sync()
-		f.Close()
-	}
-	if err != nil {
-		return FileInfo{}, fmt.Errorf("back up %s: sync the copy: %w", path, err)
+	if info.Measurements != n {
+		return FileInfo{}, fmt.Errorf("back up %s: the copy holds %d readings, the source said %d", path, info.Measurements, n)
 	}
 	return info, nil
 }
+
+// backupStepPages is how many pages a backup copies, then fsyncs, at a
+// time (8 MiB of 4 KiB pages). One fsync of a file with hundreds of MB not
+// yet on the disk holds up every other fsync on the machine until it is
+// done (the disk's write cache is flushed for all at once): measured, a
+// running kettle serve's upload p99 was 0.79–1.14 s in the 5 s around a
+// backup of 545 MB synced at its end, 8–11 ms otherwise.
+var backupStepPages = 2048 // a variable for the tests
 
 // Inspect opens the kettle database file at path read-only and checks
 // that it is one this binary can open and that its counts agree: statistic

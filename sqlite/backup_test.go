@@ -16,7 +16,8 @@ import (
 )
 
 // TestBackupIsASnapshot: a backup taken while a writer commits batch after
-// batch (and the merger moves staged rows) holds exactly the batches
+// batch (and the merger moves staged rows) between the copy's steps holds
+// exactly the batches
 // committed up to one point — every batch acknowledged before Backup
 // started, a prefix of the others, nothing torn — and is one checked file.
 // Restored into a new file and over the source (refused while the source
@@ -26,6 +27,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 	dir := t.TempDir()
 	src, out := filepath.Join(dir, "kettle.db"), filepath.Join(dir, "backups", "b.db")
 	s := open(t, src, sqlite.WithMerge(150, time.Hour))
+	sqlite.SetBackupStepPages(t, 2) // many steps, commits between them
 	devs := make([]kettle.DeviceID, 40)
 	for i := range devs {
 		devs[i] = kettle.DeviceID{byte(i * 6), byte(i), 1}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"testing"
 	"time"
 )
 
@@ -12,4 +13,12 @@ import (
 // It returns the readings removed and the transactions run.
 func (s *Store) ExpireShare(ctx context.Context, before time.Time, share float64, budget int64) (int64, int, error) {
 	return s.expire(ctx, before.UnixMicro(), share, budget)
+}
+
+// SetBackupStepPages sets how many pages a backup copies a step, until the
+// test ends.
+func SetBackupStepPages(t testing.TB, n int) {
+	old := backupStepPages
+	backupStepPages = n
+	t.Cleanup(func() { backupStepPages = old })
 }
