@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# kettle backup of the embedded store while kettle serve runs on it under a
+# simulated fleet: how long the backup takes and what it does to the
+# uploads' latency. Seeds DEVICES kettles × DAYS of history at INTERVAL
+# into a fresh SQLite file, starts kettle serve on it, runs kettle swarm
+# (SWARM kettles every 2 s for DURATION) and, AT seconds in, kettle backup
+# (the build of the tree, or KETTLE_BIN); with BACKUP_A=<kettle binary>
+# also that binary's backup first, AT_A seconds in, for an A/B in one run.
+# Prints the backups' lines, the swarm's 5 s windows (the backup's windows
+# marked) and its summary and audit.
+#
+#   bench/backup.sh
+#   BACKUP_A=/tmp/kettle-old AT_A=20 AT=50 DURATION=90s bench/backup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICES=${DEVICES:-2000} DAYS=${DAYS:-33} INTERVAL=${INTERVAL:-15m}
+SWARM=${SWARM:-1000} DURATION=${DURATION:-60s} AT=${AT:-20} AT_A=${AT_A:-20}
+. bench/pg-cluster.sh # machine_line, build_kettle, free_port
+work=$(mktemp -d /tmp/kettle-backup-XXXXXX) kpid=
+trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+echo "rerun: DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"
+machine_line
+build_kettle "$work"
+K=$work/kettle db="sqlite:$work/kettle.db"
+"$K" seed --db "$db" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --quiet | tail -1
+port=$(free_port)
+"$K" serve --addr 127.0.0.1:$port --db "$db" --data-dir "$work/data" --log-level warn 2>"$work/serve.log" &
+kpid=$!
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+"$K" swarm --target "http://127.0.0.1:$port" --data-dir "$work/data" --devices "$SWARM" --interval 2s --duration "$DURATION" \
+	--out "$work/swarm" --report=false --server-pid "$kpid" >"$work/swarm.out" 2>&1 &
+spid=$!
+t0=$(date +%s)
+backup() { # NAME BIN AT
+	sleep $(($3 - ($(date +%s) - t0)))
+	local s=$(($(date +%s) - t0))
+	echo "backup $1 at ${s}s: $("$2" backup --db "$db" --out "$work/backup-$1.db")"
+	echo "$1 $s $(($(date +%s) - t0))" >>"$work/marks"
+}
+[ -n "${BACKUP_A:-}" ] && backup A "$BACKUP_A" "$AT_A"
+backup B "$K" "$AT"
+wait $spid || true
+# the swarm's progress lines, a window marked with the backup(s) it overlaps
+while read -r line; do
+	w=$(sed -n 's/^\[ *\([0-9]*\)s\].*/\1/p' <<<"$line")
+	mark=
+	[ -n "$w" ] && while read -r name from to; do ((w > from && w - 5 <= to)) && mark="$mark <- backup $name"; done <"$work/marks"
+	echo "$line$mark"
+done < <(grep -E '^\[' "$work/swarm.out" | sed -E 's/ \| command.*//')
+grep -E 'measurement  |command  |audit:' "$work/swarm.out"
+ls -l "$work"/backup-*.db | awk '{print $5, $NF}'
