@@ -375,7 +375,8 @@ type check struct {
 // TestAgainstPrometheus starts an instrumented kettle serve (SQLite, in this
 // process), a metrics endpoint for the client side (metrics.Swarm) fed by a
 // real HTTP client driving a burst of every kind of request, a real
-// node_exporter and a real Prometheus running the shipped prometheus.yml
+// node_exporter (its textfile collector reading a kettle backup
+// --metrics-file) and a real Prometheus running the shipped prometheus.yml
 // (scrape and evaluation at 1 s, targets rewritten to this test's ports) and
 // alerts.yml. Then it evaluates every PromQL expression of the dashboard
 // (panels and variables, template variables substituted) and of the alert
@@ -420,8 +421,15 @@ func TestAgainstPrometheus(t *testing.T) {
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
+	// kettle backup --metrics-file's gauges, through the textfile collector.
+	textDir := t.TempDir()
+	err = metrics.WriteBackupFile(filepath.Join(textDir, "kettle_backup.prom"),
+		metrics.Backup{At: time.Now(), Took: 6 * time.Second, Bytes: 600 << 20, Measurements: 6_000_000})
+	if err != nil {
+		t.Fatal(err)
+	}
 	nodeAddr := freePort(t)
-	nodeOut := start(t, nodeBin, "--web.listen-address="+nodeAddr)
+	nodeOut := start(t, nodeBin, "--web.listen-address="+nodeAddr, "--collector.textfile.directory="+textDir)
 
 	// The shipped configuration, pointed at this test's ports.
 	dir := t.TempDir()

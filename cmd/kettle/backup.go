@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
@@ -21,7 +22,9 @@ reading acknowledged before the backup started is in it), compacted, checked
 (the counts agree; PRAGMA quick_check reads every page, --check=false skips
 it) and only then given its name. Uploads go on meanwhile: the copy is one
 read transaction, which blocks no writer (the WAL grows while it runs).
-Restore it with kettle restore. For PostgreSQL use its own tools (pg_dump,
+Restore it with kettle restore. With --metrics-file, a successful backup
+leaves its time, duration, size and count for node_exporter's textfile
+collector (alert: KettleBackupStale). For PostgreSQL use its own tools (pg_dump,
 pg_basebackup): see the README's Backups.`
 
 func runBackup(ctx context.Context, args []string) error {
@@ -29,6 +32,7 @@ func runBackup(ctx context.Context, args []string) error {
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "the store to copy: sqlite:PATH")
 	out := fs.String("out", "", "the backup file, which must not exist (default: backups/kettle-YYYYMMDDTHHMMSSZ.db beside the store)")
 	check := fs.Bool("check", true, "run PRAGMA quick_check on the copy (reads it whole)")
+	metricsFile := fs.String("metrics-file", "", "after a successful backup, write kettle_backup_* gauges to this file for node_exporter's textfile collector, e.g. /var/lib/prometheus/node-exporter/kettle_backup.prom (the KettleBackupStale alert watches them)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -44,11 +48,18 @@ func runBackup(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	took := time.Since(start)
+	if *metricsFile != "" {
+		err := metrics.WriteBackupFile(*metricsFile, metrics.Backup{At: time.Now(), Took: took, Bytes: info.Bytes, Measurements: info.Measurements})
+		if err != nil {
+			return fmt.Errorf("backed up to %s, but --metrics-file: %w", *out, err)
+		}
+	}
 	checked := "counts agree"
 	if info.Checked {
 		checked += ", quick_check ok"
 	}
 	fmt.Fprintf(os.Stdout, "backed up %s to %s in %s: %d readings of %d kettles, %.1f MB (%s)\n",
-		path, *out, time.Since(start).Round(time.Millisecond), info.Measurements, info.Devices, float64(info.Bytes)/1e6, checked)
+		path, *out, took.Round(time.Millisecond), info.Measurements, info.Devices, float64(info.Bytes)/1e6, checked)
 	return nil
 }

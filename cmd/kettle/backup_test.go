@@ -50,7 +50,9 @@ func TestBackupAndRestore(t *testing.T) {
 	stop = make(chan struct{})
 	go func() { res <- load(p, devs, start.Add(30*time.Minute), stop) }()
 	time.Sleep(200 * time.Millisecond)
-	out, err := exec.Command(kettleBin, "backup", "--db", db).CombinedOutput()
+	prom := filepath.Join(dir, "kettle_backup.prom")
+	began := time.Now()
+	out, err := exec.Command(kettleBin, "backup", "--db", db, "--metrics-file", prom).CombinedOutput()
 	time.Sleep(200 * time.Millisecond)
 	close(stop)
 	during := <-res
@@ -68,6 +70,20 @@ func TestBackupAndRestore(t *testing.T) {
 			file, m[2], m[3], dir, len(before), len(before)+len(during))
 	}
 	t.Logf("acknowledged: %d before the backup, %d around it; the backup holds %d", len(before), len(during), n)
+	// --metrics-file: the backup's gauges, for node_exporter.
+	gauges := map[string]float64{}
+	text, err := os.ReadFile(prom)
+	for _, line := range strings.Split(string(text), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(line, "#") {
+			gauges[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	st, serr := os.Stat(file)
+	at := gauges["kettle_backup_last_success_timestamp_seconds"]
+	if err != nil || serr != nil || gauges["kettle_backup_last_measurements"] != float64(n) || gauges["kettle_backup_last_size_bytes"] != float64(st.Size()) ||
+		at < float64(began.Unix()) || at > float64(time.Now().Unix()+1) || gauges["kettle_backup_last_duration_seconds"] <= 0 {
+		t.Errorf("--metrics-file %s (%v): %v; want the backup's time, duration, %d readings and its file's size", prom, err, gauges, n)
+	}
 
 	refused := func(want string, args ...string) {
 		t.Helper()
