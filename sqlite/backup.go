@@ -68,16 +68,11 @@ func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error)
 }
 
 func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, error) {
-	src, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		return FileInfo{}, err
-	}
-	defer src.Close()
-	sc, err := src.Conn(ctx)
+	sc, closeSrc, err := open1(ctx, path, "mode=ro&_busy_timeout=5000")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
 	}
-	defer sc.Close()
+	defer closeSrc()
 	if _, err := schemaOf(ctx, sc, path); err != nil {
 		return FileInfo{}, err
 	}
@@ -95,16 +90,11 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 	}
 	// The copy is written with synchronous=OFF and made durable step by
 	// step (syncStep), not by SQLite's one fsync at the end.
-	dst, err := sql.Open("sqlite3", "file:"+escapePath(tmp)+"?_synchronous=OFF")
-	if err != nil {
-		return FileInfo{}, err
-	}
-	defer dst.Close()
-	dc, err := dst.Conn(ctx)
+	dc, closeDst, err := open1(ctx, tmp, "_synchronous=OFF")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up to %s: %w", tmp, err)
 	}
-	defer dc.Close()
+	defer closeDst()
 	var f *os.File // the copy, for the fsyncs
 	defer func() {
 		if f != nil {
@@ -189,17 +179,11 @@ func Inspect(ctx context.Context, path string, quick bool) (FileInfo, error) {
 	if _, err := os.Stat(path); err != nil {
 		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
 	}
-	db, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		return FileInfo{}, err
-	}
-	defer db.Close()
-	db.SetMaxOpenConns(1)
-	conn, err := db.Conn(ctx)
+	conn, closeConn, err := open1(ctx, path, "mode=ro&_busy_timeout=5000")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
 	}
-	defer conn.Close()
+	defer closeConn()
 	// One read transaction: every count below is of the same commit.
 	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
 		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)
@@ -299,23 +283,17 @@ func Restore(ctx context.Context, from, path string) (FileInfo, error) {
 			return FileInfo{}, fmt.Errorf("restore to %s: create directory: %w", path, err)
 		}
 	}
-	dst, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?_locking_mode=EXCLUSIVE&_busy_timeout=0&_synchronous=FULL")
-	if err != nil {
-		return FileInfo{}, err
-	}
-	defer dst.Close()
-	dst.SetMaxOpenConns(1)
 	lockErr := func(err error) error {
 		if isBusy(err) {
 			return fmt.Errorf("restore to %s: the file is open in another process (a running kettle serve or kettle expire?); stop it first", path)
 		}
 		return fmt.Errorf("restore to %s: %w", path, err)
 	}
-	dc, err := dst.Conn(ctx)
+	dc, closeDst, err := open1(ctx, path, "_locking_mode=EXCLUSIVE&_busy_timeout=0&_synchronous=FULL")
 	if err != nil {
 		return FileInfo{}, lockErr(err)
 	}
-	defer dc.Close()
+	defer closeDst()
 	if _, err := dc.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
 		return FileInfo{}, lockErr(err)
 	}
@@ -324,16 +302,11 @@ func Restore(ctx context.Context, from, path string) (FileInfo, error) {
 	if _, err := dc.ExecContext(ctx, "COMMIT"); err != nil {
 		return FileInfo{}, fmt.Errorf("restore to %s: %w", path, err)
 	}
-	src, err := sql.Open("sqlite3", "file:"+escapePath(from)+"?mode=ro")
-	if err != nil {
-		return FileInfo{}, err
-	}
-	defer src.Close()
-	sc, err := src.Conn(ctx)
+	sc, closeSrc, err := open1(ctx, from, "mode=ro")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("restore from %s: %w", from, err)
 	}
-	defer sc.Close()
+	defer closeSrc()
 	err = dc.Raw(func(d any) error {
 		return sc.Raw(func(s any) error {
 			bk, err := d.(*sqlite3.SQLiteConn).Backup("main", s.(*sqlite3.SQLiteConn), "main")
@@ -363,6 +336,20 @@ func Restore(ctx context.Context, from, path string) (FileInfo, error) {
 		return FileInfo{}, fmt.Errorf("restore to %s: checkpoint: %w", path, err)
 	}
 	return info, nil
+}
+
+// open1 opens one connection to the SQLite file at path with the URI
+// parameters params (the driver's and SQLite's); close releases it.
+func open1(ctx context.Context, path, params string) (c *sql.Conn, close func(), err error) {
+	db, err := sql.Open("sqlite3", "file:"+escapePath(path)+"?"+params)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c, err = db.Conn(ctx); err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return c, func() { c.Close(); db.Close() }, nil
 }
 
 // syncDir makes a rename in dir durable.

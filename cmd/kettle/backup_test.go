@@ -29,16 +29,7 @@ func TestBackupAndRestore(t *testing.T) {
 	db := "sqlite:" + dbPath
 	p := serve(t, dir, db)
 	op := operatorToken(dir)
-	var devs []string
-	for range 6 {
-		_, b, err := req("POST", p.url+"/login", nil, `{"username":"k"}`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var u struct{ Username string }
-		json.Unmarshal(b, &u)
-		devs = append(devs, u.Username)
-	}
+	devs := logins(t, p, 6)
 	start := time.Now().Add(-time.Hour)
 	stop := make(chan struct{})
 	res := make(chan []reading)
@@ -137,16 +128,7 @@ func TestPgDumpRestore(t *testing.T) {
 	dir := t.TempDir()
 	p := serve(t, dir, src)
 	op := operatorToken(dir)
-	var devs []string
-	for range 4 {
-		_, b, err := req("POST", p.url+"/login", nil, `{"username":"k"}`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var u struct{ Username string }
-		json.Unmarshal(b, &u)
-		devs = append(devs, u.Username)
-	}
+	devs := logins(t, p, 4)
 	stop := make(chan struct{})
 	res := make(chan []reading)
 	go func() { res <- load(p, devs, time.Now().Add(-40*24*time.Hour), stop) }() // last month's partition too

@@ -160,6 +160,25 @@ func load(p *proc, devs []string, start time.Time, stop <-chan struct{}) []readi
 	return acked
 }
 
+// logins signs n case-study kettles in (POST /login) and returns their
+// cookies.
+func logins(t *testing.T, p *proc, n int) []string {
+	t.Helper()
+	var devs []string
+	for range n {
+		st, b, err := req("POST", p.url+"/login", nil, `{"username":"k"}`)
+		var u struct{ Username string }
+		if err == nil {
+			err = json.Unmarshal(b, &u)
+		}
+		if err != nil || st != 200 || u.Username == "" {
+			t.Fatalf("POST /login: %d %v %s", st, err, b)
+		}
+		devs = append(devs, u.Username)
+	}
+	return devs
+}
+
 func stats(t *testing.T, p *proc, op string) map[string]any {
 	var s map[string]any
 	mustJSON(t, p.url+"/v1/statistics", map[string]string{"Authorization": "Bearer " + op}, &s)
@@ -224,16 +243,7 @@ func TestKill9LosesNothing(t *testing.T) {
 		dir := t.TempDir()
 		p := serve(t, dir, db)
 		op := operatorToken(dir)
-		var devs []string
-		for i := 0; i < 8; i++ {
-			_, b, err := req("POST", p.url+"/login", nil, `{"username":"k"}`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var u struct{ Username string }
-			json.Unmarshal(b, &u)
-			devs = append(devs, u.Username)
-		}
+		devs := logins(t, p, 8)
 		stop := make(chan struct{})
 		res := make(chan []reading)
 		go func() { res <- load(p, devs, time.Now().Add(-time.Hour), stop) }()
@@ -277,13 +287,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	db := "sqlite:" + dir + "/kettle.db"
 	p := serve(t, dir, db)
 	op := operatorToken(dir)
-	var devs []string
-	for i := 0; i < 8; i++ {
-		_, b, _ := req("POST", p.url+"/login", nil, `{"username":"k"}`)
-		var u struct{ Username string }
-		json.Unmarshal(b, &u)
-		devs = append(devs, u.Username)
-	}
+	devs := logins(t, p, 8)
 	stop := make(chan struct{})
 	res := make(chan []reading)
 	go func() { res <- load(p, devs, time.Now().Add(-time.Hour), stop) }()
