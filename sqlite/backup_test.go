@@ -20,8 +20,9 @@ import (
 // exactly the batches
 // committed up to one point — every batch acknowledged before Backup
 // started, a prefix of the others, nothing torn — and is one checked file.
-// Restored into a new file and over the source (refused while the source
-// is open), a store opened on it answers as the source did at that commit.
+// Restored into a new file, over a crash image whose -wal holds newer
+// commits, and over the source (refused while the source is open), a
+// store opened on it answers as the source did at that commit.
 func TestBackupIsASnapshot(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -136,6 +137,27 @@ func TestBackupIsASnapshot(t *testing.T) {
 			}
 		}
 	}
+	// A crash image of the source: its file and a -wal holding commits
+	// newer than the backup (the writer went on after it).
+	crash := filepath.Join(dir, "crash", "kettle.db")
+	os.MkdirAll(filepath.Dir(crash), 0o755)
+	for _, suffix := range []string{"", "-wal"} {
+		b, err := os.ReadFile(src + suffix)
+		if err == nil {
+			err = os.WriteFile(crash+suffix, b, 0o644)
+		}
+		if err != nil || (suffix == "-wal" && len(b) == 0) {
+			t.Fatalf("crash image %s: %d bytes, %v", crash+suffix, len(b), err)
+		}
+	}
+	if img, err := sqlite.Inspect(ctx, crash, false); err != nil || img.Measurements <= info.Measurements {
+		t.Fatalf("the crash image holds %d readings, %v; want more than the backup's %d", img.Measurements, err, info.Measurements)
+	}
+	if _, err := sqlite.Restore(ctx, out, crash); err != nil {
+		t.Fatalf("Restore over a crash image: %v", err)
+	}
+	verify("restored over a crash image with its -wal", crash)
+
 	fresh := filepath.Join(dir, "restored", "kettle.db")
 	if _, err := sqlite.Restore(ctx, out, fresh); err != nil {
 		t.Fatalf("Restore into a new file: %v", err)
