@@ -166,8 +166,9 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 // time (8 MiB of 4 KiB pages). One fsync of a file with hundreds of MB not
 // yet on the disk holds up every other fsync on the machine until it is
 // done (the disk's write cache is flushed for all at once): measured, a
-// running kettle serve's upload p99 was 0.79–1.14 s in the 5 s around a
-// backup of 545 MB synced at its end, 8–11 ms otherwise.
+// running kettle serve's upload p99 was 0.79–1.22 s in the 5 s around a
+// backup of ~550 MB synced at its end, 6–15 ms otherwise; 12–42 ms with a
+// step at a time (docs/performance.md, "Backups of the embedded store").
 var backupStepPages = 2048 // a variable for the tests
 
 // Inspect opens the kettle database file at path read-only and checks

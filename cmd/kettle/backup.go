@@ -18,11 +18,12 @@ func init() {
 const backupDoc = `
 Writes a consistent copy of the embedded SQLite store to one file, safely
 while kettle serve runs on it: the copy is the store as of one commit (every
-reading acknowledged before the backup started is in it), compacted, checked
-(the counts agree; PRAGMA quick_check reads every page, --check=false skips
-it) and only then given its name. Uploads go on meanwhile: the copy is one
-read transaction, which blocks no writer (the WAL grows while it runs).
-Restore it with kettle restore. With --metrics-file, a successful backup
+reading acknowledged before the backup started is in it), written and
+fsynced 8 MiB at a time (so that the server's commits never wait behind one
+big fsync), checked (the counts agree; PRAGMA quick_check reads every page,
+~1 s a GB, --check=false skips it) and only then given its name. Uploads go
+on meanwhile: the copy is one read transaction, which blocks no writer (the
+WAL grows while it runs). Restore it with kettle restore. With --metrics-file, a successful backup
 leaves its time, duration, size and count for node_exporter's textfile
 collector (alert: KettleBackupStale). For PostgreSQL use its own tools (pg_dump,
 pg_basebackup): see the README's Backups.`
