@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# kettle backup of the embedded store while kettle serve runs on it under a
-# simulated fleet: how long the backup takes and what it does to the
-# uploads' latency. Seeds DEVICES kettles × DAYS of history at INTERVAL
-# into a fresh SQLite file, starts kettle serve on it, runs kettle swarm
+# kettle backup while kettle serve runs on the store under a simulated
+# fleet: how long the backup takes and what it does to the uploads'
+# latency. Seeds DEVICES kettles × DAYS of history at INTERVAL into a fresh
+# store (STORE=sqlite, the default, or STORE=postgres: a throwaway cluster,
+# bench/pg-cluster.sh), starts kettle serve on it, runs kettle swarm
 # (SWARM kettles every 2 s for DURATION) and, AT seconds in, kettle backup
 # (the build of the tree, or KETTLE_BIN); with BACKUP_A=<kettle binary>
 # also that binary's backup first, AT_A seconds in, for an A/B in one run.
@@ -11,17 +12,25 @@
 #
 #   bench/backup.sh
 #   BACKUP_A=/tmp/kettle-old AT_A=20 AT=50 DURATION=90s bench/backup.sh
+#   STORE=postgres bench/backup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICES=${DEVICES:-2000} DAYS=${DAYS:-33} INTERVAL=${INTERVAL:-15m}
 SWARM=${SWARM:-1000} DURATION=${DURATION:-60s} AT=${AT:-20} AT_A=${AT_A:-20}
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port
+STORE=${STORE:-sqlite}
+case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
+. bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-backup-XXXXXX) kpid=
-trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "rerun: DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"
+trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
+echo "rerun: STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"
 machine_line
 build_kettle "$work"
-K=$work/kettle db="sqlite:$work/kettle.db"
+K=$work/kettle db="sqlite:$work/kettle.db" ext=db
+if [ "$STORE" = postgres ]; then
+	pg_start
+	pg_settings
+	db=$(pg_db kettle) ext=dump
+fi
 "$K" seed --db "$db" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --quiet | tail -1
 port=$(free_port)
 "$K" serve --addr 127.0.0.1:$port --db "$db" --data-dir "$work/data" --log-level warn 2>"$work/serve.log" &
@@ -34,7 +43,7 @@ t0=$(date +%s)
 backup() { # NAME BIN AT
 	sleep $(($3 - ($(date +%s) - t0)))
 	local s=$(($(date +%s) - t0))
-	echo "backup $1 at ${s}s: $("$2" backup --db "$db" --out "$work/backup-$1.db")"
+	echo "backup $1 at ${s}s: $("$2" backup --db "$db" --out "$work/backup-$1.$ext")"
 	echo "$1 $s $(($(date +%s) - t0))" >>"$work/marks"
 }
 [ -n "${BACKUP_A:-}" ] && backup A "$BACKUP_A" "$AT_A"
@@ -48,4 +57,4 @@ while read -r line; do
 	echo "$line$mark"
 done < <(grep -E '^\[' "$work/swarm.out" | sed -E 's/ \| command.*//')
 grep -E 'measurement  |command  |audit:' "$work/swarm.out"
-ls -l "$work"/backup-*.db | awk '{print $5, $NF}'
+ls -l "$work"/backup-*."$ext" | awk '{print $5, $NF}'

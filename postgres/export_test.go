@@ -48,3 +48,6 @@ func SetExpireCounted(f func()) (restore func()) {
 	expireCounted = f
 	return func() { expireCounted = old }
 }
+
+// WithoutPassword exports withoutPassword.
+var WithoutPassword = withoutPassword

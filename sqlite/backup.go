@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/mattn/go-sqlite3"
+
+	"github.com/kettlefleet/kettlefleet/internal/durable"
 )
 
 // FileInfo is what a kettle database file holds, as Inspect read it.
@@ -61,7 +63,7 @@ func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error)
 		os.Remove(tmp)
 		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
 	}
-	if err := syncDir(filepath.Dir(out)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(out)); err != nil {
 		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
 	}
 	return info, nil
@@ -351,14 +353,4 @@ func open1(ctx context.Context, path, params string) (c *sql.Conn, close func(),
 		return nil, nil, err
 	}
 	return c, func() { c.Close(); db.Close() }, nil
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

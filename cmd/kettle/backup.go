@@ -8,59 +8,85 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/metrics"
+	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
 func init() {
-	register("backup", "copy the SQLite store to one checked file, while kettle serve runs", runBackup)
+	register("backup", "copy the store to one checked file, while kettle serve runs", runBackup)
 }
 
 const backupDoc = `
-Writes a consistent copy of the embedded SQLite store to one file, safely
-while kettle serve runs on it: the copy is the store as of one commit (every
-reading acknowledged before the backup started is in it), written and
-fsynced 8 MiB at a time (so that the server's commits never wait behind one
-big fsync), checked (the counts agree; PRAGMA quick_check reads every page,
-~1 s a GB, --check=false skips it) and only then given its name. Uploads go
-on meanwhile: the copy is one read transaction, which blocks no writer (the
-WAL grows while it runs). Restore it with kettle restore. With --metrics-file, a successful backup
-leaves its time, duration, size and count for node_exporter's textfile
-collector (alert: KettleBackupStale). For PostgreSQL use its own tools (pg_dump,
-pg_basebackup): see the README's Backups.`
+Writes a consistent copy of the store to one file while servers go on
+writing to it: the copy is the store as of one commit, so every reading
+acknowledged before the backup started is in it. The file is written and
+fsynced 8 MiB at a time (so that the servers' commits never wait behind one
+big fsync), checked, and only then given its name; an existing file is
+never overwritten. Restore it with kettle restore.
+
+SQLite: SQLite's online backup API inside one read transaction, which
+blocks no writer (the WAL grows while it runs); the copy is checked (its
+counts agree; PRAGMA quick_check reads every page, ~1 s a GB, --check=false
+skips it). PostgreSQL: pg_dump --format=custom of a snapshot the backup
+holds (so it knows the count the archive holds), checked with pg_restore
+--list; pg_dump and pg_restore come from PATH or /usr/lib/postgresql/*/bin
+and must be at least as new as the server. For point-in-time recovery use
+pg_basebackup and WAL archiving instead.
+
+With --metrics-file, a successful backup leaves its time, duration, size
+and count for node_exporter's textfile collector (alert: KettleBackupStale).`
 
 func runBackup(ctx context.Context, args []string) error {
-	fs := newFlagSet("backup", "--db sqlite:PATH [--out FILE]", backupDoc)
-	db := fs.String("db", "sqlite:kettle-data/kettle.db", "the store to copy: sqlite:PATH")
-	out := fs.String("out", "", "the backup file, which must not exist (default: backups/kettle-YYYYMMDDTHHMMSSZ.db beside the store)")
-	check := fs.Bool("check", true, "run PRAGMA quick_check on the copy (reads it whole)")
+	fs := newFlagSet("backup", "--db DSN [--out FILE]", backupDoc)
+	db := fs.String("db", "sqlite:kettle-data/kettle.db", "the store to copy: sqlite:PATH or postgres://user@host:port/db")
+	out := fs.String("out", "", "the backup file, which must not exist (default: backups/kettle-YYYYMMDDTHHMMSSZ.db beside a SQLite store; backups/kettle-YYYYMMDDTHHMMSSZ.dump in the working directory for PostgreSQL)")
+	check := fs.Bool("check", true, "SQLite: run PRAGMA quick_check on the copy (reads it whole)")
 	metricsFile := fs.String("metrics-file", "", "after a successful backup, write kettle_backup_* gauges to this file for node_exporter's textfile collector, e.g. /var/lib/prometheus/node-exporter/kettle_backup.prom (the KettleBackupStale alert watches them)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	path, err := sqliteFile(*db, "kettle backup copies")
-	if err != nil {
-		return err
-	}
 	start := time.Now()
-	if *out == "" {
-		*out = filepath.Join(filepath.Dir(path), "backups", "kettle-"+start.UTC().Format("20060102T150405Z")+".db")
-	}
-	info, err := sqlite.Backup(ctx, path, *out, *check)
-	if err != nil {
-		return err
+	stamp := "kettle-" + start.UTC().Format("20060102T150405Z")
+	var (
+		what, detail      string
+		bytes, n, kettles int64
+	)
+	if isPostgres(*db) {
+		if *out == "" {
+			*out = filepath.Join("backups", stamp+".dump")
+		}
+		info, err := postgres.Backup(ctx, *db, *out)
+		if err != nil {
+			return err
+		}
+		what, bytes, n, kettles = dbName(*db), info.Bytes, info.Measurements, info.Devices
+		detail = fmt.Sprintf("%d tables' data; pg_restore --list ok", info.Tables)
+	} else {
+		path, err := sqliteFile(*db)
+		if err != nil {
+			return err
+		}
+		if *out == "" {
+			*out = filepath.Join(filepath.Dir(path), "backups", stamp+".db")
+		}
+		info, err := sqlite.Backup(ctx, path, *out, *check)
+		if err != nil {
+			return err
+		}
+		what, bytes, n, kettles = path, info.Bytes, info.Measurements, info.Devices
+		detail = "counts agree"
+		if info.Checked {
+			detail += ", quick_check ok"
+		}
 	}
 	took := time.Since(start)
 	if *metricsFile != "" {
-		err := metrics.WriteBackupFile(*metricsFile, metrics.Backup{At: time.Now(), Took: took, Bytes: info.Bytes, Measurements: info.Measurements})
+		err := metrics.WriteBackupFile(*metricsFile, metrics.Backup{At: time.Now(), Took: took, Bytes: bytes, Measurements: n})
 		if err != nil {
 			return fmt.Errorf("backed up to %s, but --metrics-file: %w", *out, err)
 		}
 	}
-	checked := "counts agree"
-	if info.Checked {
-		checked += ", quick_check ok"
-	}
 	fmt.Fprintf(os.Stdout, "backed up %s to %s in %s: %d readings of %d kettles, %.1f MB (%s)\n",
-		path, *out, took.Round(time.Millisecond), info.Measurements, info.Devices, float64(info.Bytes)/1e6, checked)
+		what, *out, took.Round(time.Millisecond), n, kettles, float64(bytes)/1e6, detail)
 	return nil
 }

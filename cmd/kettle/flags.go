@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/kettlefleet/kettlefleet"
 )
 
@@ -77,21 +79,26 @@ func retentionVar(fs *flag.FlagSet, d *time.Duration, usage string) {
 	})
 }
 
-// pgBackupHint is what kettle backup and kettle restore say of a
-// PostgreSQL --db: PostgreSQL has its own tools for both.
-const pgBackupHint = "PostgreSQL has its own: pg_dump --format=custom --file=kettle.dump DSN and pg_restore (a logical copy), " +
-	"or pg_basebackup with WAL archiving for point-in-time recovery; see the README's Backups"
+// isPostgres reports whether --db names a PostgreSQL database (a URL, or
+// libpq's keyword/value form); otherwise it must be sqlite:PATH.
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") ||
+		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname=")
+}
 
-// sqliteFile returns the path of a sqlite:PATH --db, or says why there is
-// none (what is for the message: "kettle backup copies").
-// The DSN of a PostgreSQL --db is not repeated: it may hold a password.
-func sqliteFile(dsn, what string) (string, error) {
-	switch {
-	case strings.HasPrefix(dsn, "sqlite:") && len(dsn) > len("sqlite:"):
+// sqliteFile returns the path of a sqlite:PATH --db.
+func sqliteFile(dsn string) (string, error) {
+	if strings.HasPrefix(dsn, "sqlite:") && len(dsn) > len("sqlite:") {
 		return strings.TrimPrefix(dsn, "sqlite:"), nil
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"),
-		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname="):
-		return "", fmt.Errorf("--db is PostgreSQL: %s only the embedded SQLite store; %s", what, pgBackupHint)
 	}
-	return "", fmt.Errorf("--db %q: want sqlite:PATH", dsn)
+	return "", fmt.Errorf("--db %q: want sqlite:PATH or postgres://user@host/db", dsn)
+}
+
+// dbName is what a message calls a PostgreSQL --db: its database name, not
+// the DSN (which may hold a password).
+func dbName(dsn string) string {
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil {
+		return "PostgreSQL database " + cfg.Database
+	}
+	return "PostgreSQL"
 }

@@ -8,50 +8,69 @@ import (
 	"os"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
 func init() {
-	register("restore", "put a kettle backup file back as the SQLite store (kettle serve stopped)", runRestore)
+	register("restore", "put a kettle backup back as the store (no server running on it)", runRestore)
 }
 
 const restoreDoc = `
-Replaces the embedded SQLite store with the content of a file written by
-kettle backup, after checking it (its counts and PRAGMA quick_check). The
-store must not be open in any other process: stop kettle serve first
-(restore refuses otherwise; a running server would go on answering from
-its caches). An existing store is overwritten only with --replace. The
-store's -wal file, if a crash left one, belongs to the old content and is
-not replayed over the restored one. Readings acknowledged after the backup
-was taken are not in it: kettles upload them again only if they still hold
-them.`
+Puts a file written by kettle backup back as the store, after checking it.
+Readings acknowledged after the backup was taken are not in it: kettles
+upload them again only if they still hold them.
+
+SQLite: replaces the store's file (created if missing; an existing one only
+with --replace). The store must not be open in any other process: stop
+kettle serve first (restore refuses otherwise; a running server would go on
+answering from its caches). The store's -wal file, if a crash left one,
+belongs to the old content and is not replayed over the restored one.
+
+PostgreSQL: loads the archive into an empty database (createdb NAME first,
+and name it in --db) with pg_restore in one transaction (all or nothing);
+it refuses a database that has tables, so it never overwrites one servers
+may use. Then point kettle serve --db at it.`
 
 func runRestore(ctx context.Context, args []string) error {
-	fset := newFlagSet("restore", "--from FILE --db sqlite:PATH [--replace]", restoreDoc)
-	db := fset.String("db", "sqlite:kettle-data/kettle.db", "the store to restore: sqlite:PATH")
+	fset := newFlagSet("restore", "--from FILE --db DSN [--replace]", restoreDoc)
+	db := fset.String("db", "sqlite:kettle-data/kettle.db", "the store to restore: sqlite:PATH, or an empty PostgreSQL database postgres://user@host:port/db")
 	from := fset.String("from", "", "the backup file (written by kettle backup)")
-	replace := fset.Bool("replace", false, "overwrite an existing store")
+	replace := fset.Bool("replace", false, "SQLite: overwrite an existing store")
 	if err := parseFlags(fset, args); err != nil {
-		return err
-	}
-	path, err := sqliteFile(*db, "kettle restore writes")
-	if err != nil {
 		return err
 	}
 	if *from == "" {
 		return fmt.Errorf("--from is required: the backup file to restore")
 	}
-	if _, err := os.Stat(path); err == nil && !*replace {
-		return fmt.Errorf("%s exists: give --replace to overwrite it with %s (after stopping kettle serve)", path, *from)
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
 	start := time.Now()
-	info, err := sqlite.Restore(ctx, *from, path)
-	if err != nil {
-		return err
+	var (
+		what       string
+		n, kettles int64
+	)
+	if isPostgres(*db) {
+		info, err := postgres.Restore(ctx, *from, *db)
+		if err != nil {
+			return err
+		}
+		what, n, kettles = dbName(*db), info.Measurements, info.Devices
+	} else {
+		path, err := sqliteFile(*db)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(path); err == nil && !*replace {
+			return fmt.Errorf("%s exists: give --replace to overwrite it with %s (after stopping kettle serve)", path, *from)
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		info, err := sqlite.Restore(ctx, *from, path)
+		if err != nil {
+			return err
+		}
+		what, n, kettles = path, info.Measurements, info.Devices
 	}
 	fmt.Fprintf(os.Stdout, "restored %s from %s in %s: %d readings of %d kettles\n",
-		path, *from, time.Since(start).Round(time.Millisecond), info.Measurements, info.Devices)
+		what, *from, time.Since(start).Round(time.Millisecond), n, kettles)
 	return nil
 }
