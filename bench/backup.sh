@@ -32,6 +32,10 @@ if [ "$STORE" = postgres ]; then
 	db=$(pg_db kettle) ext=dump
 fi
 "$K" seed --db "$db" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --quiet | tail -1
+# The seed's writes on the disk before the run: their checkpoint and
+# writeback would stall commits in the first windows, backup or not.
+[ "$STORE" = postgres ] && pg_sql kettle "CHECKPOINT" >/dev/null
+sync
 port=$(free_port)
 "$K" serve --addr 127.0.0.1:$port --db "$db" --data-dir "$work/data" --log-level warn 2>"$work/serve.log" &
 kpid=$!
