@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/url"
 	"os"
 	"os/exec"
@@ -46,17 +45,13 @@ type BackupInfo struct {
 // pg_restore --list and only then renames it from out.partial to out. The
 // password is passed to pg_dump in its environment, not its arguments.
 func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
-	if _, err := os.Lstat(out); err == nil {
-		return BackupInfo{}, fmt.Errorf("back up to %s: the file exists; name a new file (a backup never overwrites)", out)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return BackupInfo{}, fmt.Errorf("back up to %s: %w", out, err)
-	}
 	pgDump, err := clientTool("pg_dump")
 	if err != nil {
 		return BackupInfo{}, err
 	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return BackupInfo{}, fmt.Errorf("back up to %s: create directory: %w", out, err)
+	tmp, err := durable.NewFile(out)
+	if err != nil {
+		return BackupInfo{}, fmt.Errorf("back up to %s", err)
 	}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -81,7 +76,6 @@ func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
 	if err != nil {
 		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
 	}
-	tmp := out + ".partial"
 	if info.Bytes, err = dumpTo(ctx, pgDump, dsn, snapshot, tmp); err != nil {
 		os.Remove(tmp)
 		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
@@ -91,11 +85,7 @@ func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
 		os.Remove(tmp)
 		return BackupInfo{}, fmt.Errorf("back up %s: the archive failed its check: %w", redact(dsn), err)
 	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return BackupInfo{}, fmt.Errorf("back up to %s: %w", out, err)
-	}
-	if err := durable.SyncDir(filepath.Dir(out)); err != nil {
+	if err := durable.Publish(tmp, out); err != nil {
 		return BackupInfo{}, fmt.Errorf("back up to %s: %w", out, err)
 	}
 	return info, nil

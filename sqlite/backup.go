@@ -42,28 +42,16 @@ func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error)
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
 		return FileInfo{}, fmt.Errorf("back up %s: no database file there", path)
 	}
-	if _, err := os.Lstat(out); err == nil {
-		return FileInfo{}, fmt.Errorf("back up to %s: the file exists; name a new file (a backup never overwrites)", out)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
+	tmp, err := durable.NewFile(out)
+	if err != nil {
+		return FileInfo{}, fmt.Errorf("back up to %s", err)
 	}
-	if dir := filepath.Dir(out); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return FileInfo{}, fmt.Errorf("back up to %s: create directory: %w", out, err)
-		}
-	}
-	tmp := out + ".partial"
-	os.Remove(tmp) // left by a backup that was interrupted
 	info, err := backupInto(ctx, path, tmp, check)
 	if err != nil {
 		os.Remove(tmp)
 		return FileInfo{}, err
 	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
-	}
-	if err := durable.SyncDir(filepath.Dir(out)); err != nil {
+	if err := durable.Publish(tmp, out); err != nil {
 		return FileInfo{}, fmt.Errorf("back up to %s: %w", out, err)
 	}
 	return info, nil
