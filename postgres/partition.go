@@ -86,8 +86,17 @@ func (s *Store) ensureSpan(ctx context.Context, first, last int) error {
 
 // ensureMonths creates the missing partitions of the months. Creation
 // runs in its own transaction under an advisory lock, so concurrent writers
-// (in this process or another node) never race on the catalog; CREATE TABLE
-// IF NOT EXISTS makes the loser a no-op.
+// (in this process or another node) never race on the catalog; a partition
+// found existing is left as it is.
+//
+// A partition is created as a table of its own and then attached: ATTACH
+// PARTITION takes SHARE UPDATE EXCLUSIVE on measurements, which waits for
+// nobody's reads or writes and makes nobody wait, where CREATE TABLE …
+// PARTITION OF takes ACCESS EXCLUSIVE: behind a long reader of
+// measurements (a pg_dump holds ACCESS SHARE on it for its whole run) it
+// waits, and every insert queues behind it — ingest stopped until the dump
+// ended (TestPartitionBesideADump). The new table is empty, so attaching it
+// scans nothing.
 func (s *Store) ensureMonths(ctx context.Context, months []int) error {
 	s.partMu.Lock()
 	var missing []int
@@ -105,9 +114,19 @@ func (s *Store) ensureMonths(ctx context.Context, months []int) error {
 			return err
 		}
 		for _, m := range missing {
-			sql := fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF measurements FOR VALUES FROM ('%s') TO ('%s')",
-				partitionName(m), monthStart(m).Format(time.RFC3339), monthStart(m+1).Format(time.RFC3339))
-			if _, err := tx.Exec(ctx, sql); err != nil {
+			name := partitionName(m)
+			var exists bool
+			if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", name).Scan(&exists); err != nil {
+				return err
+			}
+			if exists {
+				continue
+			}
+			from, to := monthStart(m).Format(time.RFC3339), monthStart(m+1).Format(time.RFC3339)
+			if _, err := tx.Exec(ctx, fmt.Sprintf("CREATE TABLE %s (LIKE measurements INCLUDING DEFAULTS)", name)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE measurements ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')", name, from, to)); err != nil {
 				return err
 			}
 		}

@@ -849,3 +849,47 @@ func TestMaintenance(t *testing.T) {
 		t.Errorf("as %s (no pg_ls_waldir): %+v; want the checkpoint and WAL figures, segments unknown", role, m3)
 	}
 }
+
+// TestPartitionBesideADump: while another session reads measurements in a
+// long transaction (as pg_dump does for its whole run: ACCESS SHARE on the
+// table and its partitions), a batch for a month without a partition is
+// stored at once, and so are batches for months that have one.
+func TestPartitionBesideADump(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, devID(1), now)}, now); err != nil {
+		t.Fatal(err)
+	}
+	dump, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dump.Close(ctx)
+	if _, err := dump.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := dump.QueryRow(ctx, "SELECT count(*) FROM measurements").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the reader sees %d rows, %v", n, err)
+	}
+	// Ten seconds is far longer than a write takes and far shorter than
+	// the reader, which stays until the test ends.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	old := time.Date(2011, 3, 5, 6, 0, 0, 0, time.UTC)
+	if _, err := s.Write(wctx, []kettle.Measurement{rowAt(rng, devID(2), old)}, now); err != nil {
+		t.Fatalf("a batch for a month without a partition, beside a long reader: %v", err)
+	}
+	if _, err := s.Write(wctx, []kettle.Measurement{rowAt(rng, devID(3), now.Add(-time.Minute))}, now); err != nil {
+		t.Fatalf("a batch for this month, after that: %v", err)
+	}
+	if err := dump.QueryRow(ctx, "SELECT count(*) FROM measurements").Scan(&n); err != nil || n != 1 {
+		t.Errorf("the reader's snapshot now shows %d rows, %v; want the 1 it began with", n, err)
+	}
+	dump.Exec(ctx, "COMMIT")
+	checkExact(t, s, dsn)
+}
