@@ -95,6 +95,9 @@ var expireCounted func()
 // errExpireWaiter: a writer waits to insert into the month being expired.
 var errExpireWaiter = errors.New("a writer waits to insert into the partition")
 
+// errExpireReader: a long transaction reads measurements (a pg_dump).
+var errExpireReader = errors.New("a long transaction reads measurements")
+
 // expireMonth drops month m's partition and takes its rows out of the
 // derived figures, in one transaction (see Expire).
 func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
@@ -170,7 +173,7 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 		if errors.Is(err, kettle.ErrExpiring) {
 			return 0, fmt.Errorf("expire %s: %w", part, err)
 		}
-		if errors.Is(err, errExpireWaiter) {
+		if errors.Is(err, errExpireWaiter) || errors.Is(err, errExpireReader) {
 			return 0, &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("expire %s: %v; left for the next round", part, err), RetryAfter: time.Minute}
 		}
 		var ke *kettle.Error
@@ -216,6 +219,21 @@ func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, removed int6
 	}
 	if waiting {
 		return errExpireWaiter
+	}
+	// A transaction that has read measurements for longer than a lock wait
+	// (pg_dump holds ACCESS SHARE on it for its whole run) would hold the
+	// lock below for as long, each of our waits making every insert queue
+	// behind it: leave the month for the next round instead.
+	var reader string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(min(a.application_name || ' (pid ' || a.pid || ', in a transaction for '
+			|| round(extract(epoch FROM clock_timestamp() - a.xact_start)) || ' s)'), '')
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.relation = 'measurements'::regclass AND l.granted
+		AND l.pid <> pg_backend_pid() AND a.xact_start < clock_timestamp() - $1::interval`, expireLockWait).Scan(&reader); err != nil {
+		return err
+	}
+	if reader != "" {
+		return fmt.Errorf("%w: %s", errExpireReader, reader)
 	}
 	if _, err := tx.Exec(ctx, "LOCK TABLE measurements IN ACCESS EXCLUSIVE MODE"); err != nil {
 		return err

@@ -164,3 +164,35 @@ func TestExpireDropsLeftovers(t *testing.T) {
 		t.Errorf("tables left: %v (%v); want only measurements_y2024m03_keep", left, err)
 	}
 }
+
+// TestExpireBesideADump: while a long transaction reads measurements (a
+// pg_dump's whole run), Expire leaves the month for the next round at once,
+// naming the reader, instead of waiting for the table lock (and making
+// every insert queue behind its waits); once the reader is gone the next
+// Expire removes the month.
+func TestExpireBesideADump(t *testing.T) {
+	ctx := context.Background()
+	s, conn, _, _, _ := expireFixture(t, 5)
+	if _, err := conn.Exec(ctx, "SET application_name = 'pg_dump'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM measurements").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("the reader sees %d rows, %v", n, err)
+	}
+	time.Sleep(time.Second) // older than a lock wait
+	before := kettle.ExpireBefore(time.Now(), 40*24*time.Hour)
+	got, err := s.Expire(ctx, before)
+	if got != 0 || kettle.ErrorCode(err) != kettle.EUnavailable || !strings.Contains(err.Error(), "reads measurements: pg_dump (pid") {
+		t.Errorf("Expire beside a long reader: %d, %v; want 0 and EUnavailable naming the reader", got, err)
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Expire(ctx, before); got != 1 || err != nil {
+		t.Errorf("the next Expire: %d, %v; want the old month's reading", got, err)
+	}
+}
