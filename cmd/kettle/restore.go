@@ -18,8 +18,9 @@ func init() {
 
 const restoreDoc = `
 Puts a file written by kettle backup back as the store, after checking it.
-Readings acknowledged after the backup was taken are not in it: kettles
-upload them again only if they still hold them.
+Readings acknowledged after the backup was taken are not in it, and
+kettles do not send a reading again once it was acknowledged: they are
+gone, so back up as often as you can afford to lose.
 
 SQLite: replaces the store's file (created if missing; an existing one only
 with --replace). The store must not be open in any other process: stop
