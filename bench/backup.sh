@@ -8,7 +8,8 @@
 # (the build of the tree, or KETTLE_BIN); with BACKUP_A=<kettle binary>
 # also that binary's backup first, AT_A seconds in, for an A/B in one run.
 # Prints the backups' lines, the swarm's 5 s windows (the backup's windows
-# marked) and its summary and audit.
+# marked) and its summary and audit; then, the server stopped, how long
+# backup B takes to restore into a new store.
 #
 #   bench/backup.sh
 #   BACKUP_A=/tmp/kettle-old AT_A=20 AT=50 DURATION=90s bench/backup.sh
@@ -62,3 +63,8 @@ while read -r line; do
 done < <(grep -E '^\[' "$work/swarm.out" | sed -E 's/ \| command.*//')
 grep -E 'measurement  |command  |audit:' "$work/swarm.out"
 ls -l "$work"/backup-*."$ext" | awk '{print $5, $NF}'
+# How long backup B takes to restore, into a new store (the server stopped).
+kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
+to="sqlite:$work/restored.db"
+[ "$STORE" = postgres ] && to=$(pg_db kettle_restored)
+"$K" restore --db "$to" --from "$work/backup-B.$ext"
