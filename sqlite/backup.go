@@ -158,7 +158,7 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 // done (the disk's write cache is flushed for all at once): measured, a
 // running kettle serve's upload p99 was 0.79–1.22 s in the 5 s around a
 // backup of ~550 MB synced at its end, 6–15 ms otherwise; 12–42 ms with a
-// step at a time (docs/performance.md, "Backups of the embedded store").
+// step at a time (docs/performance.md, "Backups").
 var backupStepPages = 2048 // a variable for the tests
 
 // Inspect opens the kettle database file at path read-only and checks
