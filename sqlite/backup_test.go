@@ -93,6 +93,17 @@ func TestBackupIsASnapshot(t *testing.T) {
 			t.Errorf("%s exists beside the backup; a backup is one file", f)
 		}
 	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	gone := filepath.Join(dir, "backups", "cancelled.db")
+	if _, err := sqlite.Backup(cancelled, src, gone, true); err == nil {
+		t.Errorf("Backup with its context cancelled: no error")
+	}
+	for _, f := range []string{gone, gone + ".partial"} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s exists after a cancelled backup", f)
+		}
+	}
 	if _, err := sqlite.Backup(ctx, src, out, false); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("a second Backup to %s: %v; want a refusal saying it exists", out, err)
 	}
