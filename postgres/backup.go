@@ -112,13 +112,15 @@ func dumpTo(ctx context.Context, pgDump, dsn, snapshot, tmp string) (int64, erro
 		return 0, fmt.Errorf("pg_dump: %w", err)
 	}
 	w := &syncingWriter{f: f}
-	_, cerr := io.Copy(w, stdout)
-	werr := cmd.Wait()
-	switch {
-	case werr != nil:
-		return 0, fmt.Errorf("pg_dump: %w: %s", werr, strings.TrimSpace(stderr.String()))
-	case cerr != nil:
-		return 0, cerr
+	if _, err := io.Copy(w, stdout); err != nil {
+		// The disk is full, say: pg_dump, blocked on the pipe, would never
+		// end by itself.
+		cmd.Process.Kill()
+		cmd.Wait()
+		return 0, err // "write PATH: no space left on device"
+	}
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("pg_dump: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	if err := f.Sync(); err != nil {
 		return 0, err
