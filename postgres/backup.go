@@ -44,7 +44,9 @@ type BackupInfo struct {
 // commits included, until the disk's cache is flushed), then checks it with
 // pg_restore --list and only then renames it from out.partial to out. The
 // password is passed to pg_dump in its environment, not its arguments.
-func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
+// progress, if not nil, is called as the archive grows with its bytes so
+// far (and −1: the total is not known).
+func Backup(ctx context.Context, dsn, out string, progress func(done, total int64)) (BackupInfo, error) {
 	pgDump, err := clientTool("pg_dump")
 	if err != nil {
 		return BackupInfo{}, err
@@ -76,7 +78,7 @@ func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
 	if err != nil {
 		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
 	}
-	if info.Bytes, err = dumpTo(ctx, pgDump, dsn, snapshot, tmp); err != nil {
+	if info.Bytes, err = dumpTo(ctx, pgDump, dsn, snapshot, tmp, progress); err != nil {
 		os.Remove(tmp)
 		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
 	}
@@ -93,7 +95,7 @@ func Backup(ctx context.Context, dsn, out string) (BackupInfo, error) {
 
 // dumpTo runs pg_dump of snapshot into the file tmp, fsynced every
 // syncEvery bytes and at the end, and returns its size.
-func dumpTo(ctx context.Context, pgDump, dsn, snapshot, tmp string) (int64, error) {
+func dumpTo(ctx context.Context, pgDump, dsn, snapshot, tmp string, progress func(done, total int64)) (int64, error) {
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return 0, err
@@ -111,7 +113,7 @@ func dumpTo(ctx context.Context, pgDump, dsn, snapshot, tmp string) (int64, erro
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("pg_dump: %w", err)
 	}
-	w := &syncingWriter{f: f}
+	w := &syncingWriter{f: f, progress: progress}
 	if _, err := io.Copy(w, stdout); err != nil {
 		// The disk is full, say: pg_dump, blocked on the pipe, would never
 		// end by itself.
@@ -131,10 +133,12 @@ func dumpTo(ctx context.Context, pgDump, dsn, snapshot, tmp string) (int64, erro
 // syncEvery is how many bytes of an archive are written between fsyncs.
 const syncEvery = 8 << 20
 
-// syncingWriter writes to f and fsyncs it every syncEvery bytes.
+// syncingWriter writes to f and fsyncs it every syncEvery bytes, then
+// reports progress.
 type syncingWriter struct {
 	f        *os.File
 	n, dirty int64
+	progress func(done, total int64)
 }
 
 func (w *syncingWriter) Write(p []byte) (int, error) {
@@ -144,6 +148,9 @@ func (w *syncingWriter) Write(p []byte) (int, error) {
 	if err == nil && w.dirty >= syncEvery {
 		err = w.f.Sync()
 		w.dirty = 0
+		if err == nil && w.progress != nil {
+			w.progress(w.n, -1)
+		}
 	}
 	return n, err
 }

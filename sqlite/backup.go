@@ -37,8 +37,9 @@ type FileInfo struct {
 // snapshot). The copy is made durable step by step, switched to a rollback
 // journal (one self-contained file), checked with Inspect (quick_check
 // when check is set) and only then renamed to out, so a file named out is
-// always a whole, checked backup.
-func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error) {
+// always a whole, checked backup. progress, if not nil, is called after
+// each step with the bytes copied and the bytes to copy.
+func Backup(ctx context.Context, path, out string, check bool, progress func(done, total int64)) (FileInfo, error) {
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
 		return FileInfo{}, fmt.Errorf("back up %s: no database file there", path)
 	}
@@ -46,7 +47,7 @@ func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error)
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up to %s", err)
 	}
-	info, err := backupInto(ctx, path, tmp, check)
+	info, err := backupInto(ctx, path, tmp, check, progress)
 	if err != nil {
 		os.Remove(tmp)
 		return FileInfo{}, err
@@ -57,7 +58,7 @@ func Backup(ctx context.Context, path, out string, check bool) (FileInfo, error)
 	return info, nil
 }
 
-func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, error) {
+func backupInto(ctx context.Context, path, tmp string, check bool, progress func(done, total int64)) (FileInfo, error) {
 	sc, closeSrc, err := open1(ctx, path, "mode=ro&_busy_timeout=5000")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
@@ -74,8 +75,11 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
 	}
 	defer sc.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-	var n int64
+	var n, pageSize int64
 	if err := sc.QueryRowContext(ctx, "SELECT measurement_count FROM totals WHERE id = 0").Scan(&n); err != nil {
+		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
+	}
+	if err := sc.QueryRowContext(ctx, "PRAGMA page_size").Scan(&pageSize); err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
 	}
 	// The copy is written with synchronous=OFF and made durable step by
@@ -111,6 +115,10 @@ func backupInto(ctx context.Context, path, tmp string, check bool) (FileInfo, er
 				done, err := bk.Step(backupStepPages)
 				if err == nil {
 					err = syncStep()
+				}
+				if err == nil && progress != nil {
+					total := int64(bk.PageCount())
+					progress((total-int64(bk.Remaining()))*pageSize, total*pageSize)
 				}
 				if err != nil || done {
 					return errors.Join(err, bk.Finish())

@@ -74,7 +74,10 @@ func TestBackupIsASnapshot(t *testing.T) {
 	}()
 	time.Sleep(50 * time.Millisecond)
 	lo := committed.Load()
-	info, err := sqlite.Backup(ctx, src, out, true)
+	var steps int
+	var last [2]int64
+	progress := func(done, total int64) { steps, last = steps+1, [2]int64{done, total} }
+	info, err := sqlite.Backup(ctx, src, out, true, progress)
 	hi := committed.Load()
 	time.Sleep(50 * time.Millisecond)
 	close(stop)
@@ -88,6 +91,9 @@ func TestBackupIsASnapshot(t *testing.T) {
 			info, lo, hi, len(devs))
 	}
 	t.Logf("batches committed: %d before Backup, %d after it returned, %d in the backup, %d in all", lo, hi, k, committed.Load())
+	if steps < 2 || last[0] != last[1] || last[1] <= 0 {
+		t.Errorf("progress: %d calls, the last %d of %d bytes; want one a step (2 pages), ending with all of them", steps, last[0], last[1])
+	}
 	for _, f := range []string{out + "-wal", out + "-shm", out + ".partial"} {
 		if _, err := os.Stat(f); err == nil {
 			t.Errorf("%s exists beside the backup; a backup is one file", f)
@@ -96,7 +102,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	gone := filepath.Join(dir, "backups", "cancelled.db")
-	if _, err := sqlite.Backup(cancelled, src, gone, true); err == nil {
+	if _, err := sqlite.Backup(cancelled, src, gone, true, nil); err == nil {
 		t.Errorf("Backup with its context cancelled: no error")
 	}
 	for _, f := range []string{gone, gone + ".partial"} {
@@ -104,7 +110,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 			t.Errorf("%s exists after a cancelled backup", f)
 		}
 	}
-	if _, err := sqlite.Backup(ctx, src, out, false); err == nil || !strings.Contains(err.Error(), "exists") {
+	if _, err := sqlite.Backup(ctx, src, out, false, nil); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("a second Backup to %s: %v; want a refusal saying it exists", out, err)
 	}
 
@@ -116,7 +122,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := sqlite.Backup(ctx, plain, filepath.Join(dir, "p.db"), false); err == nil || !strings.Contains(err.Error(), "not a kettle database") {
+	if _, err := sqlite.Backup(ctx, plain, filepath.Join(dir, "p.db"), false, nil); err == nil || !strings.Contains(err.Error(), "not a kettle database") {
 		t.Errorf("Backup of a SQLite file that is not a kettle store: %v; want a refusal", err)
 	}
 

@@ -41,12 +41,27 @@ func runBackup(ctx context.Context, args []string) error {
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "the store to copy: sqlite:PATH or postgres://user@host:port/db")
 	out := fs.String("out", "", "the backup file, which must not exist (default: backups/kettle-YYYYMMDDTHHMMSSZ.db beside a SQLite store; backups/kettle-YYYYMMDDTHHMMSSZ.dump in the working directory for PostgreSQL)")
 	check := fs.Bool("check", true, "SQLite: run PRAGMA quick_check on the copy (reads it whole)")
+	quiet := fs.Bool("quiet", false, "no progress lines (one every 5 s on stderr while it runs)")
 	metricsFile := fs.String("metrics-file", "", "after a successful backup, write kettle_backup_* gauges to this file for node_exporter's textfile collector, e.g. /var/lib/prometheus/node-exporter/kettle_backup.prom (the KettleBackupStale alert watches them)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	start := time.Now()
 	stamp := "kettle-" + start.UTC().Format("20060102T150405Z")
+	// A line on stderr every 5 s while it runs (a big store takes minutes).
+	next := start.Add(5 * time.Second)
+	progress := func(done, total int64) {
+		if *quiet || time.Now().Before(next) {
+			return
+		}
+		next = time.Now().Add(5 * time.Second)
+		if total > 0 {
+			fmt.Fprintf(os.Stderr, "backup: %.1f of %.1f MB (%.0f %%), %s\n", float64(done)/1e6, float64(total)/1e6,
+				100*float64(done)/float64(total), time.Since(start).Round(time.Second))
+		} else {
+			fmt.Fprintf(os.Stderr, "backup: %.1f MB written, %s\n", float64(done)/1e6, time.Since(start).Round(time.Second))
+		}
+	}
 	var (
 		what, detail      string
 		bytes, n, kettles int64
@@ -55,7 +70,7 @@ func runBackup(ctx context.Context, args []string) error {
 		if *out == "" {
 			*out = filepath.Join("backups", stamp+".dump")
 		}
-		info, err := postgres.Backup(ctx, *db, *out)
+		info, err := postgres.Backup(ctx, *db, *out, progress)
 		if err != nil {
 			return err
 		}
@@ -69,7 +84,7 @@ func runBackup(ctx context.Context, args []string) error {
 		if *out == "" {
 			*out = filepath.Join(filepath.Dir(path), "backups", stamp+".db")
 		}
-		info, err := sqlite.Backup(ctx, path, *out, *check)
+		info, err := sqlite.Backup(ctx, path, *out, *check, progress)
 		if err != nil {
 			return err
 		}
