@@ -13,14 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kettlefleet/kettlefleet/internal/durable"
+	"github.com/kettlefleet/kettlefleet/internal/pgbin"
 )
 
 // BackupInfo is what a backup archive holds.
@@ -235,13 +234,7 @@ func clientTool(name string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	version := func(dir string) int {
-		v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
-		return v
-	}
-	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
-	for _, d := range dirs {
+	for _, d := range pgbin.Dirs() {
 		if p := filepath.Join(d, name); isFile(p) {
 			return p, nil
 		}

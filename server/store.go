@@ -23,6 +23,13 @@ type StoreOptions struct {
 	StatementTimeout time.Duration
 }
 
+// IsPostgresDSN reports whether a --db names a PostgreSQL database: a
+// postgres:// URL or libpq's keyword/value form (host=… dbname=…).
+func IsPostgresDSN(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") ||
+		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname=")
+}
+
 // OpenStore opens the store a DSN names: sqlite:PATH or postgres://….
 func OpenStore(ctx context.Context, dsn string, opts StoreOptions, log *slog.Logger) (kettle.Store, error) {
 	switch {
@@ -36,8 +43,7 @@ func OpenStore(ctx context.Context, dsn string, opts StoreOptions, log *slog.Log
 			return nil, fmt.Errorf("open store %s: %w", dsn, err)
 		}
 		return st, nil
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"),
-		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname="): // libpq keyword/value form
+	case IsPostgresDSN(dsn):
 		return openPostgres(ctx, dsn, opts, log)
 	}
 	return nil, fmt.Errorf("--db %q: want sqlite:PATH or postgres://user@host/db", dsn)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/postgres"
+	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
@@ -66,7 +67,7 @@ func runBackup(ctx context.Context, args []string) error {
 		what, detail      string
 		bytes, n, kettles int64
 	)
-	if isPostgres(*db) {
+	if server.IsPostgresDSN(*db) {
 		if *out == "" {
 			*out = filepath.Join("backups", stamp+".dump")
 		}

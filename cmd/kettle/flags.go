@@ -79,13 +79,6 @@ func retentionVar(fs *flag.FlagSet, d *time.Duration, usage string) {
 	})
 }
 
-// isPostgres reports whether --db names a PostgreSQL database (a URL, or
-// libpq's keyword/value form); otherwise it must be sqlite:PATH.
-func isPostgres(dsn string) bool {
-	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") ||
-		strings.Contains(dsn, "host=") || strings.Contains(dsn, "dbname=")
-}
-
 // sqliteFile returns the path of a sqlite:PATH --db.
 func sqliteFile(dsn string) (string, error) {
 	if strings.HasPrefix(dsn, "sqlite:") && len(dsn) > len("sqlite:") {

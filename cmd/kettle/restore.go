@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/postgres"
+	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
@@ -49,7 +50,7 @@ func runRestore(ctx context.Context, args []string) error {
 		what       string
 		n, kettles int64
 	)
-	if isPostgres(*db) {
+	if server.IsPostgresDSN(*db) {
 		info, err := postgres.Restore(ctx, *from, *db)
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/seed"
+	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
@@ -97,7 +98,7 @@ func runSeed(ctx context.Context, args []string) error {
 		if *workers <= 0 {
 			*workers = 2
 		}
-	case strings.HasPrefix(*db, "postgres://"), strings.HasPrefix(*db, "postgresql://"), strings.Contains(*db, "host="), strings.Contains(*db, "dbname="):
+	case server.IsPostgresDSN(*db):
 		if *workers <= 0 {
 			*workers = 3
 		}

@@ -24,7 +24,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +33,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kettlefleet/kettlefleet/internal/pgbin"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing
@@ -154,19 +155,12 @@ func BinDir() (string, error) {
 			return dir, nil
 		}
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
-	for _, d := range dirs {
+	for _, d := range pgbin.Dirs() {
 		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
 			return d, nil
 		}
 	}
 	return "", errors.New("pgtest: PostgreSQL server binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql/*/bin; install them with `apt-get install -y postgresql`, or set " + EnvDSN + " to a server where the tests may create databases")
-}
-
-func pgVersion(binDir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return v
 }
 
 // StartCluster initializes and starts a new cluster. When running as root it
