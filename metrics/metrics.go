@@ -392,6 +392,37 @@ func (m *Server) RegisterConns(l Conns) {
 	)
 }
 
+// TLS is the server's certificate in force (internal/tlscert.Reloader).
+type TLS interface {
+	NotAfter() time.Time
+	Reloads() int64
+	Failures() int64
+}
+
+// RegisterTLS registers the certificate's expiry and its reloads, and the
+// failed handshakes handshakeErrors counts. Call it once, only when the
+// server speaks TLS.
+func (m *Server) RegisterTLS(t TLS, handshakeErrors func() int64) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_tls_handshake_errors_total",
+			Help: "TLS handshakes that failed, HTTP and MQTT (a client that distrusts the certificate, plain HTTP or MQTT sent to the TLS port, a TCP probe that closes at once); counted, not logged (debug level logs each).",
+		}, func() float64 { return float64(handshakeErrors()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_tls_certificate_expiry_timestamp_seconds",
+			Help: "When the TLS certificate in force expires (its NotAfter, Unix seconds); alert KettleTLSCertificateExpiring.",
+		}, func() float64 { return float64(t.NotAfter().UnixNano()) / 1e9 }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_tls_certificate_reloads_total",
+			Help: "Renewed certificate files loaded without a restart.",
+		}, func() float64 { return float64(t.Reloads()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_tls_certificate_reload_errors_total",
+			Help: "Changed certificate files that did not load (the previous pair stays in force; the log says why).",
+		}, func() float64 { return float64(t.Failures()) }),
+	)
+}
+
 // BusyRetrier is implemented by the SQLite store.
 type BusyRetrier interface{ BusyRetries() uint64 }
 

@@ -3,6 +3,7 @@ package mqttapi
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,10 @@ type Config struct {
 	// their commit at once (0: 16); past it the connection is not read.
 	// At most the Receive Maximum we announce (32).
 	ConnWindow int
+	// TLS, when set, makes the listener TLS only (kettle serve --tls-cert).
+	TLS *tls.Config
+	// TLSHandshakeFailed, when set, is called for each failed handshake.
+	TLSHandshakeFailed func()
 	// MaxPendingRows caps the readings of QoS 1 messages waiting for their
 	// commit over all connections (0: half the ingest queue); past it no
 	// connection that needs more is read until a commit frees some. Each
@@ -154,7 +159,7 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	if err := b.srv.AddHook(h, nil); err != nil {
 		return nil, err
 	}
-	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns), panics: &b.counters.Malformed}
+	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout, maxConns: int64(cfg.MaxConns), tls: cfg.TLS, tlsFailed: cfg.TLSHandshakeFailed, panics: &b.counters.Malformed}
 	b.ln.closeAll = func() {
 		for _, cl := range b.srv.Clients.GetAll() { // one read lock (see listener.closeAll)
 			if cl.Net.Listener == b.ln.id && !cl.Closed() {

@@ -1,6 +1,7 @@
 package mqttapi
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,10 @@ type listener struct {
 	connectTimeout time.Duration
 	writeTimeout   time.Duration
 	maxConns       int64
+	// tls, when set, makes every connection TLS: the handshake is done on
+	// the connection's goroutine within connectTimeout, before mochi reads.
+	tls       *tls.Config
+	tlsFailed func() // nil: not counted
 
 	open   atomic.Int64
 	closed atomic.Bool
@@ -80,12 +85,31 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			nc.Close() // over the cap: no CONNACK, the client backs off and retries
 			continue
 		}
+		var tc *tls.Conn
+		if l.tls != nil {
+			tc = tls.Server(nc, l.tls)
+			_ = nc.SetDeadline(time.Now().Add(l.connectTimeout)) // the handshake's writes too
+		}
 		c := &conn{Conn: nc, timeout: l.writeTimeout}
+		if tc != nil {
+			c.Conn = tc
+		}
 		_ = c.SetDeadline(time.Now().Add(l.connectTimeout))
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			defer l.open.Add(-1)
+			if tc != nil {
+				if err := tc.Handshake(); err != nil {
+					l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+					if l.tlsFailed != nil {
+						l.tlsFailed()
+					}
+					nc.Close()
+					return
+				}
+				_ = nc.SetWriteDeadline(time.Time{}) // each write sets its own (conn.Write)
+			}
 			// mochi-mqtt v2.7.9 decodes packets on this goroutine and some
 			// malformed packets (a SUBSCRIBE cut inside its filter) panic
 			// its decoder; unrecovered, that would kill the whole process,

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"sync"
@@ -19,7 +20,18 @@ type limitListener struct {
 	active  atomic.Int64
 	refused atomic.Int64
 	held    atomic.Int64 // background reads answered at once (trackedConn.Read), the evidence TestUploadHoldsBackgroundRead reads
+
+	// tls, when set, is the server's TLS configuration: a refusal then
+	// needs a handshake before its 503 can be read (refuseTLS).
+	tls         *tls.Config
+	refusingTLS atomic.Int64 // refusals in a handshake now
 }
+
+// maxTLSRefusals bounds the handshakes spent on refusals at once: past it
+// an excess connection is closed without an answer (a client sees the
+// connection reset and retries), so that a flood over the cap cannot buy
+// unbounded handshake CPU and file descriptors.
+const maxTLSRefusals = 64
 
 func newLimitListener(l net.Listener, max int) *limitListener {
 	return &limitListener{Listener: l, max: int64(max)}
@@ -37,6 +49,10 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if l.active.Add(1) > l.max {
 			l.active.Add(-1)
 			l.refused.Add(1)
+			if l.tls != nil {
+				l.refuseTLS(c)
+				continue
+			}
 			c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 			c.Write(refusal)
 			c.Close()
@@ -46,6 +62,26 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		tc.unhold = func() { tc.holding.Store(false) } // once per connection, not per upload
 		return tc, nil
 	}
+}
+
+// refuseTLS answers a connection over the cap with the 503 over TLS, in
+// its own goroutine with a 1 s bound, at most maxTLSRefusals at once.
+func (l *limitListener) refuseTLS(c net.Conn) {
+	if l.refusingTLS.Add(1) > maxTLSRefusals {
+		l.refusingTLS.Add(-1)
+		c.Close()
+		return
+	}
+	go func() {
+		defer l.refusingTLS.Add(-1)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		tc := tls.Server(c, l.tls)
+		if tc.Handshake() == nil {
+			tc.Write(refusal)
+		}
+		tc.Close()
+	}()
 }
 
 // Active is the number of open connections; Refused counts those turned away.

@@ -6,9 +6,11 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +27,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/web"
@@ -43,6 +47,12 @@ type Config struct {
 	// MaxConns caps open HTTP connections; the excess is answered 503 and
 	// closed. 0: derived from the process's open-file limit.
 	MaxConns int
+
+	// TLSCert and TLSKey are PEM files (certificate chain, private key).
+	// Both set: the HTTP API and the embedded MQTT listener speak TLS only,
+	// and a renewed pair written over the files is picked up without a
+	// restart (internal/tlscert). Both empty: plain TCP.
+	TLSCert, TLSKey string
 
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
@@ -80,25 +90,31 @@ type Config struct {
 
 // Server is a running kettle serve.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	store    kettle.Store
-	svc      *fleet.Service
-	api      *httpapi.API
-	web      *web.Web
-	metrics  *metrics.Server
-	mqtt     *mqttapi.Broker
-	mqttc    *mqttapi.Consumer
-	http     *http.Server
-	ln       *limitListener
-	admit    *admission
-	opToken  string
-	secret   []byte
-	tokFile  string
-	secFile  string
-	serveErr chan error
-	once     sync.Once
-	closeErr error
+	cfg     Config
+	log     *slog.Logger
+	store   kettle.Store
+	svc     *fleet.Service
+	api     *httpapi.API
+	web     *web.Web
+	metrics *metrics.Server
+	mqtt    *mqttapi.Broker
+	mqttc   *mqttapi.Consumer
+	http    *http.Server
+	ln      *limitListener
+	tls     *tlscert.Reloader
+	// handshakeErrors counts failed TLS handshakes (HTTP and MQTT): a
+	// counter, not a log line each, since port scanners, health checks that
+	// only open a TCP connection, and clients that distrust the certificate
+	// all make them.
+	handshakeErrors atomic.Int64
+	admit           *admission
+	opToken         string
+	secret          []byte
+	tokFile         string
+	secFile         string
+	serveErr        chan error
+	once            sync.Once
+	closeErr        error
 }
 
 // DefaultMaxConns is the connection cap derived from the open-file limit:
@@ -220,6 +236,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.web = web.New(web.Config{OperatorToken: s.opToken, Now: cfg.Now}, s.log)
+	if cfg.TLSCert != "" || cfg.TLSKey != "" {
+		if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
+			s.svc.Close()
+			s.store.Close()
+			return nil, err
+		}
+		s.metrics.RegisterTLS(s.tls, s.handshakeErrors.Load)
+		cfg.MQTT.TLS = s.tls.Config()
+		cfg.MQTT.TLSHandshakeFailed = func() { s.handshakeErrors.Add(1) }
+	}
 	if cfg.MQTT.Addr != "" {
 		if cfg.MQTT.MaxConns <= 0 {
 			// The open-file limit is one budget: MQTT and HTTP share it.
@@ -268,6 +294,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.ln = newLimitListener(l, cfg.MaxConns)
 	s.metrics.RegisterConns(s.ln)
+	var ln net.Listener = s.ln
+	if s.tls != nil {
+		s.ln.tls = s.tls.Config("http/1.1")
+		ln = tls.NewListener(s.ln, s.ln.tls)
+	}
 	s.http = &http.Server{
 		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample, time.Now)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
@@ -276,13 +307,32 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    16 << 10,
 		ConnContext:       withConn,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:          log.New(httpErrorLog{s.log, &s.handshakeErrors}, "", 0),
 	}
-	go func() { s.serveErr <- s.http.Serve(s.ln) }()
-	s.log.Info("kettle serve started", "addr", s.Addr(), "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
+	go func() { s.serveErr <- s.http.Serve(ln) }()
+	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
 		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
+}
+
+// httpErrorLog is net/http's ErrorLog: its lines at warn, except failed TLS
+// handshakes, which are counted (kettle_tls_handshake_errors_total) and
+// logged at debug.
+type httpErrorLog struct {
+	log        *slog.Logger
+	handshakes *atomic.Int64
+}
+
+func (e httpErrorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if strings.HasPrefix(msg, "http: TLS handshake error") {
+		e.handshakes.Add(1)
+		e.log.Debug(msg)
+	} else {
+		e.log.Warn(msg)
+	}
+	return len(p), nil
 }
 
 // admitIngest is httpapi's AdmitIngest: the admission's verdict (shed or
@@ -298,8 +348,13 @@ func (s *Server) admitIngest(r *http.Request) (release func(), err error) {
 // Addr is the bound listen address.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// URL is the base URL of the HTTP API.
-func (s *Server) URL() string { return "http://" + s.Addr() }
+// URL is the base URL of the HTTP API (https:// with TLS).
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "https://" + s.Addr()
+	}
+	return "http://" + s.Addr()
+}
 
 // OperatorToken is the operator bearer token in force.
 func (s *Server) OperatorToken() string { return s.opToken }

@@ -44,7 +44,15 @@ stays.
 
 Secrets: when --operator-token or --secret is empty, a random value is
 generated at first start and kept in --data-dir (files operator-token and
-secret, mode 0600); the log says where.`
+secret, mode 0600); the log says where.
+
+TLS: with --tls-cert and --tls-key (PEM files) the HTTP API and the embedded
+MQTT listener speak TLS 1.2+ only (HTTP/1.1; a plain request to the port is
+answered 400). A renewed pair written over the files (certbot, cert-manager)
+is picked up within a second by the next handshake, without a restart; a
+pair that does not load leaves the old one in force and is logged.
+kettle_tls_certificate_expiry_timestamp_seconds feeds the alert
+KettleTLSCertificateExpiring.`
 
 // logger builds the process logger from --log-format and --log-level.
 func logger(format, level string) (*slog.Logger, error) {
@@ -78,6 +86,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: 5s on PostgreSQL, never on SQLite)")
 	retentionVar(fs, &cfg.Ingest.Retention, "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the months wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their partitions")
 	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention: how often to look for months to remove (the first look is at start)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
 	fs.DurationVar(&cfg.Shed.Latency, "shed-latency", 0, "0: off (the default). Else: while goroutines wait longer than this for a CPU (p99 over --shed-windows windows of --shed-window in a row, --shed-runnable or more waiting, uploads ≥ --shed-min-ingest-share of requests), ingest is answered 503 + Retry-After before its body is read and v1 command polls get Cache-Control max-age (about --shed-retry-after) instead of no-cache, so polls stay fast at the cost of acknowledged readings and of overrides reaching kettles later; e.g. 20ms")
 	fs.DurationVar(&cfg.Shed.Window, "shed-window", server.DefaultShedPolicy.Window, "with --shed-latency: how often the scheduling latency is evaluated")

@@ -1,0 +1,181 @@
+// Package tlscert serves a certificate and key from two PEM files and picks
+// up a renewed pair without a restart: certbot, cert-manager or an
+// operator's script replace the files, and the next handshake after the
+// replacement gets the new pair. The listeners of kettle serve (HTTP and
+// MQTT) share one Reloader.
+package tlscert
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// CheckEvery is how often, at most, a handshake looks at the files. A look
+// is two stat calls (~2 µs); a full handshake costs ~100 times that.
+const CheckEvery = time.Second
+
+// stamp says whether a file changed: an editor, cp or mv all change one of
+// these.
+type stamp struct {
+	mod   time.Time
+	size  int64
+	inode uint64
+}
+
+func stat(name string) (stamp, error) {
+	fi, err := os.Stat(name)
+	if err != nil {
+		return stamp{}, err
+	}
+	s := stamp{mod: fi.ModTime(), size: fi.Size()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		s.inode = st.Ino
+	}
+	return s, nil
+}
+
+// Reloader holds the pair in force. Its GetCertificate goes in a
+// tls.Config.
+type Reloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+	now               func() time.Time
+
+	cur       atomic.Pointer[tls.Certificate]
+	nextCheck atomic.Int64 // unix nanoseconds
+
+	mu                sync.Mutex // one reload at a time
+	certSeen, keySeen stamp      // the files as last loaded or last tried
+
+	reloads, failures atomic.Int64
+}
+
+// Load reads the pair once; an error here names the file and stops the
+// server from starting (a server must not come up without its certificate).
+func Load(certFile, keyFile string, log *slog.Logger, now func() time.Time) (*Reloader, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together: give both files (PEM) or neither")
+	}
+	if now == nil {
+		now = time.Now
+	}
+	r := &Reloader{certFile: certFile, keyFile: keyFile, log: log, now: now}
+	cs, ks, err := r.stamps()
+	if err != nil {
+		return nil, err
+	}
+	c, err := r.read()
+	if err != nil {
+		return nil, err
+	}
+	r.cur.Store(c)
+	r.certSeen, r.keySeen = cs, ks
+	r.nextCheck.Store(now().Add(CheckEvery).UnixNano())
+	r.warnExpiry(c)
+	return r, nil
+}
+
+func (r *Reloader) stamps() (cs, ks stamp, err error) {
+	if cs, err = stat(r.certFile); err != nil {
+		return cs, ks, fmt.Errorf("--tls-cert: %w", err)
+	}
+	if ks, err = stat(r.keyFile); err != nil {
+		return cs, ks, fmt.Errorf("--tls-key: %w", err)
+	}
+	return cs, ks, nil
+}
+
+func (r *Reloader) read() (*tls.Certificate, error) {
+	c, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", r.certFile, r.keyFile, err)
+	}
+	if c.Leaf == nil {
+		if c.Leaf, err = x509.ParseCertificate(c.Certificate[0]); err != nil {
+			return nil, fmt.Errorf("--tls-cert %s: %w", r.certFile, err)
+		}
+	}
+	return &c, nil
+}
+
+func (r *Reloader) warnExpiry(c *tls.Certificate) {
+	left := c.Leaf.NotAfter.Sub(r.now())
+	switch {
+	case left <= 0:
+		r.log.Error("tls: the certificate has expired: clients will refuse it; replace the files (they are picked up without a restart)", "cert", r.certFile, "not_after", c.Leaf.NotAfter)
+	case left < 14*24*time.Hour:
+		r.log.Warn("tls: the certificate expires soon; renew it (the new files are picked up without a restart)", "cert", r.certFile, "not_after", c.Leaf.NotAfter)
+	}
+}
+
+// GetCertificate is tls.Config.GetCertificate: the pair in force, after a
+// look at the files if the last one is CheckEvery old.
+func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if r.now().UnixNano() >= r.nextCheck.Load() {
+		r.Check()
+	}
+	return r.cur.Load(), nil
+}
+
+// Check loads the pair again if either file changed since it was last
+// loaded or tried. A pair that does not load (a half-written renewal: the
+// new certificate beside the old key) leaves the one in force and is tried
+// again when a file changes again; the log says why.
+func (r *Reloader) Check() {
+	if !r.mu.TryLock() {
+		return // another handshake is looking
+	}
+	defer r.mu.Unlock()
+	r.nextCheck.Store(r.now().Add(CheckEvery).UnixNano())
+	cs, ks, err := r.stamps()
+	if err != nil {
+		if cs != r.certSeen || ks != r.keySeen {
+			r.failures.Add(1)
+			r.log.Warn("tls: cannot read the certificate files; serving the one loaded before", "err", err)
+			r.certSeen, r.keySeen = cs, ks
+		}
+		return
+	}
+	if cs == r.certSeen && ks == r.keySeen {
+		return
+	}
+	r.certSeen, r.keySeen = cs, ks
+	c, err := r.read()
+	if err != nil {
+		r.failures.Add(1)
+		r.log.Warn("tls: the changed certificate files do not load; serving the one loaded before until they change again", "err", err)
+		return
+	}
+	old := r.cur.Swap(c)
+	r.reloads.Add(1)
+	r.log.Info("tls: certificate reloaded", "cert", r.certFile, "subject", c.Leaf.Subject.String(), "not_after", c.Leaf.NotAfter, "previous_not_after", old.Leaf.NotAfter)
+	r.warnExpiry(c)
+}
+
+// NotAfter is when the certificate in force expires.
+func (r *Reloader) NotAfter() time.Time { return r.cur.Load().Leaf.NotAfter }
+
+// Reloads counts pairs loaded after the first; Failures, changed files that
+// did not load.
+func (r *Reloader) Reloads() int64  { return r.reloads.Load() }
+func (r *Reloader) Failures() int64 { return r.failures.Load() }
+
+// Config is the server side's tls.Config: TLS 1.2 or later, HTTP/1.1 only
+// when offered over ALPN (kettles speak HTTP/1.1; no HTTP/2, whose streams
+// would slip past the per-connection bounds), session tickets on (a kettle
+// that reconnects resumes without a full handshake).
+func (r *Reloader) Config(nextProtos ...string) *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: r.GetCertificate,
+		NextProtos:     nextProtos,
+	}
+}
