@@ -367,9 +367,14 @@ type check struct {
 	where string // panel, variable or alert
 	expr  string
 	// storeOnly: a metric only one store exports (kettle_pg_* on
-	// PostgreSQL); against the SQLite server here it must be valid, but may
-	// return nothing.
+	// PostgreSQL), or only a server with --tls-cert (kettle_tls_*, checked
+	// by server.TestTLS); against the plain SQLite server here it must be
+	// valid, but may return nothing.
 	storeOnly bool
+}
+
+func optional(expr string) bool {
+	return strings.Contains(expr, "kettle_pg_") || strings.Contains(expr, "kettle_tls_")
 }
 
 // TestAgainstPrometheus starts an instrumented kettle serve (SQLite, in this
@@ -526,7 +531,7 @@ func TestAgainstPrometheus(t *testing.T) {
 					fail("alert %s: %s", rule.Name, rule.LastError)
 				}
 				healthy = healthy && rule.Health == "ok"
-				rules = append(rules, check{where: "alert " + rule.Name, expr: withBool(rule.Query), storeOnly: strings.Contains(rule.Query, "kettle_pg_")})
+				rules = append(rules, check{where: "alert " + rule.Name, expr: withBool(rule.Query), storeOnly: optional(rule.Query)})
 			}
 		}
 		if len(rules) == wantRules && healthy {
@@ -543,7 +548,7 @@ func TestAgainstPrometheus(t *testing.T) {
 			if err != nil {
 				t.Fatalf("panel %q: %v", p.Title, err)
 			}
-			checks = append(checks, check{where: fmt.Sprintf("panel %q %s", p.Title, tg.RefID), expr: e, storeOnly: strings.Contains(e, "kettle_pg_")})
+			checks = append(checks, check{where: fmt.Sprintf("panel %q %s", p.Title, tg.RefID), expr: e, storeOnly: optional(e)})
 		}
 	}
 	for _, v := range d.Templating.List {

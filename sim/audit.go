@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,10 +24,10 @@ type httpClient struct {
 	c              *http.Client
 }
 
-func newHTTPClient(base, operator string) *httpClient {
+func newHTTPClient(base, operator string, tlsCfg *tls.Config) *httpClient {
 	return &httpClient{base: base, operator: operator, c: &http.Client{
 		Timeout:   60 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: 32, MaxConnsPerHost: 32},
+		Transport: &http.Transport{MaxIdleConnsPerHost: 32, MaxConnsPerHost: 32, TLSClientConfig: tlsCfg},
 	}}
 }
 

@@ -114,6 +114,7 @@ func (s *Swarm) totals(res *Results) {
 	t.PollsDeferred = s.st.pollsDeferred.Load()
 	t.MaxLagMs = float64(s.st.totMaxLag.Load()) / 1e6
 	t.Dials = s.pool.dials.Load()
+	t.TLSHandshakes, t.TLSResumed = s.pool.handshakes.Load(), s.pool.resumed.Load()
 	t.CommandsReceived = s.st.commands.Load()
 	t.ConnsLost = s.st.mqttLost.Load()
 	t.CPUSeconds = cpuSeconds() - s.cpuStart

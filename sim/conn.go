@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,12 +40,14 @@ type slot struct{ c *conn }
 type pool struct {
 	perDevice []chan *slot
 	shared    chan *slot
-	dial      func() (net.Conn, error)
+	dial      func(*pool) (net.Conn, error)
 	open      atomic.Int64 // connections open now
 	dials     atomic.Int64 // connections ever dialed
+	// TLS handshakes completed, and those of them the server resumed.
+	handshakes, resumed atomic.Int64
 }
 
-func newPool(n int, perDevice bool, dial func() (net.Conn, error)) *pool {
+func newPool(n int, perDevice bool, dial func(*pool) (net.Conn, error)) *pool {
 	p := &pool{dial: dial}
 	if perDevice {
 		p.perDevice = make([]chan *slot, n)
@@ -134,7 +137,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b 
 func (p *pool) do(s *slot, raw []byte, deadline time.Time) (response, error) {
 	for attempt := 0; ; attempt++ {
 		if s.c == nil {
-			nc, err := p.dial()
+			nc, err := p.dial(p)
 			if err != nil {
 				return response{}, err
 			}
@@ -278,10 +281,12 @@ func checkSourcePorts(log io.Writer, n int, src []net.IP) {
 
 // dialer returns a dial function for a loopback target, spreading
 // connections round-robin over the source addresses src (see
-// checkSourcePorts); none: the kernel picks.
-func dialer(addr string, src []net.IP, timeout time.Duration) func() (net.Conn, error) {
+// checkSourcePorts); none: the kernel picks. With tlsCfg each connection
+// is TLS, its handshake done within timeout, counted in p.handshakes and,
+// when the server resumed a session, p.resumed.
+func dialer(addr string, src []net.IP, timeout time.Duration, tlsCfg *tls.Config) func(*pool) (net.Conn, error) {
 	var next atomic.Uint32
-	return func() (net.Conn, error) {
+	return func(p *pool) (net.Conn, error) {
 		d := net.Dialer{Timeout: timeout, KeepAlive: -1}
 		if len(src) > 0 {
 			d.LocalAddr = &net.TCPAddr{IP: src[next.Add(1)%uint32(len(src))]}
@@ -290,7 +295,21 @@ func dialer(addr string, src []net.IP, timeout time.Duration) func() (net.Conn, 
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
-		return c, nil
+		if tlsCfg == nil {
+			return c, nil
+		}
+		tc := tls.Client(c, tlsCfg)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := tc.HandshakeContext(ctx); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+		}
+		p.handshakes.Add(1)
+		if tc.ConnectionState().DidResume {
+			p.resumed.Add(1)
+		}
+		return tc, nil
 	}
 }
 

@@ -659,8 +659,9 @@ func (s *Swarm) mqttSetup(budget int) (int, error) {
 	}
 	src := sourceAddrs(cfg, addr)
 	checkSourcePorts(cfg.Log, cfg.Devices, src)
-	s.mqDial = dialer(addr, src, cfg.Timeout)
 	s.pool = newPool(0, false, nil) // only its open/dials counters
+	dial := dialer(addr, src, cfg.Timeout, nil)
+	s.mqDial = func() (net.Conn, error) { return dial(s.pool) }
 	return cfg.Devices, nil
 }
 

@@ -51,6 +51,8 @@ type Results struct {
 // Params are the run's parameters, as used (after defaults and caps).
 type Params struct {
 	Target        string   `json:"target"`
+	TLS           bool     `json:"tls,omitempty"`        // https target
+	TLSResume     bool     `json:"tls_resume,omitempty"` // kettles resume TLS sessions
 	API           string   `json:"api"`
 	Protocol      string   `json:"protocol,omitempty"`      // "http" (default) or "mqtt"
 	MQTTTarget    string   `json:"mqtt_target,omitempty"`   // host:port of the MQTT listener
@@ -153,6 +155,10 @@ type Totals struct {
 	PollsDeferred int64   `json:"polls_deferred,omitempty"`
 	MaxLagMs      float64 `json:"max_lag_ms"`
 	Dials         int64   `json:"dials"`
+	// TLS (an https target): handshakes completed, and how many the server
+	// resumed (session tickets) instead of a full handshake.
+	TLSHandshakes int64 `json:"tls_handshakes,omitempty"`
+	TLSResumed    int64 `json:"tls_resumed,omitempty"`
 	// MQTT: commands pushed to the kettles, and connections lost (then redialed).
 	CommandsReceived int64   `json:"commands_received,omitempty"`
 	ConnsLost        int64   `json:"conns_lost,omitempty"`
@@ -249,6 +255,9 @@ func (r *Results) Summary(w io.Writer) {
 	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
 		t.Readings, t.Acked, t.Unacked, t.Dropped, t.DuplicatesReported)
 	fmt.Fprintf(w, "  simulator: late starts %d, max lag %.1f ms, %d connections dialed\n", t.LateStarts, t.MaxLagMs, t.Dials)
+	if r.Params.TLS {
+		fmt.Fprintf(w, "  tls: %d handshakes, %d of them resumed (session resumption %s)\n", t.TLSHandshakes, t.TLSResumed, map[bool]string{true: "on", false: "off"}[r.Params.TLSResume])
+	}
 	if t.PollsDeferred > 0 {
 		fmt.Fprintf(w, "  polls deferred by the server's Cache-Control max-age: %d\n", t.PollsDeferred)
 	}

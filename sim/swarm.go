@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +26,11 @@ import (
 
 // Config is one swarm run.
 type Config struct {
-	Target    string        // base URL of the server; must be loopback
+	Target string // base URL of the server; must be loopback
+	// TLS is the client side of an https:// Target (RootCAs: the server's
+	// CA; ClientSessionCache: kettles resume sessions); nil: the system's
+	// roots, no resumption.
+	TLS       *tls.Config
 	Devices   int           // kettles
 	Interval  time.Duration // between a kettle's readings
 	Jitter    time.Duration // each send is due at phase + k×Interval ± Jitter
@@ -134,8 +139,8 @@ func (c *Config) defaults() {
 // a load test must never hit someone else's server by a typo.
 func CheckLoopback(target string) (*url.URL, error) {
 	u, err := url.Parse(target)
-	if err != nil || u.Host == "" || (u.Scheme != "http") {
-		return nil, fmt.Errorf("--target %q: want http://HOST:PORT (https is not supported by the swarm)", target)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("--target %q: want http://HOST:PORT or https://HOST:PORT", target)
 	}
 	h := u.Hostname()
 	ip := net.ParseIP(h)
@@ -282,15 +287,31 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if strings.EqualFold(u.Hostname(), "localhost") {
 		addr = net.JoinHostPort("127.0.0.1", u.Port())
 	}
+	var tlsCfg *tls.Config
+	if u.Scheme == "https" {
+		tlsCfg = &tls.Config{}
+		if cfg.TLS != nil {
+			tlsCfg = cfg.TLS.Clone()
+		}
+		tlsCfg.ServerName = u.Hostname()
+		cfg.TLS = tlsCfg
+	}
 	if u.Port() == "" {
-		addr = net.JoinHostPort(strings.Trim(addr, "[]"), "80")
+		port := "80"
+		if tlsCfg != nil {
+			port = "443"
+		}
+		addr = net.JoinHostPort(strings.Trim(addr, "[]"), port)
 	}
 	if cfg.Protocol != ProtocolHTTP && cfg.Protocol != ProtocolMQTT {
 		return nil, fmt.Errorf("--protocol %q: want http or mqtt", cfg.Protocol)
 	}
+	if cfg.Protocol == ProtocolMQTT && tlsCfg != nil {
+		return nil, errors.New("--protocol mqtt over TLS is not simulated: give the swarm an http:// --target and a plain MQTT listener")
+	}
 	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol)}
 	s.st.obs = cfg.Observer
-	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator)
+	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator, tlsCfg)
 
 	budget := FDBudget(cfg.ReserveFDs)
 	var n int
@@ -318,13 +339,23 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			n = budget
 		}
 		checkSourcePorts(cfg.Log, n, sourceAddrs(&cfg, addr))
-		s.pool = newPool(n, perDevice, dialer(addr, sourceAddrs(&cfg, addr), cfg.Timeout))
+		s.pool = newPool(n, perDevice, dialer(addr, sourceAddrs(&cfg, addr), cfg.Timeout, tlsCfg))
+		if tlsCfg != nil {
+			// One handshake first: a certificate the swarm does not trust
+			// is said now, not counted as every request's error.
+			c, err := s.pool.dial(&pool{})
+			if err != nil {
+				return nil, err
+			}
+			c.Close()
+		}
 	}
 
 	s.params = Params{
 		Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
 		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(),
 		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, SourceAddrs: ipStrings(cfg.SourceAddrs), TimeoutS: cfg.Timeout.Seconds(),
+		TLS: tlsCfg != nil, TLSResume: tlsCfg != nil && tlsCfg.ClientSessionCache != nil,
 		Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0), InProcessNote: cfg.InProcessNote,
 		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0),
 	}

@@ -568,10 +568,10 @@ func TestDialerSourceAddrs(t *testing.T) {
 	}
 	defer ln.Close()
 	src, _ := ParseSourceAddrs("127.0.0.21-127.0.0.22")
-	dial := dialer(ln.Addr().String(), src, 5*time.Second)
+	dial := dialer(ln.Addr().String(), src, 5*time.Second, nil)
 	seen := map[string]int{}
 	for range 4 {
-		c, err := dial()
+		c, err := dial(nil)
 		if err != nil {
 			t.Fatal(err)
 		}

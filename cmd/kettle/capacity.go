@@ -53,6 +53,7 @@ func runCapacity(ctx context.Context, args []string) error {
 	var f swarmFlags
 	c := &f.cfg
 	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	f.registerTLS(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token, to provision v1 devices when there is no --secret (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -133,6 +135,9 @@ func (f *swarmFlags) instrument(ctx context.Context) (stop func() *sysstat.Serie
 			}
 		}
 		cfg := sysstat.Config{ServerPID: pid, PostgresPID: f.postgresPID, MetricsURL: strings.TrimRight(f.cfg.Target, "/") + "/metrics"}
+		if f.cfg.TLS != nil {
+			cfg.Client = &http.Client{Timeout: 800 * time.Millisecond, Transport: &http.Transport{TLSClientConfig: f.cfg.TLS}}
+		}
 		smp, err = sysstat.Start(ctx, cfg)
 		if err != nil {
 			fmt.Fprintf(w, "swarm: system not sampled: %v\n", err)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -94,6 +96,8 @@ type swarmFlags struct {
 	cfg          sim.Config
 	conns        string
 	sourceAddrs  string
+	ca           string // PEM roots for an https target
+	tlsResume    bool
 	out          string
 	sloP99       time.Duration
 	maxErrorRate float64
@@ -148,6 +152,39 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
 	fs.IntVar(&f.serverPID, "server-pid", 0, "pid of the server process to sample (0: the process listening on --target's port)")
 	fs.IntVar(&f.postgresPID, "postgres-pid", 0, "postmaster pid: sample that PostgreSQL cluster only (0: every process named postgres; -1: none)")
+	f.registerTLS(fs)
+}
+
+// registerTLS adds the flags of an https:// --target.
+func (f *swarmFlags) registerTLS(fs *flag.FlagSet) {
+	fs.StringVar(&f.ca, "ca", "", "https --target: PEM file of the certificate(s) to trust, e.g. kettle serve's self-signed --tls-cert (empty: the system's roots)")
+	fs.BoolVar(&f.tlsResume, "tls-resume", true, "https --target: kettles keep session tickets and resume TLS sessions when they reconnect (false: every connection a full handshake)")
+}
+
+// tlsConfig is the client side of an https target (nil for http).
+func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
+	u, err := sim.CheckLoopback(f.cfg.Target)
+	if err != nil || u.Scheme != "https" {
+		if f.ca != "" && err == nil {
+			return nil, fmt.Errorf("--ca %s: the target %s is not https", f.ca, f.cfg.Target)
+		}
+		return nil, err
+	}
+	c := &tls.Config{}
+	if f.ca != "" {
+		pem, err := os.ReadFile(f.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--ca %s: no PEM certificate in it", f.ca)
+		}
+	}
+	if f.tlsResume {
+		c.ClientSessionCache = tls.NewLRUClientSessionCache(64)
+	}
+	return c, nil
 }
 
 func runSwarm(ctx context.Context, args []string) error {
@@ -180,6 +217,11 @@ func (f *swarmFlags) resolve() error {
 	if _, err := sim.CheckLoopback(c.Target); err != nil {
 		return err
 	}
+	tlsCfg, err := f.tlsConfig()
+	if err != nil {
+		return err
+	}
+	c.TLS = tlsCfg
 	switch f.conns {
 	case "per-device", "":
 		c.Conns = 0
