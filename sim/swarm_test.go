@@ -444,7 +444,9 @@ func TestCheckLoopback(t *testing.T) {
 	f("http://10.0.0.1:8080", false)
 	f("http://example.com", false)
 	f("http://0.0.0.0:8080", false)
-	f("https://127.0.0.1", false)
+	f("https://127.0.0.1", true)
+	f("https://example.com", false)
+	f("ftp://127.0.0.1", false)
 	f("127.0.0.1:8080", false)
 }
 
