@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# kettle serve over TLS (--tls-cert/--tls-key, a self-signed ECDSA P-256
+# certificate made with openssl) against plain TCP, in one run, everything on
+# 127.0.0.1, the embedded store:
+#
+#  1. reconnection storm (bench/tlsstorm, WORKERS at once, STORM each): new
+#     connections/s and the server's CPU per connection — plain, then a full
+#     TLS handshake and a resumed one for each client key exchange in CURVES
+#     (kettle firmware offers X25519 or P-256; Go clients offer the hybrid
+#     X25519MLKEM768 first). After a restart every kettle reconnects once
+#     within its interval: 20,000 kettles at 30 s are ~670 connections/s.
+#  2. a fleet on keep-alive connections (kettle swarm, DEVICES kettles, one
+#     connection each, a reading and a poll every INTERVAL, DURATION, all
+#     connecting at once with phases spread over one interval: every TLS
+#     kettle a full handshake, as after a restart), plain then TLS, ROUNDS
+#     times: in the steady state (from one interval + 5 s on) the server's
+#     CPU per request (the swarm's per-second samples of the server process)
+#     and the worst 5-s window p99 of each endpoint; the worst window p99
+#     while the kettles connect (the wave); the server's peak RSS; the
+#     audit. TLS/plain ratios and their median.
+#
+#   bench/tls.sh
+#   DEVICES=10000 INTERVAL=10s DURATION=40s ROUNDS=2 CURVES="X25519 CurveP256" bench/tls.sh
+#
+# KETTLE_BIN: a prebuilt kettle. Traffic stays on 127.0.0.1 and every phase
+# stops by itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-10s} DURATION=${DURATION:-40s} ROUNDS=${ROUNDS:-2}
+CURVES=${CURVES:-X25519 CurveP256 X25519MLKEM768} WORKERS=${WORKERS:-64} STORM=${STORM:-8s}
+. bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
+work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=
+trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+echo "rerun: DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM bench/tls.sh"
+machine_line
+build_kettle "$work"
+go build -o "$work/tlsstorm" ./bench/tlsstorm
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=localhost \
+	-addext "subjectAltName=IP:127.0.0.1,DNS:localhost" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+
+# start_serve NAME [--tls]: kettle serve on a fresh store; sets port, kpid, base.
+start_serve() {
+	local dir="$work/$1" scheme=http tls=()
+	mkdir -p "$dir"
+	if [ "${2:-}" = --tls ]; then scheme=https tls=(--tls-cert "$work/cert.pem" --tls-key "$work/key.pem"); fi
+	port=$(free_port)
+	"$work/kettle" serve --addr 127.0.0.1:$port --db "sqlite:$dir/kettle.db" --data-dir "$dir" --log-level warn "${tls[@]}" 2>"$dir/serve.log" &
+	kpid=$!
+	base=$scheme://127.0.0.1:$port
+	for _ in $(seq 300); do curl -sf --cacert "$work/cert.pem" "$base/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
+	echo "kettle serve did not start:"; cat "$dir/serve.log"; exit 1
+}
+stop_serve() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
+
+echo "== reconnection storm: new connection, GET /healthz, close; $WORKERS at once, $STORM each"
+start_serve storm-plain
+"$work/tlsstorm" -target "$base" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM plain"
+stop_serve
+start_serve storm-tls --tls
+for c in $CURVES; do
+	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-full curve=$c"
+	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -resume -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-resumed curve=$c"
+done
+stop_serve
+
+# fleet NAME ROUND [--tls]: one swarm run; prints a FLEET line from its results.json.
+fleet() {
+	local args=()
+	start_serve "fleet-$1-$2" ${3:-}
+	# a full handshake per kettle, as after a restart of kettle serve (its
+	# session-ticket keys are new: tickets from before are refused)
+	[ "${3:-}" = --tls ] && args=(--ca "$work/cert.pem" --tls-resume=false)
+	"$work/kettle" swarm --target "$base" "${args[@]}" --data-dir "$work/fleet-$1-$2" --devices "$DEVICES" --interval "$INTERVAL" \
+		--duration "$DURATION" --server-pid "$kpid" --postgres-pid -1 --out "$work/fleet-$1-$2/out" --report=false --slo-p99 10s \
+		>"$work/fleet-$1-$2/swarm.log" 2>&1 || { echo "swarm ($1, round $2) failed:"; tail -20 "$work/fleet-$1-$2/swarm.log"; }
+	grep -E '^  (measurement|command|requests|tls:|audit:)' "$work/fleet-$1-$2/swarm.log" | sed "s/^ /  [$1 $2]/"
+	python3 - "$work/fleet-$1-$2/out/results.json" "$work/fleet-$1-$2/swarm.log" "$1" "$2" "$INTERVAL" <<'EOF'
+# Steady state: from one interval + 5 s after the start (every kettle has
+# connected; the connection wave is the part before).
+import datetime, json, re, sys
+res, log, name, rnd, interval = sys.argv[1:]
+m = re.fullmatch(r"(\d+)(s|m)", interval)
+steady = int(m[1]) * (60 if m[2] == "m" else 1) + 5
+r = json.load(open(res))
+def ts(v):
+    v = re.sub(r"(\.\d{6})\d*", r"\1", v).replace("Z", "+00:00")
+    return datetime.datetime.fromisoformat(v)
+t0 = ts(r["start"]); last = max(s["t"] for s in r["seconds"])
+reqs = sum(sum(e["requests"] for e in s["endpoints"].values()) for s in r["seconds"] if s["t"] > steady)
+sysr = r["system"]; iv = sysr["interval_s"]
+srv = [((ts(s["time"]) - t0).total_seconds(), s["procs"]["server"]) for s in sysr["samples"] if "server" in s.get("procs", {})]
+cpu = sum(p["cpu_pct"] for t, p in srv if steady < t <= last + 1) / 100 * iv
+rss = max(p["rss_bytes"] for t, p in srv)
+win = [(int(a), float(b), float(c)) for a, b, c in re.findall(r"\[\s*(\d+)s\].*?measurement [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms \| command [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", open(log).read())]
+wave = [w for w in win if w[0] <= steady]; rest = [w for w in win if w[0] > steady]
+t = r["totals"]
+print("FLEET %s round=%s requests=%d errors=%d server_rss_mib=%.0f steady_requests=%d steady_server_us_per_request=%.1f "
+      "steady_p99_measurement_ms=%.2f steady_p99_command_ms=%.2f wave_p99_measurement_ms=%.2f wave_p99_command_ms=%.2f" % (
+    name, rnd, t["requests"], t["errors"], rss / 1048576, reqs, cpu / max(reqs, 1) * 1e6,
+    max((w[1] for w in rest), default=0), max((w[2] for w in rest), default=0),
+    max((w[1] for w in wave), default=0), max((w[2] for w in wave), default=0)))
+EOF
+	stop_serve
+}
+echo "== fleet: $DEVICES kettles, one keep-alive connection each, interval $INTERVAL, $DURATION; plain then TLS, $ROUNDS rounds"
+for r in $(seq "$ROUNDS"); do
+	fleet plain "$r" | tee -a "$work/fleet.txt"
+	fleet tls "$r" --tls | tee -a "$work/fleet.txt"
+done
+for f in steady_server_us_per_request server_rss_mib steady_p99_measurement_ms wave_p99_measurement_ms; do
+	ratios=$(awk -v f="$f" '$1 == "FLEET" { delete kv; for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] } x[kv["round"], $2] = kv[f]; n = kv["round"] > n ? kv["round"] : n }
+		END { for (i = 1; i <= n; i++) if (x[i, "plain"] > 0) printf "%.3f\n", x[i, "tls"] / x[i, "plain"] }' "$work/fleet.txt")
+	echo "RATIO tls/plain $f: median $(echo "$ratios" | median) of $ROUNDS rounds ($(echo $ratios))"
+done
