@@ -20,13 +20,13 @@
 #     audit. TLS/plain ratios and their median.
 #
 #   bench/tls.sh
-#   DEVICES=10000 INTERVAL=10s DURATION=40s ROUNDS=2 CURVES="X25519 CurveP256" bench/tls.sh
+#   DEVICES=4000 INTERVAL=10s DURATION=40s ROUNDS=1 CURVES="X25519" STORM=4s bench/tls.sh   # quicker
 #
 # KETTLE_BIN: a prebuilt kettle. Traffic stays on 127.0.0.1 and every phase
 # stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-10s} DURATION=${DURATION:-40s} ROUNDS=${ROUNDS:-2}
+DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-90s} ROUNDS=${ROUNDS:-3}
 CURVES=${CURVES:-X25519 CurveP256 X25519MLKEM768} WORKERS=${WORKERS:-64} STORM=${STORM:-8s}
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
 work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=

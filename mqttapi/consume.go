@@ -2,6 +2,8 @@ package mqttapi
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,8 +25,12 @@ import (
 
 // ConsumerConfig configures external-broker mode.
 type ConsumerConfig struct {
-	// BrokerURL is the broker, e.g. tcp://host:1883, mqtt://…, tls://….
+	// BrokerURL is the broker, e.g. tcp://host:1883, mqtt://…, tls://… or
+	// mqtts://… (TLS, the broker's certificate checked against CAFile).
 	BrokerURL string
+	// CAFile is a PEM file of the certificates that may sign a TLS
+	// broker's (empty: the system's roots).
+	CAFile string
 	// ClientID must be unique per kettle node and stable across its restarts
 	// (the broker keeps its session, and redelivers what was not
 	// acknowledged). Empty: "kettle-" + hostname.
@@ -98,12 +104,29 @@ func Consume(ctx context.Context, cfg ConsumerConfig, svc *fleet.Service, secret
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("--mqtt-broker %q: want a URL such as tcp://host:1883", cfg.BrokerURL)
 	}
+	var tlsCfg *tls.Config
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--mqtt-broker-ca: %w", err)
+		}
+		tlsCfg = &tls.Config{RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}
+		if !tlsCfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--mqtt-broker-ca %s: no PEM certificate in it", cfg.CAFile)
+		}
+		switch u.Scheme {
+		case "tls", "ssl", "mqtts", "mqtt+ssl", "tcps":
+		default:
+			return nil, fmt.Errorf("--mqtt-broker-ca is for a TLS broker: write --mqtt-broker as tls://%s", u.Host)
+		}
+	}
 	c := &Consumer{cfg: cfg, svc: svc, counters: new(Counters), log: log, sem: make(chan struct{}, cfg.InFlight)}
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	filter := "$share/" + cfg.Share + "/kettles/+/measurements"
 	rm := uint16(cfg.InFlight)
 	pc := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
+		TlsCfg:                        tlsCfg,
 		KeepAlive:                     uint16(cfg.KeepAlive / time.Second),
 		CleanStartOnInitialConnection: false,
 		SessionExpiryInterval:         uint32(cfg.SessionExpiry / time.Second),

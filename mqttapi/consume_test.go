@@ -2,6 +2,7 @@ package mqttapi_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -9,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,12 +22,29 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/tlscert/tlscerttest"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/postgres"
+	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
 // mosquitto starts a throwaway Mosquitto on a free port and returns its URL.
-func mosquitto(t *testing.T) string {
+func mosquitto(t *testing.T) string { t.Helper(); return startMosquitto(t, "", "tcp") }
+
+// mosquittoTLS starts one whose listener speaks TLS only, with this
+// certificate and key, and returns its tls:// URL.
+func mosquittoTLS(t *testing.T, certFile, keyFile string) string {
+	t.Helper()
+	conf := fmt.Sprintf("certfile %s\nkeyfile %s\n", certFile, keyFile)
+	if os.Geteuid() == 0 {
+		// Started as root, Mosquitto becomes the user mosquitto, who cannot
+		// read the test's private temp directory.
+		conf += "user root\n"
+	}
+	return startMosquitto(t, conf, "tls")
+}
+
+func startMosquitto(t *testing.T, listener, scheme string) string {
 	t.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -42,7 +61,7 @@ func mosquitto(t *testing.T) string {
 	l.Close()
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "mosquitto.conf")
-	err = os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence false\nmax_inflight_messages 1000\nmax_queued_messages 100000\n", port)), 0o600)
+	err = os.WriteFile(conf, []byte(fmt.Sprintf("listener %d 127.0.0.1\n%sallow_anonymous true\npersistence false\nmax_inflight_messages 1000\nmax_queued_messages 100000\n", port, listener)), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +91,7 @@ func mosquitto(t *testing.T) string {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "tcp://" + addr
+	return scheme + "://" + addr
 }
 
 // TestConsumeSharedSubscription: two kettle nodes (two fleet services, two
@@ -221,5 +240,85 @@ func TestConsumeSharedSubscription(t *testing.T) {
 		t.Logf("retained command: %s", p.Payload)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no retained command from the broker")
+	}
+}
+
+// TestConsumeOverTLS: a node consumes from a Mosquitto that speaks TLS only
+// (--mqtt-broker tls://…, its certificate trusted through
+// --mqtt-broker-ca), and a reading published over TLS is stored. Without
+// the CA the node never connects; a CA with a tcp:// broker is refused.
+func TestConsumeOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	_, roots, _, _ := tlscerttest.Write(t, certFile, keyFile, time.Now().Add(24*time.Hour))
+	broker := mosquittoTLS(t, certFile, keyFile)
+	ctx := context.Background()
+	log := testLog(t)
+	store, err := sqlite.Open(ctx, filepath.Join(dir, "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	svc, err := fleet.New(ctx, store, fleet.Config{}, log, nil, fleet.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+
+	if _, err := mqttapi.Consume(ctx, mqttapi.ConsumerConfig{BrokerURL: strings.Replace(broker, "tls://", "tcp://", 1), CAFile: certFile}, svc, secret, log); err == nil || !strings.Contains(err.Error(), "tls://") {
+		t.Errorf("a CA with a tcp:// broker: %v", err)
+	}
+	untrusting, err := mqttapi.Consume(ctx, mqttapi.ConsumerConfig{BrokerURL: broker, ClientID: "untrusting"}, svc, secret, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := untrusting.AwaitConnection(actx); err == nil {
+		t.Error("connected to a broker whose certificate the system's roots do not sign")
+	}
+	cancel()
+	untrusting.Close()
+
+	c, err := mqttapi.Consume(ctx, mqttapi.ConsumerConfig{BrokerURL: broker, CAFile: certFile, ClientID: "node"}, svc, secret, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	actx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.AwaitConnection(actx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the subscription lands
+
+	u, _ := url.Parse(broker)
+	pub, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
+		ServerUrls: []*url.URL{u}, TlsCfg: &tls.Config{RootCAs: roots}, KeepAlive: 30, CleanStartOnInitialConnection: true,
+		ClientConfig: paho.ClientConfig{ClientID: "publisher"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Disconnect(context.Background())
+	if err := pub.AwaitConnection(actx); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.New()
+	at := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	if _, err := pub.Publish(actx, &paho.Publish{Topic: mqttapi.MeasurementTopic(id), QoS: 1, Payload: reading(at, 500)}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		h, err := store.History(ctx, kettle.HistoryQuery{Device: id, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) == 1 && h[0].Time.Equal(at) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reading published over TLS was not stored: %v", h)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
