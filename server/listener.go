@@ -25,6 +25,10 @@ type limitListener struct {
 	// needs a handshake before its 503 can be read (refuseTLS).
 	tls         *tls.Config
 	refusingTLS atomic.Int64 // refusals in a handshake now
+	refusalsMu  sync.Mutex
+	refusals    map[net.Conn]struct{} // those connections, closed by Close
+	refusalsWG  sync.WaitGroup
+	closed      bool // under refusalsMu
 }
 
 // maxTLSRefusals bounds the handshakes spent on refusals at once: past it
@@ -72,9 +76,28 @@ func (l *limitListener) refuseTLS(c net.Conn) {
 		c.Close()
 		return
 	}
+	l.refusalsMu.Lock()
+	if l.closed {
+		l.refusalsMu.Unlock()
+		l.refusingTLS.Add(-1)
+		c.Close()
+		return
+	}
+	if l.refusals == nil {
+		l.refusals = map[net.Conn]struct{}{}
+	}
+	l.refusals[c] = struct{}{}
+	l.refusalsWG.Add(1)
+	l.refusalsMu.Unlock()
 	go func() {
+		defer l.refusalsWG.Done()
 		defer l.refusingTLS.Add(-1)
-		defer c.Close()
+		defer func() {
+			l.refusalsMu.Lock()
+			delete(l.refusals, c)
+			l.refusalsMu.Unlock()
+			c.Close()
+		}()
 		c.SetDeadline(time.Now().Add(time.Second))
 		tc := tls.Server(c, l.tls)
 		if tc.Handshake() == nil {
@@ -82,6 +105,20 @@ func (l *limitListener) refuseTLS(c net.Conn) {
 		}
 		tc.Close()
 	}()
+}
+
+// Close stops accepting, and ends the refusals in progress (their
+// goroutines are gone when it returns).
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.refusalsMu.Lock()
+	l.closed = true
+	for c := range l.refusals {
+		c.Close()
+	}
+	l.refusalsMu.Unlock()
+	l.refusalsWG.Wait()
+	return err
 }
 
 // Active is the number of open connections; Refused counts those turned away.

@@ -216,6 +216,25 @@ func TestTLSConnectionCap(t *testing.T) {
 	if took := time.Since(began); err == nil || math.Abs(took.Seconds()-1) > 0.5 {
 		t.Errorf("an excess connection without a handshake: read %v after %v, want it closed after ~1 s", err, took)
 	}
+
+	// Stopping the server ends a refusal in progress at once.
+	pending, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pending.Close()
+	time.Sleep(100 * time.Millisecond)
+	closed := make(chan time.Duration, 1)
+	go func() {
+		pending.SetReadDeadline(time.Now().Add(5 * time.Second))
+		began := time.Now()
+		pending.Read(make([]byte, 1))
+		closed <- time.Since(began)
+	}()
+	srv.Close()
+	if took := <-closed; took > 500*time.Millisecond {
+		t.Errorf("a refusal in its handshake outlived the server's Close by %v", took)
+	}
 }
 
 func waitFor(t *testing.T, ok func() bool, what string) {
