@@ -163,7 +163,11 @@ func runServe(ctx context.Context, args []string) error {
 	tok, sec := srv.TokenFiles()
 	fmt.Fprintf(os.Stderr, "kettle serve listening on %s\n", srv.URL())
 	if a := srv.MQTTAddr(); a != "" {
-		fmt.Fprintf(os.Stderr, "  MQTT on %s (username: device id, password: its token)\n", a)
+		over := ""
+		if cfg.TLSCert != "" {
+			over = " over TLS"
+		}
+		fmt.Fprintf(os.Stderr, "  MQTT%s on %s (username: device id, password: its token)\n", over, a)
 	}
 	if tok != "" {
 		fmt.Fprintf(os.Stderr, "  operator token: %s (curl -H \"Authorization: Bearer $(cat %s)\" %s/v1/statistics)\n", tok, tok, srv.URL())
