@@ -29,15 +29,7 @@ func TestConnectionCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("excess connection: %v", err)
-	}
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Errorf("excess connection: %d Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
-	}
-	c.Close()
+	expectRefusal(t, c)
 	// Free one slot: a new client is served.
 	held[0].Close()
 	held = held[1:]
@@ -81,5 +73,20 @@ func TestSlowHeadersBounded(t *testing.T) {
 	// The server closes the connection (possibly after a 408).
 	if err == nil && !strings.Contains(string(buf[:n]), "408") {
 		t.Errorf("slow client got %q, want the connection closed", buf[:n])
+	}
+}
+
+// expectRefusal reads the answer to a connection over --max-conns: 503 with
+// Retry-After. It closes c.
+func expectRefusal(t *testing.T, c net.Conn) {
+	t.Helper()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("excess connection: %v", err)
+	}
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
+		t.Errorf("excess connection: %d Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
 	}
 }

@@ -28,14 +28,9 @@ func TestMQTTWiring(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: id.String()})
-	ca, err := cl.Connect(ctx, &paho.Connect{
-		ClientID: id.String(), CleanStart: true, KeepAlive: 30,
-		UsernameFlag: true, Username: id.String(),
-		PasswordFlag: true, Password: []byte(kettle.DeviceToken(srv.Secret(), id)),
-	})
-	if err != nil || ca.ReasonCode != 0 {
-		t.Fatalf("connect: %v %+v", err, ca)
+	cl, err := mqttDeviceOn(ctx, srv, conn, id)
+	if err != nil {
+		t.Fatal(err)
 	}
 	defer cl.Disconnect(&paho.Disconnect{})
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
@@ -56,4 +51,22 @@ func TestMQTTWiring(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// mqttDeviceOn sends device id's CONNECT (its token as the password) on conn
+// and waits for a successful CONNACK.
+func mqttDeviceOn(ctx context.Context, srv *server.Server, conn net.Conn, id uuid.UUID) (*paho.Client, error) {
+	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: id.String()})
+	ca, err := cl.Connect(ctx, &paho.Connect{
+		ClientID: id.String(), CleanStart: true, KeepAlive: 30,
+		UsernameFlag: true, Username: id.String(),
+		PasswordFlag: true, Password: []byte(kettle.DeviceToken(srv.Secret(), id)),
+	})
+	if err == nil && ca.ReasonCode != 0 {
+		err = fmt.Errorf("CONNACK reason %#x", ca.ReasonCode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("MQTT connect: %w", err)
+	}
+	return cl, nil
 }

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -21,7 +20,6 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 
-	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/tlscert/tlscerttest"
 	"github.com/kettlefleet/kettlefleet/server"
@@ -102,14 +100,9 @@ func TestTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: id.String()})
-	ca, err := cl.Connect(ctx, &paho.Connect{
-		ClientID: id.String(), CleanStart: true, KeepAlive: 30,
-		UsernameFlag: true, Username: id.String(),
-		PasswordFlag: true, Password: []byte(kettle.DeviceToken(srv.Secret(), id)),
-	})
-	if err != nil || ca.ReasonCode != 0 {
-		t.Fatalf("MQTT connect over TLS: %v %+v", err, ca)
+	cl, err := mqttDeviceOn(ctx, srv, conn, id)
+	if err != nil {
+		t.Fatalf("over TLS: %v", err)
 	}
 	msg := fmt.Sprintf(`{"time":%q,"battery_charge_mwh":5,"battery_full_mwh":10,"battery_rate_mw":1,"ambient_temp_c":20,"water_temp_c":70,"water_level_ml":500}`, ts.Format(time.RFC3339))
 	pr, err := cl.Publish(ctx, &paho.Publish{Topic: "kettles/" + id.String() + "/measurements", QoS: 1, Payload: []byte(msg)})
@@ -127,8 +120,7 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcl := paho.NewClient(paho.ClientConfig{Conn: pc, ClientID: id.String()})
-	if _, err := pcl.Connect(ctx, &paho.Connect{ClientID: id.String(), CleanStart: true, UsernameFlag: true, Username: id.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken(srv.Secret(), id))}); err == nil {
+	if _, err := mqttDeviceOn(ctx, srv, pc, id); err == nil {
 		t.Error("plain MQTT CONNECT on the TLS port was accepted")
 	}
 	pc.Close()
@@ -195,15 +187,7 @@ func TestTLSConnectionCap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("excess connection's handshake: %v", err)
 	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("excess connection: %v", err)
-	}
-	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" {
-		t.Errorf("excess connection: %d Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
-	}
-	c.Close()
+	expectRefusal(t, c)
 
 	raw, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
