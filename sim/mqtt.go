@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -660,8 +661,22 @@ func (s *Swarm) mqttSetup(budget int) (int, error) {
 	src := sourceAddrs(cfg, addr)
 	checkSourcePorts(cfg.Log, cfg.Devices, src)
 	s.pool = newPool(0, false, nil) // only its open/dials counters
-	dial := dialer(addr, src, cfg.Timeout, nil)
+	var tlsCfg *tls.Config
+	if cfg.TLS != nil { // an https --target: the MQTT listener is TLS too (kettle serve --tls-cert)
+		tlsCfg = cfg.TLS.Clone()
+		tlsCfg.ServerName, _, _ = net.SplitHostPort(addr)
+	}
+	dial := dialer(addr, src, cfg.Timeout, tlsCfg)
 	s.mqDial = func() (net.Conn, error) { return dial(s.pool) }
+	if tlsCfg != nil {
+		// One handshake first: a certificate the swarm does not trust is
+		// said now, not counted as every connection's error.
+		c, err := dial(&pool{})
+		if err != nil {
+			return 0, err
+		}
+		c.Close()
+	}
 	return cfg.Devices, nil
 }
 

@@ -76,7 +76,8 @@ the server's certificate checked against --ca (or the system's roots); an
 untrusted one stops the run before it starts. Kettles offer X25519, then
 P-256, as kettle firmware does, and with --tls-resume resume their sessions
 when they reconnect. The handshakes, and how many were resumed, are in the
-summary and results.json. MQTT over TLS is not simulated.
+summary and results.json. With --protocol mqtt the kettles speak TLS to
+--mqtt-target too (kettle serve --tls-cert makes its MQTT listener TLS).
 
 At the end, with the operator token (--operator-token, or the file in
 --data-dir), every acknowledged reading is looked up in the server:

@@ -24,7 +24,7 @@ func TestSwarmOverTLS(t *testing.T) {
 	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
 	tlscerttest.Write(t, certFile, keyFile, time.Now().Add(30*24*time.Hour))
 	data := filepath.Join(dir, "data")
-	p := serve(t, data, "sqlite:"+filepath.Join(dir, "k.db"), "--tls-cert", certFile, "--tls-key", keyFile)
+	p := serve(t, data, "sqlite:"+filepath.Join(dir, "k.db"), "--tls-cert", certFile, "--tls-key", keyFile, "--mqtt-addr", "127.0.0.1:0")
 	if !strings.HasPrefix(p.url, "https://") {
 		t.Fatalf("kettle serve --tls-cert listens on %s", p.url)
 	}
@@ -77,10 +77,26 @@ func TestSwarmOverTLS(t *testing.T) {
 		}
 	}
 
+	// MQTT kettles over TLS, to the listener the banner names.
+	m := regexp.MustCompile(`MQTT over TLS on (\S+)`).FindStringSubmatch(p.log.String())
+	if m == nil {
+		t.Fatalf("the banner names no MQTT listener over TLS:\n%s", p.log)
+	}
+	log, err := swarm(filepath.Join(dir, "mqtt"), "--ca", certFile, "--protocol", "mqtt", "--mqtt-target", m[1], "--devices", "50")
+	if err != nil {
+		t.Fatalf("swarm over MQTT with TLS: %v\n%s", err, log)
+	}
+	if a := regexp.MustCompile(`audit: acked=(\d+) stored=(\d+) lost=0 duplicated=0`).FindStringSubmatch(log); a == nil || a[1] != a[2] || a[1] == "0" {
+		t.Errorf("swarm over MQTT with TLS: no clean audit\n%s", log)
+	}
+	if h := tally.FindStringSubmatch(log); h == nil || h[1] != "50" {
+		t.Errorf("swarm over MQTT with TLS: want 50 handshakes\n%s", log)
+	}
+
 	// Not trusted: the swarm says why and fails.
 	other := filepath.Join(dir, "other.pem")
 	tlscerttest.Write(t, other, "", time.Now().Add(time.Hour))
-	log, err := swarm(filepath.Join(dir, "untrusted"), "--ca", other)
+	log, err = swarm(filepath.Join(dir, "untrusted"), "--ca", other)
 	if err == nil || !strings.Contains(log, "certificate signed by unknown authority") {
 		t.Errorf("a swarm that distrusts the certificate: %v\n%s", err, log)
 	}
