@@ -9,8 +9,9 @@
 #     (kettle firmware offers X25519 or P-256; Go clients offer the hybrid
 #     X25519MLKEM768 first). After a restart every kettle reconnects once
 #     within its interval: 20,000 kettles at 30 s are ~670 connections/s.
-#  2. a fleet on keep-alive connections (kettle swarm, DEVICES kettles, one
-#     connection each, a reading and a poll every INTERVAL, DURATION, all
+#  2. a fleet on kept connections (kettle swarm, DEVICES kettles, one
+#     connection each, a reading and a poll every INTERVAL — PROTOCOL=mqtt:
+#     a QoS 1 publish, commands pushed — DURATION, all
 #     connecting at once with phases spread over one interval: every TLS
 #     kettle a full handshake, as after a restart), plain then TLS, ROUNDS
 #     times: in the steady state (from one interval + 5 s on) the server's
@@ -20,6 +21,7 @@
 #     audit. TLS/plain ratios and their median.
 #
 #   bench/tls.sh
+#   PROTOCOL=mqtt NO_STORM=1 bench/tls.sh   # the fleet over MQTT (QoS 1, PUBACK after commit) instead
 #   DEVICES=4000 INTERVAL=10s DURATION=40s ROUNDS=1 CURVES="X25519" STORM=4s bench/tls.sh   # quicker
 #
 # KETTLE_BIN: a prebuilt kettle. Traffic stays on 127.0.0.1 and every phase
@@ -28,23 +30,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-90s} ROUNDS=${ROUNDS:-3}
 CURVES=${CURVES:-X25519 CurveP256 X25519MLKEM768} WORKERS=${WORKERS:-64} STORM=${STORM:-8s}
+PROTOCOL=${PROTOCOL:-http} # the fleet's: http (uploads and polls) or mqtt (QoS 1 publishes, commands pushed)
+case $PROTOCOL in http | mqtt) ;; *) echo "PROTOCOL must be http or mqtt, got $PROTOCOL" >&2; exit 2 ;; esac
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
 work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "rerun: DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM bench/tls.sh"
+echo "rerun: PROTOCOL=$PROTOCOL DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM ${NO_STORM:+NO_STORM=1 }bench/tls.sh"
 machine_line
 build_kettle "$work"
 go build -o "$work/tlsstorm" ./bench/tlsstorm
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=localhost \
 	-addext "subjectAltName=IP:127.0.0.1,DNS:localhost" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 
-# start_serve NAME [--tls]: kettle serve on a fresh store; sets port, kpid, base.
+# start_serve NAME [--tls]: kettle serve on a fresh store (and an MQTT
+# listener, for PROTOCOL=mqtt); sets port, mport, kpid, base.
 start_serve() {
-	local dir="$work/$1" scheme=http tls=()
+	local dir="$work/$1" scheme=http tls=() mqtt=()
 	mkdir -p "$dir"
 	if [ "${2:-}" = --tls ]; then scheme=https tls=(--tls-cert "$work/cert.pem" --tls-key "$work/key.pem"); fi
-	port=$(free_port)
-	"$work/kettle" serve --addr 127.0.0.1:$port --db "sqlite:$dir/kettle.db" --data-dir "$dir" --log-level warn "${tls[@]}" 2>"$dir/serve.log" &
+	port=$(free_port) mport=$(free_port)
+	[ "$PROTOCOL" = mqtt ] && mqtt=(--mqtt-addr 127.0.0.1:$mport)
+	"$work/kettle" serve --addr 127.0.0.1:$port --db "sqlite:$dir/kettle.db" --data-dir "$dir" --log-level warn "${tls[@]}" "${mqtt[@]}" 2>"$dir/serve.log" &
 	kpid=$!
 	base=$scheme://127.0.0.1:$port
 	for _ in $(seq 300); do curl -sf --cacert "$work/cert.pem" "$base/readyz" >/dev/null 2>&1 && return; sleep 0.1; done
@@ -52,6 +58,7 @@ start_serve() {
 }
 stop_serve() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
 
+if [ -z "${NO_STORM:-}" ]; then
 echo "== reconnection storm: new connection, GET /healthz, close; $WORKERS at once, $STORM each"
 start_serve storm-plain
 "$work/tlsstorm" -target "$base" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM plain"
@@ -62,6 +69,7 @@ for c in $CURVES; do
 	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -resume -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-resumed curve=$c"
 done
 stop_serve
+fi
 
 # fleet NAME ROUND [--tls]: one swarm run; prints a FLEET line from its results.json.
 fleet() {
@@ -70,10 +78,11 @@ fleet() {
 	# a full handshake per kettle, as after a restart of kettle serve (its
 	# session-ticket keys are new: tickets from before are refused)
 	[ "${3:-}" = --tls ] && args=(--ca "$work/cert.pem" --tls-resume=false)
+	[ "$PROTOCOL" = mqtt ] && args+=(--protocol mqtt --mqtt-target 127.0.0.1:$mport)
 	"$work/kettle" swarm --target "$base" "${args[@]}" --data-dir "$work/fleet-$1-$2" --devices "$DEVICES" --interval "$INTERVAL" \
 		--duration "$DURATION" --server-pid "$kpid" --postgres-pid -1 --out "$work/fleet-$1-$2/out" --report=false --slo-p99 10s \
 		>"$work/fleet-$1-$2/swarm.log" 2>&1 || { echo "swarm ($1, round $2) failed:"; tail -20 "$work/fleet-$1-$2/swarm.log"; }
-	grep -E '^  (measurement|command|requests|tls:|audit:)' "$work/fleet-$1-$2/swarm.log" | sed "s/^ /  [$1 $2]/"
+	grep -E '^  (measurement|command|mqtt_publish|mqtt_connect|requests|tls:|audit:)' "$work/fleet-$1-$2/swarm.log" | sed "s/^ /  [$1 $2]/"
 	python3 - "$work/fleet-$1-$2/out/results.json" "$work/fleet-$1-$2/swarm.log" "$1" "$2" "$INTERVAL" <<'EOF'
 # Steady state: from one interval + 5 s after the start (every kettle has
 # connected; the connection wave is the part before).
@@ -91,23 +100,28 @@ sysr = r["system"]; iv = sysr["interval_s"]
 srv = [((ts(s["time"]) - t0).total_seconds(), s["procs"]["server"]) for s in sysr["samples"] if "server" in s.get("procs", {})]
 cpu = sum(p["cpu_pct"] for t, p in srv if steady < t <= last + 1) / 100 * iv
 rss = max(p["rss_bytes"] for t, p in srv)
-win = [(int(a), float(b), float(c)) for a, b, c in re.findall(r"\[\s*(\d+)s\].*?measurement [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms \| command [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", open(log).read())]
+win = []  # (second, {endpoint: p99 ms}) of each progress line
+for line in open(log):
+    m = re.match(r"\[\s*(\d+)s\]", line)
+    if m:
+        win.append((int(m[1]), {e: float(v) for e, v in re.findall(r"(\w+) [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", line)}))
+up = "mqtt_publish" if any("mqtt_publish" in w for _, w in win) else "measurement"
+def worst(ws, ep): return max((w.get(ep, 0) for _, w in ws), default=0)
 wave = [w for w in win if w[0] <= steady]; rest = [w for w in win if w[0] > steady]
 t = r["totals"]
 print("FLEET %s round=%s requests=%d errors=%d server_rss_mib=%.0f steady_requests=%d steady_server_us_per_request=%.1f "
-      "steady_p99_measurement_ms=%.2f steady_p99_command_ms=%.2f wave_p99_measurement_ms=%.2f wave_p99_command_ms=%.2f" % (
+      "steady_p99_upload_ms=%.2f steady_p99_command_ms=%.2f wave_p99_upload_ms=%.2f wave_p99_command_ms=%.2f" % (
     name, rnd, t["requests"], t["errors"], rss / 1048576, reqs, cpu / max(reqs, 1) * 1e6,
-    max((w[1] for w in rest), default=0), max((w[2] for w in rest), default=0),
-    max((w[1] for w in wave), default=0), max((w[2] for w in wave), default=0)))
+    worst(rest, up), worst(rest, "command"), worst(wave, up), worst(wave, "command")))
 EOF
 	stop_serve
 }
-echo "== fleet: $DEVICES kettles, one keep-alive connection each, interval $INTERVAL, $DURATION; plain then TLS, $ROUNDS rounds"
+echo "== fleet ($PROTOCOL): $DEVICES kettles, one connection each, interval $INTERVAL, $DURATION; plain then TLS, $ROUNDS rounds"
 for r in $(seq "$ROUNDS"); do
 	fleet plain "$r" | tee -a "$work/fleet.txt"
 	fleet tls "$r" --tls | tee -a "$work/fleet.txt"
 done
-for f in steady_server_us_per_request server_rss_mib steady_p99_measurement_ms wave_p99_measurement_ms; do
+for f in steady_server_us_per_request server_rss_mib steady_p99_upload_ms wave_p99_upload_ms; do
 	ratios=$(awk -v f="$f" '$1 == "FLEET" { delete kv; for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] } x[kv["round"], $2] = kv[f]; n = kv["round"] > n ? kv["round"] : n }
 		END { for (i = 1; i <= n; i++) if (x[i, "plain"] > 0) printf "%.3f\n", x[i, "tls"] / x[i, "plain"] }' "$work/fleet.txt")
 	echo "RATIO tls/plain $f: median $(echo "$ratios" | median) of $ROUNDS rounds ($(echo $ratios))"
