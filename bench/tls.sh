@@ -49,7 +49,8 @@ start_serve() {
 	mkdir -p "$dir"
 	if [ "${2:-}" = --tls ]; then scheme=https tls=(--tls-cert "$work/cert.pem" --tls-key "$work/key.pem"); fi
 	port=$(free_port) mport=$(free_port)
-	[ "$PROTOCOL" = mqtt ] && mqtt=(--mqtt-addr 127.0.0.1:$mport)
+	# every kettle its MQTT connection (by default MQTT gets half the fd budget)
+	[ "$PROTOCOL" = mqtt ] && mqtt=(--mqtt-addr 127.0.0.1:$mport --mqtt-max-conns $((DEVICES + 100)))
 	"$work/kettle" serve --addr 127.0.0.1:$port --db "sqlite:$dir/kettle.db" --data-dir "$dir" --log-level warn "${tls[@]}" "${mqtt[@]}" 2>"$dir/serve.log" &
 	kpid=$!
 	base=$scheme://127.0.0.1:$port
