@@ -7,7 +7,7 @@ PKGS    := ./...
 # A fresh clone needs only Go for `make demo`; `make test` also needs the
 # Debian packages installed by `make deps` (PostgreSQL, Chromium, Mosquitto,
 # Prometheus, wrk, Locust).
-DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust
+DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl
 
 .PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean
 
