@@ -6,6 +6,7 @@
 package tlscert
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -14,34 +15,23 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
 // CheckEvery is how often, at most, a handshake looks at the files. A look
-// is two stat calls, little next to the handshake itself (~480 µs of the
-// server's CPU here, bench/tls.sh).
+// reads the two files (a few KB), little next to the handshake itself (~480
+// µs of the server's CPU here, bench/tls.sh).
 const CheckEvery = time.Second
 
-// stamp says whether a file changed: an editor, cp or mv all change one of
-// these.
-type stamp struct {
-	mod   time.Time
-	size  int64
-	inode uint64
-}
+// pair is the two files' contents. Changes are found by content, not by
+// stat: two writes within one tick of the kernel's coarse file clock have
+// the same mtime, and a rewritten file keeps its inode and often its size.
+type pair struct{ cert, key []byte }
 
-func stat(name string) (stamp, error) {
-	fi, err := os.Stat(name)
-	if err != nil {
-		return stamp{}, err
-	}
-	s := stamp{mod: fi.ModTime(), size: fi.Size()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.inode = st.Ino
-	}
-	return s, nil
-}
+// sum identifies a pair without keeping another copy of the private key.
+type sum [2][sha256.Size]byte
+
+func (p pair) sum() sum { return sum{sha256.Sum256(p.cert), sha256.Sum256(p.key)} }
 
 // Reloader holds the pair in force. Its GetCertificate goes in a
 // tls.Config.
@@ -53,8 +43,9 @@ type Reloader struct {
 	cur       atomic.Pointer[tls.Certificate]
 	nextCheck atomic.Int64 // unix nanoseconds
 
-	mu                sync.Mutex // one reload at a time
-	certSeen, keySeen stamp      // the files as last loaded or last tried
+	mu      sync.Mutex // one reload at a time
+	seen    sum        // the files as last loaded or last tried
+	readErr bool       // the last look could not read them (logged once)
 
 	reloads, failures atomic.Int64
 }
@@ -69,33 +60,33 @@ func Load(certFile, keyFile string, log *slog.Logger, now func() time.Time) (*Re
 		now = time.Now
 	}
 	r := &Reloader{certFile: certFile, keyFile: keyFile, log: log, now: now}
-	cs, ks, err := r.stamps()
+	p, err := r.readFiles()
 	if err != nil {
 		return nil, err
 	}
-	c, err := r.read()
+	c, err := r.parse(p)
 	if err != nil {
 		return nil, err
 	}
 	r.cur.Store(c)
-	r.certSeen, r.keySeen = cs, ks
+	r.seen = p.sum()
 	r.nextCheck.Store(now().Add(CheckEvery).UnixNano())
 	r.warnExpiry(c)
 	return r, nil
 }
 
-func (r *Reloader) stamps() (cs, ks stamp, err error) {
-	if cs, err = stat(r.certFile); err != nil {
-		return cs, ks, fmt.Errorf("--tls-cert: %w", err)
+func (r *Reloader) readFiles() (p pair, err error) {
+	if p.cert, err = os.ReadFile(r.certFile); err != nil {
+		return p, fmt.Errorf("--tls-cert: %w", err)
 	}
-	if ks, err = stat(r.keyFile); err != nil {
-		return cs, ks, fmt.Errorf("--tls-key: %w", err)
+	if p.key, err = os.ReadFile(r.keyFile); err != nil {
+		return p, fmt.Errorf("--tls-key: %w", err)
 	}
-	return cs, ks, nil
+	return p, nil
 }
 
-func (r *Reloader) read() (*tls.Certificate, error) {
-	c, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+func (r *Reloader) parse(p pair) (*tls.Certificate, error) {
+	c, err := tls.X509KeyPair(p.cert, p.key)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", r.certFile, r.keyFile, err)
 	}
@@ -120,10 +111,14 @@ func (r *Reloader) warnExpiry(c *tls.Certificate) {
 // GetCertificate is tls.Config.GetCertificate: the pair in force, after a
 // look at the files if the last one is CheckEvery old.
 func (r *Reloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.maybeCheck()
+	return r.cur.Load(), nil
+}
+
+func (r *Reloader) maybeCheck() {
 	if r.now().UnixNano() >= r.nextCheck.Load() {
 		r.Check()
 	}
-	return r.cur.Load(), nil
 }
 
 // Check loads the pair again if either file changed since it was last
@@ -136,20 +131,21 @@ func (r *Reloader) Check() {
 	}
 	defer r.mu.Unlock()
 	r.nextCheck.Store(r.now().Add(CheckEvery).UnixNano())
-	cs, ks, err := r.stamps()
+	p, err := r.readFiles()
 	if err != nil {
-		if cs != r.certSeen || ks != r.keySeen {
+		if !r.readErr { // a file being replaced by mv is missing for a moment: say it once
+			r.readErr = true
 			r.failures.Add(1)
 			r.log.Warn("tls: cannot read the certificate files; serving the one loaded before", "err", err)
-			r.certSeen, r.keySeen = cs, ks
 		}
 		return
 	}
-	if cs == r.certSeen && ks == r.keySeen {
+	r.readErr = false
+	if p.sum() == r.seen {
 		return
 	}
-	r.certSeen, r.keySeen = cs, ks
-	c, err := r.read()
+	r.seen = p.sum()
+	c, err := r.parse(p)
 	if err != nil {
 		r.failures.Add(1)
 		r.log.Warn("tls: the changed certificate files do not load; serving the one loaded before until they change again", "err", err)
@@ -161,8 +157,14 @@ func (r *Reloader) Check() {
 	r.warnExpiry(c)
 }
 
-// NotAfter is when the certificate in force expires.
-func (r *Reloader) NotAfter() time.Time { return r.cur.Load().Leaf.NotAfter }
+// NotAfter is when the certificate in force expires, after a look at the
+// files if the last one is CheckEvery old: a scrape of the expiry gauge
+// sees a renewal even when no handshake has happened since (kept-alive
+// connections, an idle server).
+func (r *Reloader) NotAfter() time.Time {
+	r.maybeCheck()
+	return r.cur.Load().Leaf.NotAfter
+}
 
 // Reloads counts pairs loaded after the first; Failures, changed files that
 // did not load.
