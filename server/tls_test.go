@@ -236,3 +236,41 @@ func waitFor(t *testing.T, ok func() bool, what string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestTLSSlowHandshakeBounded: a client that opens a connection to the TLS
+// port and never sends its ClientHello (a slowloris at the handshake) is cut
+// off after --read-header-timeout on HTTP, and after the CONNECT timeout on
+// MQTT, while others are served meanwhile.
+func TestTLSSlowHandshakeBounded(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	_, roots, _, _ := tlscerttest.Write(t, certFile, keyFile, time.Now().Add(24*time.Hour))
+	srv := start(t, "sqlite:"+dir+"/k.db", func(c *server.Config) {
+		c.TLSCert, c.TLSKey = certFile, keyFile
+		c.ReadHeaderTimeout = time.Second
+		c.MQTT.Addr = "127.0.0.1:0"
+		c.MQTT.ConnectTimeout = time.Second
+	})
+	cut := func(addr string) {
+		t.Helper()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		began := time.Now()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		if took := time.Since(began); err == nil || took < 800*time.Millisecond || took > 3*time.Second {
+			t.Errorf("%s: a silent connection read %v after %v, want it closed after ~1 s", addr, err, took)
+		}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); cut(srv.MQTTAddr()) }()
+	c := tlsClient(t, srv, roots)
+	if r := c.do("GET", "/healthz", nil, ""); r.status != 200 {
+		t.Errorf("served meanwhile: %d", r.status)
+	}
+	cut(srv.Addr())
+	<-done
+}
