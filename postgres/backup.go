@@ -50,15 +50,17 @@ func Backup(ctx context.Context, dsn, out string, progress func(done, total int6
 	if err != nil {
 		return BackupInfo{}, err
 	}
-	tmp, err := durable.NewFile(out)
-	if err != nil {
-		return BackupInfo{}, fmt.Errorf("back up to %s", err)
-	}
+	// Connected first: a backup that cannot reach its database leaves
+	// nothing behind, not even the directory it would have written to.
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	tmp, err := durable.NewFile(out)
+	if err != nil {
+		return BackupInfo{}, fmt.Errorf("back up to %s", err)
+	}
 	var info BackupInfo
 	var snapshot string
 	err = func() error {

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/durable"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
@@ -34,18 +40,36 @@ holds (so it knows the count the archive holds), checked with pg_restore
 and must be at least as new as the server. For point-in-time recovery use
 pg_basebackup and WAL archiving instead.
 
+With --keep N, a successful backup then removes the oldest backups in its
+directory so that N are left, the new one among them. Only files named as
+kettle backup names them (kettle-YYYYMMDDTHHMMSSZ.db, or .dump for
+PostgreSQL) are counted and removed, oldest by the time in the name; other
+files, a backup still being written (.partial) and the other store's
+backups are left alone. Nothing is removed when the backup fails.
+
 With --metrics-file, a successful backup leaves its time, duration, size
 and count for node_exporter's textfile collector (alert: KettleBackupStale).`
 
 func runBackup(ctx context.Context, args []string) error {
-	fs := newFlagSet("backup", "--db DSN [--out FILE]", backupDoc)
+	fs := newFlagSet("backup", "--db DSN [--out FILE | --dir DIR] [--keep N]", backupDoc)
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "the store to copy: sqlite:PATH or postgres://user@host:port/db")
 	out := fs.String("out", "", "the backup file, which must not exist (default: backups/kettle-YYYYMMDDTHHMMSSZ.db beside a SQLite store; backups/kettle-YYYYMMDDTHHMMSSZ.dump in the working directory for PostgreSQL)")
+	dir := fs.String("dir", "", "write the backup under its default name (kettle-YYYYMMDDTHHMMSSZ.db or .dump) into this directory instead of the default one; not with --out")
+	keep := fs.Int("keep", 0, "after a successful backup, remove the oldest backups named kettle-YYYYMMDDTHHMMSSZ.db (or .dump) in its directory so that this many are left, the new one included; 0 keeps every backup")
 	check := fs.Bool("check", true, "SQLite: run PRAGMA quick_check on the copy (reads it whole)")
 	quiet := fs.Bool("quiet", false, "no progress lines (one every 5 s on stderr while it runs)")
 	metricsFile := fs.String("metrics-file", "", "after a successful backup, write kettle_backup_* gauges to this file for node_exporter's textfile collector, e.g. /var/lib/prometheus/node-exporter/kettle_backup.prom (the KettleBackupStale alert watches them)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *keep < 0 {
+		return fmt.Errorf("--keep %d: want the number of backups to leave (at least 1), or 0 to keep every one", *keep)
+	}
+	if *out != "" && *dir != "" {
+		return errors.New("--out and --dir: give one (--dir writes the backup under its default name into DIR)")
+	}
+	if *out != "" && *keep > 0 && !backupName.MatchString(filepath.Base(*out)) {
+		return fmt.Errorf("--keep %d removes only backups named kettle-YYYYMMDDTHHMMSSZ.db (or .dump), and --out %s is not one (it would never be counted): use --dir DIR instead of --out", *keep, *out)
 	}
 	start := time.Now()
 	stamp := "kettle-" + start.UTC().Format("20060102T150405Z")
@@ -69,7 +93,7 @@ func runBackup(ctx context.Context, args []string) error {
 	)
 	if server.IsPostgresDSN(*db) {
 		if *out == "" {
-			*out = filepath.Join("backups", stamp+".dump")
+			*out = filepath.Join(cmp.Or(*dir, "backups"), stamp+".dump")
 		}
 		info, err := postgres.Backup(ctx, *db, *out, progress)
 		if err != nil {
@@ -83,7 +107,7 @@ func runBackup(ctx context.Context, args []string) error {
 			return err
 		}
 		if *out == "" {
-			*out = filepath.Join(filepath.Dir(path), "backups", stamp+".db")
+			*out = filepath.Join(cmp.Or(*dir, filepath.Join(filepath.Dir(path), "backups")), stamp+".db")
 		}
 		info, err := sqlite.Backup(ctx, path, *out, *check, progress)
 		if err != nil {
@@ -104,5 +128,51 @@ func runBackup(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(os.Stdout, "backed up %s to %s in %s: %d readings of %d kettles, %.1f MB (%s)\n",
 		what, *out, took.Round(time.Millisecond), n, kettles, float64(bytes)/1e6, detail)
+	if *keep > 0 {
+		removed, left, err := pruneBackups(*out, *keep)
+		if len(removed) > 0 {
+			fmt.Fprintf(os.Stdout, "removed %d older backups (--keep %d; %d left in %s): %s\n",
+				len(removed), *keep, left, filepath.Dir(*out), strings.Join(removed, " "))
+		}
+		if err != nil {
+			return fmt.Errorf("backed up to %s, but --keep: %w", *out, err)
+		}
+	}
 	return nil
+}
+
+// backupName matches the names kettle backup gives its files by default:
+// the second it started, UTC, so that names sort as times do.
+var backupName = regexp.MustCompile(`^kettle-\d{8}T\d{6}Z\.(db|dump)$`)
+
+// pruneBackups removes the oldest backups beside out, the backup just
+// written, so that keep are left, out among them whatever its name's time
+// (a clock set back must not cost the newest backup). Only regular files
+// named as backupName with out's extension count. It returns the names
+// removed and how many backups are left.
+func pruneBackups(out string, keep int) (removed []string, left int, err error) {
+	dir, self := filepath.Dir(out), filepath.Base(out)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, 0, err
+	}
+	var older []string
+	for _, e := range entries {
+		name := e.Name()
+		if name != self && e.Type().IsRegular() && backupName.MatchString(name) && filepath.Ext(name) == filepath.Ext(self) {
+			older = append(older, name)
+		}
+	}
+	slices.Sort(older) // oldest first: the names are fixed-width UTC times
+	excess := max(0, len(older)-(keep-1))
+	for _, name := range older[:excess] {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			return removed, len(older) + 1 - len(removed), err
+		}
+		removed = append(removed, name)
+	}
+	if len(removed) > 0 {
+		err = durable.SyncDir(dir)
+	}
+	return removed, len(older) + 1 - len(removed), err
 }

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -173,5 +174,80 @@ func TestPostgresBackupAndRestore(t *testing.T) {
 	}
 	if c := stats(t, p2, op)["measurement_count"].(float64); int(c) != n+1 {
 		t.Errorf("after one more upload: measurement_count %v, want %d", c, n+1)
+	}
+}
+
+// TestBackupKeep: kettle backup --dir D --keep N leaves N backups in D, the
+// new one among them, removing the oldest by the time in their names; it
+// touches nothing else there (other files, a backup being written, the
+// other store's backups, a directory named like a backup), and nothing at
+// all when the backup fails. --keep with an --out it would never count, or
+// beside --dir, is refused before anything is written.
+func TestBackupKeep(t *testing.T) {
+	dir := t.TempDir()
+	db := "sqlite:" + filepath.Join(dir, "kettle.db")
+	if out, err := exec.Command(kettleBin, "seed", "--db", db, "--devices", "3", "--days", "1", "--interval", "1h").CombinedOutput(); err != nil {
+		t.Fatalf("kettle seed: %v\n%s", err, out)
+	}
+	bdir := filepath.Join(dir, "nightly")
+	os.Mkdir(bdir, 0o755)
+	old := []string{"kettle-20260101T000000Z.db", "kettle-20260102T000000Z.db", "kettle-20260103T000000Z.db",
+		"kettle-20990101T000000Z.db"} // a clock once set forward: newest by name
+	others := []string{"kettle-20250101T000000Z.dump", "kettle-20250101T000000Z.db.partial", "kettle-latest.db", "notes.txt", "kettle-20250101T000000Z.db~"}
+	for _, name := range append(slices.Clone(old), others...) {
+		os.WriteFile(filepath.Join(bdir, name), []byte(name), 0o644)
+	}
+	os.Mkdir(filepath.Join(bdir, "kettle-20250102T000000Z.db"), 0o755)
+	ls := func() []string {
+		t.Helper()
+		entries, _ := os.ReadDir(bdir)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	before := ls()
+
+	refused := func(want string, args ...string) {
+		t.Helper()
+		out, err := exec.Command(kettleBin, append([]string{"backup", "--db"}, args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("kettle backup --db %v: %v\n%s\nwant a refusal saying %q", args, err, out, want)
+		}
+		if got := ls(); !slices.Equal(got, before) {
+			t.Errorf("kettle backup --db %v, refused, changed %s: %v, was %v", args, bdir, got, before)
+		}
+	}
+	refused("use --dir DIR instead of --out", db, "--keep", "2", "--out", filepath.Join(bdir, "kettle.db"))
+	refused("--out and --dir", db, "--dir", bdir, "--out", filepath.Join(bdir, "x.db"))
+	refused("--keep -1", db, "--dir", bdir, "--keep", "-1")
+	refused("no database file there", "sqlite:"+filepath.Join(dir, "missing.db"), "--dir", bdir, "--keep", "1")
+	refused("127.0.0.1:1", "postgres://kettle@127.0.0.1:1/kettle", "--dir", bdir, "--keep", "1")
+	never := filepath.Join(dir, "never")
+	refused("127.0.0.1:1", "postgres://kettle@127.0.0.1:1/kettle", "--dir", never)
+	if _, err := os.Stat(never); err == nil {
+		t.Errorf("a backup that could not reach its database created %s", never)
+	}
+
+	out, err := exec.Command(kettleBin, "backup", "--db", db, "--dir", bdir, "--keep", "3", "--check=false").CombinedOutput()
+	m := regexp.MustCompile(`backed up \S+ to (\S+) in .*\nremoved 2 older backups \(--keep 3; 3 left in (\S+)\): kettle-20260101T000000Z.db kettle-20260102T000000Z.db\n$`).FindStringSubmatch(string(out))
+	if err != nil || m == nil || filepath.Dir(m[1]) != bdir || m[2] != bdir {
+		t.Fatalf("kettle backup --dir %s --keep 3: %v\n%s", bdir, err, out)
+	}
+	want := slices.Sorted(slices.Values(append([]string{filepath.Base(m[1]), "kettle-20250102T000000Z.db", old[2], old[3]}, others...)))
+	if got := ls(); !slices.Equal(got, want) {
+		t.Errorf("after --keep 3: %s holds\n%v\nwant\n%v", bdir, got, want)
+	}
+	// --keep 1: the new backup is kept even though a name sorts after it.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second))) // a new name
+	out, err = exec.Command(kettleBin, "backup", "--db", db, "--dir", bdir, "--keep", "1", "--check=false").CombinedOutput()
+	m2 := regexp.MustCompile(`backed up \S+ to (\S+) in `).FindStringSubmatch(string(out))
+	if err != nil || m2 == nil || !strings.Contains(string(out), "removed 3 older backups (--keep 1; 1 left in ") {
+		t.Fatalf("kettle backup --keep 1: %v\n%s", err, out)
+	}
+	want = slices.Sorted(slices.Values(append([]string{filepath.Base(m2[1]), "kettle-20250102T000000Z.db"}, others...)))
+	if got := ls(); !slices.Equal(got, want) {
+		t.Errorf("after --keep 1: %s holds\n%v\nwant\n%v", bdir, got, want)
 	}
 }
