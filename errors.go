@@ -18,6 +18,7 @@ const (
 	EForbidden    Code = "forbidden"    // right credentials, wrong resource: 403
 	ENotFound     Code = "not_found"    // 404
 	ETooLarge     Code = "too_large"    // body or batch over its limit: 413
+	ETooMany      Code = "rate_limited" // a device over its request rate: 429
 	EUnavailable  Code = "unavailable"  // queue full, store down: 503
 	EInternal     Code = "internal"     // a bug or an unexpected store failure: 500
 )
@@ -36,7 +37,7 @@ type Error struct {
 	Code       Code
 	Message    string
 	Fields     []FieldError
-	RetryAfter time.Duration // for EUnavailable
+	RetryAfter time.Duration // for EUnavailable and ETooMany
 }
 
 func (e *Error) Error() string {

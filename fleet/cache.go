@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
@@ -39,6 +40,9 @@ type device struct {
 	// hasOverride: the device is in cache.overrides. A poll of a device
 	// without one (nearly all) does not hash its id a second time.
 	hasOverride bool
+	// tat is the theoretical arrival time of the device's next request,
+	// unix ns (ratelimit.go); changed under the read lock, hence atomic.
+	tat atomic.Int64
 }
 
 // reading is a kettle.Measurement without its device (the cache's key) and

@@ -56,6 +56,10 @@ type Config struct {
 	// ExpireEvery is how often the expiry runs when Retention > 0
 	// (default 1h); the first run is at start.
 	ExpireEvery time.Duration
+	// DeviceRate, when > 0, is the requests a second one device may make
+	// (Allow, Pace), with bursts of DeviceBurst (default 10). 0: no limit.
+	DeviceRate  float64
+	DeviceBurst int
 }
 
 func (c *Config) defaults() {
@@ -76,6 +80,9 @@ func (c *Config) defaults() {
 	}
 	if c.ExpireEvery <= 0 {
 		c.ExpireEvery = time.Hour
+	}
+	if c.DeviceBurst <= 0 {
+		c.DeviceBurst = 10
 	}
 }
 
@@ -112,6 +119,13 @@ type Service struct {
 
 	stored     atomic.Int64
 	duplicates atomic.Int64
+
+	// Per-device rate (ratelimit.go): T and τ in ns (rateT 0: no limit).
+	rateT, rateTau         int64
+	rateRefused, ratePaced atomic.Int64
+	rateLogMu              sync.Mutex
+	rateLogNext            time.Time
+	rateLogSkipped         int64
 
 	watchMu  sync.RWMutex
 	watchers []ChangeFunc
@@ -187,6 +201,10 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		hooks:      hooks,
 		cache:      newCache(),
 		writerSeed: maphash.MakeSeed(),
+	}
+	if cfg.DeviceRate > 0 {
+		s.rateT = max(1, int64(float64(time.Second)/cfg.DeviceRate))
+		s.rateTau = int64(cfg.DeviceBurst-1) * s.rateT
 	}
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
 		c := s.cache.add(d.ID)

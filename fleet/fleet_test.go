@@ -21,11 +21,18 @@ import (
 
 func newService(t testing.TB, cfg fleet.Config) (*fleet.Service, kettle.Store) {
 	t.Helper()
+	return newServiceWith(t, cfg, nil, io.Discard)
+}
+
+// newServiceWith is newService with a clock (nil: time.Now) and the log
+// written to log.
+func newServiceWith(t testing.TB, cfg fleet.Config, now func() time.Time, log io.Writer) (*fleet.Service, kettle.Store) {
+	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "k.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := fleet.New(context.Background(), st, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{})
+	svc, err := fleet.New(context.Background(), st, cfg, slog.New(slog.NewTextHandler(log, nil)), now, fleet.Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,6 +139,8 @@ func Status(code kettle.Code) int {
 		return http.StatusNotFound
 	case kettle.ETooLarge:
 		return http.StatusRequestEntityTooLarge
+	case kettle.ETooMany:
+		return http.StatusTooManyRequests
 	case kettle.EUnavailable:
 		return http.StatusServiceUnavailable
 	}
@@ -152,7 +154,7 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 		log.Error("internal error", "err", err)
 	}
 	status := Status(e.Code)
-	if e.Code == kettle.EUnavailable {
+	if e.Code == kettle.EUnavailable || e.Code == kettle.ETooMany {
 		ra := e.RetryAfter
 		if ra <= 0 {
 			ra = time.Second
@@ -221,7 +223,8 @@ func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// device authenticates a v1 device token (no store round trip).
+// device authenticates a v1 device token (no store round trip) and takes
+// the request against the device's rate (--device-rate: 429 over it).
 func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	tok, ok := bearer(r)
 	if !ok {
@@ -234,7 +237,35 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	if a.svc.Revoked(id) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device %s is revoked", id)
 	}
-	return id, nil
+	return id, a.allow(r, id)
+}
+
+// maxRateHold is the longest a request over its kettle's rate is held
+// before it is answered 429.
+const maxRateHold = time.Second
+
+// allow takes the request against device id's rate (--device-rate). Over
+// it, the request is held for its wait, up to maxRateHold, before it is
+// answered 429: a firmware that retries at once, in a loop, is then served
+// a request a second a connection instead of as many as it can send (bench/
+// device-rate.sh: refused at once, one runaway kettle on 16 connections
+// was answered 31,767 times a second, and the fleet's p99 rose with the
+// CPU that took). Retry-After says what is left of the wait.
+func (a *API) allow(r *http.Request, id kettle.DeviceID) error {
+	err := a.svc.Allow(id)
+	var ke *kettle.Error
+	if err == nil || !errors.As(err, &ke) {
+		return err
+	}
+	hold := min(ke.RetryAfter, maxRateHold)
+	t := time.NewTimer(hold)
+	select {
+	case <-t.C:
+		ke.RetryAfter -= hold
+	case <-r.Context().Done():
+		t.Stop()
+	}
+	return ke
 }
 
 // deviceOrOperator lets the operator read any device and a device read only
@@ -270,7 +301,8 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	}
 }
 
-// v0Device is the case-study credential: a UUID this server issued.
+// v0Device is the case-study credential: a UUID this server issued. The
+// request is taken against the device's rate (--device-rate: 429 over it).
 func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 	c := r.Header.Get("servant-auth-cookie")
 	if c == "" {
@@ -280,7 +312,7 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 	if err != nil || !a.svc.Registered(id) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "unknown device; POST /login to register")
 	}
-	return id, nil
+	return id, a.allow(r, id)
 }
 
 // ---- case-study protocol ----

@@ -301,9 +301,12 @@ type Fleet interface {
 	Now() time.Time
 	RefreshStats() (peers int64, refreshes uint64)
 	ExpiryStats() fleet.ExpiryStats
+	RateLimited() (refused, paced int64)
 }
 
 var _ Fleet = (*fleet.Service)(nil)
+
+const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, answered 429 + Retry-After), or paced (MQTT publishes held until the kettle is within its rate, its connection not read meanwhile)."
 
 // RegisterFleet registers the ingest queue's length and capacity and the
 // fleet gauges (devices registered, reporting in the last ReportingWindow),
@@ -334,6 +337,20 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_cache_refreshes_total",
 			Help: "Full reloads of the device cache from the store (--cache-refresh; on PostgreSQL only while another process writes it).",
 		}, func() float64 { _, n := f.RefreshStats(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_device_rate_limit_per_second",
+			Help: "Requests a second one kettle may make (--device-rate, in bursts of --device-burst); 0: no limit.",
+		}, func() float64 { return f.Config().DeviceRate }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_rate_limited_total",
+			Help:        rateLimitedHelp,
+			ConstLabels: prometheus.Labels{"kind": "refused"},
+		}, func() float64 { r, _ := f.RateLimited(); return float64(r) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_rate_limited_total",
+			Help:        rateLimitedHelp,
+			ConstLabels: prometheus.Labels{"kind": "paced"},
+		}, func() float64 { _, p := f.RateLimited(); return float64(p) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_retention_seconds",
 			Help: "How long readings are kept, by device time (--retention); 0: everything is kept.",

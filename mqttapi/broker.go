@@ -489,6 +489,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if err != nil { // cannot happen after OnConnect
 		return pk, packets.ErrRejectPacket
 	}
+	// Over --device-rate the connection is not read until the kettle is
+	// within it again: TCP slows the kettle down, nothing is refused or lost.
+	if wait := h.svc.Pace(id); wait > 0 && !h.b.sleep(wait) {
+		return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the client redelivers
+	}
 	c, _ := cl.Net.Conn.(*conn)
 	pipelined := qos > 0 && c != nil
 	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Window())
@@ -561,12 +566,7 @@ func (h *hook) ingest(cl *mqtt.Client, ms []kettle.Measurement, qos byte) bool {
 		}
 		backoff = min(backoff*2, maxWait)
 		wait := backoff/2 + rand.N(backoff/2+1) // jitter: blocked kettles do not retry in step
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-h.b.ctx.Done():
-			t.Stop()
-			h.b.counters.Unacked.Add(1)
+		if !h.b.sleep(wait) {
 			return false // shutting down: no PUBACK, the client redelivers elsewhere
 		}
 		if cl.Closed() {
@@ -576,6 +576,20 @@ func (h *hook) ingest(cl *mqtt.Client, ms []kettle.Measurement, qos byte) bool {
 	}
 	h.b.counters.Readings.Add(int64(len(ms)))
 	return true
+}
+
+// sleep waits d, or until the broker shuts down: then it returns false and
+// counts the message it held as left unacknowledged (the client redelivers).
+func (b *Broker) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-b.ctx.Done():
+		b.counters.Unacked.Add(1)
+		return false
+	}
 }
 
 func truncate(s string, n int) string {

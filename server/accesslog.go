@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -43,17 +44,19 @@ const slowRequest = time.Second
 // request and for the sampled fraction of the others: route template (never the
 // raw path), method, status, numeric duration_ms, bytes, device, remote.
 //
-// 503s are the exception: at most one line a second (refusalEvery), carrying
-// how many were not logged since (suppressed_503). An overloaded server
-// refuses thousands a second, and a line for each would spend the CPU it is
-// short of (and fill the disk) repeating one fact; /metrics counts every
-// refusal (kettle_http_requests_shed_total, the 5xx buckets of
+// 503s and 429s are the exception: at most one line a second each
+// (refusalEvery), carrying how many were not logged since (suppressed_503,
+// suppressed_429). An overloaded server refuses thousands a second, and so
+// may a kettle over --device-rate, and a line for each would spend the CPU
+// the refusal saves (and fill the disk) repeating one fact; /metrics counts
+// every refusal (kettle_http_requests_shed_total,
+// kettle_device_rate_limited_total, the buckets of
 // kettle_http_request_duration_seconds).
 func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() time.Time) http.Handler {
 	if sample <= 0 {
 		return next // no wrapper, no allocation per request
 	}
-	var refused refusals
+	var refused, limited refusals
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -64,9 +67,16 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() t
 			return
 		}
 		var suppressed int64
-		if sw.status == http.StatusServiceUnavailable {
+		var thin *refusals
+		switch sw.status {
+		case http.StatusServiceUnavailable:
+			thin = &refused
+		case http.StatusTooManyRequests:
+			thin = &limited
+		}
+		if thin != nil {
 			var keep bool
-			if keep, suppressed = refused.keep(start); !keep {
+			if keep, suppressed = thin.keep(start); !keep {
 				return
 			}
 		}
@@ -86,24 +96,25 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() t
 			slog.String("remote", r.RemoteAddr),
 		}
 		if suppressed > 0 {
-			attrs = append(attrs, slog.Int64("suppressed_503", suppressed))
+			attrs = append(attrs, slog.Int64("suppressed_"+strconv.Itoa(sw.status), suppressed))
 		}
 		log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	})
 }
 
-// refusalEvery is how often the access log writes a 503 line.
+// refusalEvery is how often the access log writes a 503 (or a 429) line.
 const refusalEvery = time.Second
 
-// refusals thins the access log's 503 lines to one per refusalEvery.
+// refusals thins the access log's lines of one refusal status to one per
+// refusalEvery.
 type refusals struct {
 	mu         sync.Mutex
 	next       time.Time // no line before this
-	suppressed int64     // 503s not logged since the last line
+	suppressed int64     // refusals not logged since the last line
 }
 
-// keep says whether a 503 answered at now gets a line, and if so how many
-// were not logged before it.
+// keep says whether a refusal answered at now gets a line, and if so how
+// many were not logged before it.
 func (f *refusals) keep(now time.Time) (bool, int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

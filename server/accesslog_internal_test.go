@@ -35,17 +35,21 @@ func TestAccessLogKeepsFailures(t *testing.T) {
 }
 
 // TestAccessLogThinsRefusals: under overload a 503 line is written once a
-// second with the count of those not written; other failures are all kept.
+// second with the count of those not written, and so is a 429 line (a kettle
+// over --device-rate), each counted apart; other failures are all kept.
 func TestAccessLogThinsRefusals(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	now := time.Unix(1_800_000_000, 0)
 	h := accessLog(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/bad" {
+		switch r.URL.Path {
+		case "/bad":
 			http.Error(w, "no", http.StatusBadRequest)
-			return
+		case "/limited":
+			http.Error(w, "over --device-rate", http.StatusTooManyRequests)
+		default:
+			http.Error(w, "busy", http.StatusServiceUnavailable)
 		}
-		http.Error(w, "busy", http.StatusServiceUnavailable)
 	}), log, 0.01, func() time.Time { return now })
 	f := func(path string, n int, step time.Duration) {
 		t.Helper()
@@ -54,9 +58,11 @@ func TestAccessLogThinsRefusals(t *testing.T) {
 			now = now.Add(step)
 		}
 	}
-	f("/busy", 1000, time.Millisecond) // 1 s: one line, then 999 held back
-	f("/bad", 2, 0)                    // always written
-	f("/busy", 1, 0)                   // next second: a line saying 999 were not
+	f("/busy", 500, time.Millisecond)    // one line, then 499 held back
+	f("/limited", 500, time.Millisecond) // a line of its own (429s counted apart), then 499 held back
+	f("/bad", 2, 0)                      // always written
+	f("/busy", 1, 500*time.Millisecond)  // a second on: a line saying 499 were not
+	f("/limited", 1, 0)                  // and one for the 429s, a second after theirs
 	got := buf.String()
 	if n := strings.Count(got, `"status":503`); n != 2 {
 		t.Errorf("%d lines of 503, want 2:\n%s", n, got)
@@ -64,7 +70,10 @@ func TestAccessLogThinsRefusals(t *testing.T) {
 	if n := strings.Count(got, `"status":400`); n != 2 {
 		t.Errorf("%d lines of 400, want 2", n)
 	}
-	if !strings.Contains(got, `"suppressed_503":999`) {
-		t.Errorf("no suppressed_503 count of 999:\n%s", got)
+	if n := strings.Count(got, `"status":429`); n != 2 {
+		t.Errorf("%d lines of 429, want 2:\n%s", n, got)
+	}
+	if !strings.Contains(got, `"status":503,`) || !strings.Contains(got, `"suppressed_503":499`) || !strings.Contains(got, `"suppressed_429":499`) {
+		t.Errorf("no suppressed_503 and suppressed_429 counts of 499:\n%s", got)
 	}
 }

@@ -22,20 +22,11 @@ import (
 func TestMQTTWiring(t *testing.T) {
 	srv := start(t, "sqlite:"+t.TempDir()+"/k.db", func(c *server.Config) { c.MQTT.Addr = "127.0.0.1:0" })
 	id := uuid.New()
-	conn, err := net.Dial("tcp", srv.MQTTAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl, err := mqttDeviceOn(ctx, srv, conn, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Disconnect(&paho.Disconnect{})
+	cl := mqttDevice(ctx, t, srv, id)
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
-	body := fmt.Sprintf(`{"time":%q,"battery_charge_mwh":5,"battery_full_mwh":10,"battery_rate_mw":1,"ambient_temp_c":20,"water_temp_c":70,"water_level_ml":500}`, ts.Format(time.RFC3339))
-	pr, err := cl.Publish(ctx, &paho.Publish{Topic: "kettles/" + id.String() + "/measurements", QoS: 1, Payload: []byte(body)})
+	pr, err := cl.Publish(ctx, &paho.Publish{Topic: "kettles/" + id.String() + "/measurements", QoS: 1, Payload: []byte(v1Body(ts, 5, 10, 1, 20, 70, 500))})
 	if err != nil || pr.ReasonCode != 0 {
 		t.Fatalf("publish: %v %+v", err, pr)
 	}
@@ -51,6 +42,22 @@ func TestMQTTWiring(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// mqttDevice connects device id to srv's MQTT listener (mqttDeviceOn) and
+// disconnects it at the end of the test.
+func mqttDevice(ctx context.Context, t *testing.T, srv *server.Server, id uuid.UUID) *paho.Client {
+	t.Helper()
+	conn, err := net.Dial("tcp", srv.MQTTAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := mqttDeviceOn(ctx, srv, conn, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Disconnect(&paho.Disconnect{}) })
+	return cl
 }
 
 // mqttDeviceOn sends device id's CONNECT (its token as the password) on conn

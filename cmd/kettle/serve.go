@@ -86,6 +86,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: 5s on PostgreSQL, never on SQLite)")
 	retentionVar(fs, &cfg.Ingest.Retention, "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the months wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their partitions")
 	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention: how often to look for months to remove (the first look is at start)")
+	fs.Float64Var(&cfg.Ingest.DeviceRate, "device-rate", 0, "requests a second one kettle may make (uploads and polls; a kettle sends 2 in 30 s), e.g. 1, or 0.2 for one every 5 s; HTTP over it is answered 429 + Retry-After, MQTT over it is read more slowly (nothing refused). 0: no limit (the default)")
+	fs.IntVar(&cfg.Ingest.DeviceBurst, "device-burst", 10, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
@@ -121,6 +123,12 @@ func runServe(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if r := cfg.Ingest.DeviceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
+		return fmt.Errorf("--device-rate %g: want requests a second per kettle from 0.001 to 1e6 (e.g. 1, or 0.2 for one every 5 s), or 0 for no limit", r)
+	}
+	if b := cfg.Ingest.DeviceBurst; b < 1 || b > 1_000_000 {
+		return fmt.Errorf("--device-burst %d: want 1 to 1000000 (requests a kettle may make at once)", b)
 	}
 	log, err := logger(*logFormat, *logLevel)
 	if err != nil {

@@ -1,0 +1,145 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
+)
+
+// clock is a fake time source the test moves by hand.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *clock) add(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock(t time.Time) *clock    { c := &clock{}; c.ns.Store(t.UnixNano()); return c }
+func rateService(t testing.TB, cfg fleet.Config, now func() time.Time) *fleet.Service {
+	t.Helper()
+	svc, _ := newServiceWith(t, cfg, now, io.Discard)
+	return svc
+}
+
+// TestDeviceRate: with --device-rate 2 and --device-burst 3, a kettle gets 3
+// requests at once, then one every 500 ms; a refused request takes nothing
+// and says how long to wait; other kettles are not touched; Pace never
+// refuses and spaces a burst of publishes 500 ms apart; concurrent requests
+// never get more than the rate allows. Without --device-rate nothing is
+// limited.
+func TestDeviceRate(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	svc := rateService(t, fleet.Config{DeviceRate: 2, DeviceBurst: 3}, clk.now)
+	ids, err := svc.Register(context.Background(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := ids[0], ids[1], ids[2]
+	allow := func(id kettle.DeviceID, wantWait time.Duration) {
+		t.Helper()
+		err := svc.Allow(id)
+		var ke *kettle.Error
+		switch {
+		case wantWait == 0 && err != nil:
+			t.Errorf("at +%s: Allow = %v, want allowed", time.Duration(clk.ns.Load()%int64(time.Minute)), err)
+		case wantWait > 0 && (!errors.As(err, &ke) || ke.Code != kettle.ETooMany || ke.RetryAfter != wantWait):
+			t.Errorf("at +%s: Allow = %#v, want ETooMany with RetryAfter %s", time.Duration(clk.ns.Load()%int64(time.Minute)), err, wantWait)
+		}
+	}
+	allow(a, 0)
+	allow(a, 0)
+	allow(a, 0)
+	allow(a, 500*time.Millisecond) // the burst is spent
+	allow(a, 500*time.Millisecond) // refused requests take nothing
+	allow(b, 0)                    // another kettle has its own
+	clk.add(200 * time.Millisecond)
+	allow(a, 300*time.Millisecond)
+	clk.add(300 * time.Millisecond)
+	allow(a, 0)
+	allow(a, 500*time.Millisecond)
+	clk.add(10 * time.Second) // idle: the burst is back, no more
+	allow(a, 0)
+	allow(a, 0)
+	allow(a, 0)
+	allow(a, 500*time.Millisecond)
+	allow(uuid.New(), 0) // not in the cache: not limited (its credential is checked elsewhere)
+
+	// Pace: the first 3 at once, then each 500 ms after the one before.
+	for i, want := range []time.Duration{0, 0, 0, 500 * time.Millisecond, time.Second, 1500 * time.Millisecond} {
+		if got := svc.Pace(c); got != want {
+			t.Errorf("Pace #%d = %s, want %s", i+1, got, want)
+		}
+	}
+	if refused, paced := svc.RateLimited(); refused != 5 || paced != 3 {
+		t.Errorf("RateLimited() = %d refused, %d paced; want 5, 3", refused, paced)
+	}
+
+	// Concurrent requests of one kettle at one instant: exactly the burst.
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	clk.add(time.Minute)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if svc.Allow(b) == nil {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 3 {
+		t.Errorf("64 concurrent requests of one kettle: %d allowed, want the burst, 3", ok.Load())
+	}
+
+	// The log names a kettle over its rate, once a second at most.
+	var buf bytes.Buffer
+	logged, _ := newServiceWith(t, fleet.Config{DeviceRate: 1, DeviceBurst: 1}, clk.now, &buf)
+	ids, _ = logged.Register(context.Background(), 1)
+	for range 100 {
+		logged.Allow(ids[0])
+	}
+	if n := strings.Count(buf.String(), "kettle over --device-rate"); n != 1 || !strings.Contains(buf.String(), "device="+ids[0].String()) {
+		t.Errorf("99 requests over the rate in a moment: %d log lines, want 1 naming the device:\n%s", n, buf.String())
+	}
+
+	off := rateService(t, fleet.Config{}, clk.now)
+	ids, _ = off.Register(context.Background(), 1)
+	for range 1000 {
+		if err := off.Allow(ids[0]); err != nil || off.Pace(ids[0]) != 0 {
+			t.Fatalf("without --device-rate: Allow %v", err)
+		}
+	}
+}
+
+// BenchmarkAllow: the cost --device-rate adds to every device request
+// (off: one comparison; on: the cache's read lock, a map lookup and a
+// compare-and-swap), many kettles from all processors.
+func BenchmarkAllow(b *testing.B) {
+	for _, rate := range []float64{0, 1e6} {
+		b.Run(fmt.Sprintf("rate=%g", rate), func(b *testing.B) {
+			svc := rateService(b, fleet.Config{DeviceRate: rate, DeviceBurst: 10}, nil)
+			ids, err := svc.Register(context.Background(), 10_000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					svc.Allow(ids[next.Add(1)%int64(len(ids))])
+				}
+			})
+		})
+	}
+}
