@@ -41,7 +41,7 @@ func (s *Service) Allow(id kettle.DeviceID) error {
 	s.rateRefused.Add(1)
 	s.logOverRate(id, "refused")
 	return &kettle.Error{Code: kettle.ETooMany, RetryAfter: wait,
-		Message: fmt.Sprintf("device %s is over --device-rate (%g requests a second, bursts of %d); retry after Retry-After seconds", id, s.cfg.DeviceRate, s.cfg.DeviceBurst)}
+		Message: fmt.Sprintf("device %s sends faster than this server allows a kettle (--device-rate %g a second, --device-burst %d); retry after Retry-After seconds", id, s.cfg.DeviceRate, s.cfg.DeviceBurst)}
 }
 
 // Pace takes one request of device id and returns how long to wait before
