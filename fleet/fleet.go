@@ -60,6 +60,15 @@ type Config struct {
 	// (Allow, Pace), with bursts of DeviceBurst (default 10). 0: no limit.
 	DeviceRate  float64
 	DeviceBurst int
+	// LoginRate, when > 0, is the case-study registrations (POST /login)
+	// a second over all clients (AllowLogin), in bursts of LoginBurst
+	// (default 1). 0: no limit.
+	LoginRate  float64
+	LoginBurst int
+	// MaxDevices, when > 0, bounds the registry: Register refuses devices
+	// past it (EForbidden). Devices a v1 token registers by uploading are
+	// not refused (their tokens come from the operator's secret).
+	MaxDevices int
 }
 
 func (c *Config) defaults() {
@@ -83,6 +92,9 @@ func (c *Config) defaults() {
 	}
 	if c.DeviceBurst <= 0 {
 		c.DeviceBurst = 10
+	}
+	if c.LoginBurst <= 0 {
+		c.LoginBurst = 1
 	}
 }
 
@@ -120,12 +132,14 @@ type Service struct {
 	stored     atomic.Int64
 	duplicates atomic.Int64
 
-	// Per-device rate (ratelimit.go): T and τ in ns (rateT 0: no limit).
-	rateT, rateTau         int64
-	rateRefused, ratePaced atomic.Int64
-	rateLogMu              sync.Mutex
-	rateLogNext            time.Time
-	rateLogSkipped         int64
+	// Per-device and login rates (ratelimit.go).
+	deviceRate, loginRate                 gcra
+	loginTAT                              atomic.Int64
+	rateRefused, ratePaced, loginsRefused atomic.Int64
+	registryRefused                       atomic.Int64
+	rateLogMu                             sync.Mutex
+	rateLogNext                           time.Time
+	rateLogSkipped                        int64
 
 	watchMu  sync.RWMutex
 	watchers []ChangeFunc
@@ -202,10 +216,8 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		cache:      newCache(),
 		writerSeed: maphash.MakeSeed(),
 	}
-	if cfg.DeviceRate > 0 {
-		s.rateT = max(1, int64(float64(time.Second)/cfg.DeviceRate))
-		s.rateTau = int64(cfg.DeviceBurst-1) * s.rateT
-	}
+	s.deviceRate = newGCRA(cfg.DeviceRate, cfg.DeviceBurst)
+	s.loginRate = newGCRA(cfg.LoginRate, cfg.LoginBurst)
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
 		c := s.cache.add(d.ID)
 		c.lastSeen = unixNano(d.LastSeen)
@@ -651,8 +663,13 @@ func (s *Service) Close() {
 }
 
 // Register creates new devices with fresh random ids, durably, and returns
-// their ids.
+// their ids; past Config.MaxDevices it refuses them (EForbidden).
 func (s *Service) Register(ctx context.Context, n int) ([]kettle.DeviceID, error) {
+	// Not exact under concurrent registrations: past the bound by at most
+	// those in flight at once.
+	if s.cfg.MaxDevices > 0 && s.DeviceCount()+n > s.cfg.MaxDevices {
+		return nil, s.registryFull(n)
+	}
 	ids := make([]kettle.DeviceID, n)
 	for i := range ids {
 		ids[i] = uuid.New()

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
@@ -11,30 +12,61 @@ import (
 // of Config.DeviceBurst (--device-rate, --device-burst), so that one kettle
 // whose firmware retries in a tight loop, or one stolen credential, cannot
 // take the fleet's share of the server: a kettle sends two requests in 30 s.
+// Registrations through the case-study POST /login, which anyone may call,
+// are held to Config.LoginRate over all clients (--login-rate), and the
+// registry to Config.MaxDevices (--max-devices): each registration is a
+// store transaction and a slot in memory that is never freed.
 //
-// The limit is the generic cell rate algorithm: each cached device holds one
-// number, the theoretical arrival time of its next request (TAT, unix ns). A
-// request at now conforms when TAT − now ≤ τ = (burst − 1) × T, T = 1/rate,
-// and then moves TAT to max(TAT, now) + T. One atomic int64 in the slot,
-// swapped with compare-and-swap under the cache's read lock, keeps the
-// cache free of pointers (see cache) — a token-bucket object per kettle
-// (golang.org/x/time/rate's Limiter holds a time.Time, a pointer) would put
-// hundreds of thousands of objects back in front of the collector.
+// The limits are the generic cell rate algorithm (gcra): one number, the
+// theoretical arrival time of the next request (TAT, unix ns). A request at
+// now conforms when TAT − now ≤ τ = (burst − 1) × T, T = 1/rate, and then
+// moves TAT to max(TAT, now) + T. Per device that is one atomic int64 in its
+// cache slot, swapped with compare-and-swap under the cache's read lock,
+// which keeps the cache free of pointers (see cache) — a token-bucket object
+// per kettle (golang.org/x/time/rate's Limiter holds a time.Time, a pointer)
+// would put hundreds of thousands of objects back in front of the collector.
 //
 // A device not in the cache (a v1 token whose first reading is not yet
 // stored) is not limited until it is: its credential is still checked.
 
-// rateOn reports whether per-device limits are configured.
-func (s *Service) rateOn() bool { return s.rateT > 0 }
+// gcra is one rate: T and τ in ns (t 0: no limit).
+type gcra struct{ t, tau int64 }
+
+func newGCRA(rate float64, burst int) gcra {
+	if rate <= 0 {
+		return gcra{}
+	}
+	t := max(1, int64(float64(time.Second)/rate))
+	return gcra{t: t, tau: int64(max(burst, 1)-1) * t}
+}
+
+func (g gcra) on() bool { return g.t > 0 }
+
+// take applies one request at now to tat and returns how long it is early
+// (≤ 0: it conforms, and was taken). An early request is taken only when
+// reserve is set (its slot is then the next free one).
+func (g gcra) take(tat *atomic.Int64, now int64, reserve bool) time.Duration {
+	for {
+		old := tat.Load()
+		next := max(old, now)
+		wait := next - g.tau - now
+		if wait > 0 && !reserve {
+			return time.Duration(wait)
+		}
+		if tat.CompareAndSwap(old, next+g.t) {
+			return time.Duration(wait)
+		}
+	}
+}
 
 // Allow takes one request of device id against its rate. Over it, nothing is
 // taken and Allow returns an *kettle.Error with code ETooMany and how long
 // until a request would conform (HTTP: 429 + Retry-After).
 func (s *Service) Allow(id kettle.DeviceID) error {
-	if !s.rateOn() {
+	if !s.deviceRate.on() {
 		return nil
 	}
-	wait := s.take(id, false)
+	wait := s.takeDevice(id, false)
 	if wait <= 0 {
 		return nil
 	}
@@ -51,10 +83,10 @@ func (s *Service) Allow(id kettle.DeviceID) error {
 // refusing what it sends. Reservations queue: n connections of one device
 // each waiting share its one rate.
 func (s *Service) Pace(id kettle.DeviceID) time.Duration {
-	if !s.rateOn() {
+	if !s.deviceRate.on() {
 		return 0
 	}
-	wait := s.take(id, true)
+	wait := s.takeDevice(id, true)
 	if wait <= 0 {
 		return 0
 	}
@@ -63,11 +95,8 @@ func (s *Service) Pace(id kettle.DeviceID) time.Duration {
 	return wait
 }
 
-// take applies one request of device id to its TAT and returns how long
-// the request is early (≤ 0: it conforms, and was taken). An early request
-// is taken only when reserve is set (Pace), its slot then being the next
-// free one.
-func (s *Service) take(id kettle.DeviceID, reserve bool) time.Duration {
+// takeDevice is gcra.take on device id's slot (0 for a device not cached).
+func (s *Service) takeDevice(id kettle.DeviceID, reserve bool) time.Duration {
 	now := s.now().UnixNano()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -75,23 +104,44 @@ func (s *Service) take(id kettle.DeviceID, reserve bool) time.Duration {
 	if d == nil {
 		return 0
 	}
-	for {
-		old := d.tat.Load()
-		tat := max(old, now)
-		wait := tat - s.rateTau - now
-		if wait > 0 && !reserve {
-			return time.Duration(wait)
-		}
-		if d.tat.CompareAndSwap(old, tat+s.rateT) {
-			return time.Duration(wait)
-		}
-	}
+	return s.deviceRate.take(&d.tat, now, reserve)
 }
 
-// RateLimited reports the requests refused (Allow) and held back (Pace)
-// for being over a device's rate since start.
-func (s *Service) RateLimited() (refused, paced int64) {
-	return s.rateRefused.Load(), s.ratePaced.Load()
+// AllowLogin takes one case-study registration (POST /login, anonymous)
+// against --login-rate, over all clients. Over it, nothing is taken and an
+// *kettle.Error with code ETooMany says how long to wait.
+func (s *Service) AllowLogin() error {
+	if !s.loginRate.on() {
+		return nil
+	}
+	wait := s.loginRate.take(&s.loginTAT, s.now().UnixNano(), false)
+	if wait <= 0 {
+		return nil
+	}
+	s.loginsRefused.Add(1)
+	return &kettle.Error{Code: kettle.ETooMany, RetryAfter: wait,
+		Message: fmt.Sprintf("too many registrations: this server registers at most %g devices a second through POST /login (--login-rate, bursts of --login-burst %d); retry after Retry-After seconds", s.cfg.LoginRate, s.cfg.LoginBurst)}
+}
+
+// LimitStats counts, since start, what the limits of this file refused.
+type LimitStats struct {
+	DeviceRefused int64 // requests over a device's rate refused (Allow)
+	DevicePaced   int64 // requests over a device's rate held back (Pace)
+	LoginsRefused int64 // registrations over --login-rate (AllowLogin)
+	RegistryFull  int64 // registrations refused past --max-devices (Register)
+}
+
+// Limits reports what the rate limits and the registry bound refused.
+func (s *Service) Limits() LimitStats {
+	return LimitStats{s.rateRefused.Load(), s.ratePaced.Load(), s.loginsRefused.Load(), s.registryRefused.Load()}
+}
+
+// registryFull counts and returns the error of a registration past
+// --max-devices.
+func (s *Service) registryFull(n int) error {
+	s.registryRefused.Add(1)
+	return &kettle.Error{Code: kettle.EForbidden,
+		Message: fmt.Sprintf("device registry full: this server registers at most %d devices (--max-devices) and holds %d; registering %d more needs an operator to raise --max-devices", s.cfg.MaxDevices, s.DeviceCount(), n)}
 }
 
 // logOverRate names a kettle over its rate in the log, at most once a

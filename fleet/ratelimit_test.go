@@ -79,8 +79,8 @@ func TestDeviceRate(t *testing.T) {
 			t.Errorf("Pace #%d = %s, want %s", i+1, got, want)
 		}
 	}
-	if refused, paced := svc.RateLimited(); refused != 5 || paced != 3 {
-		t.Errorf("RateLimited() = %d refused, %d paced; want 5, 3", refused, paced)
+	if l := svc.Limits(); l.DeviceRefused != 5 || l.DevicePaced != 3 {
+		t.Errorf("Limits() = %+v; want 5 refused, 3 paced", l)
 	}
 
 	// Concurrent requests of one kettle at one instant: exactly the burst.
@@ -118,6 +118,48 @@ func TestDeviceRate(t *testing.T) {
 		if err := off.Allow(ids[0]); err != nil || off.Pace(ids[0]) != 0 {
 			t.Fatalf("without --device-rate: Allow %v", err)
 		}
+	}
+}
+
+// TestLoginRateAndRegistryBound: --login-rate 1 with bursts of 3 over all
+// clients (fake clock); --max-devices 5 refuses registrations past it,
+// counted.
+func TestLoginRateAndRegistryBound(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	svc := rateService(t, fleet.Config{LoginRate: 1, LoginBurst: 3, MaxDevices: 5}, clk.now)
+	login := func(wantWait time.Duration) {
+		t.Helper()
+		err := svc.AllowLogin()
+		var ke *kettle.Error
+		if wantWait == 0 && err != nil || wantWait > 0 && (!errors.As(err, &ke) || ke.Code != kettle.ETooMany || ke.RetryAfter != wantWait || !strings.Contains(ke.Message, "--login-rate")) {
+			t.Errorf("AllowLogin = %v, want a wait of %s", err, wantWait)
+		}
+	}
+	login(0)
+	login(0)
+	login(0)
+	login(time.Second)
+	clk.add(400 * time.Millisecond)
+	login(600 * time.Millisecond)
+	clk.add(600 * time.Millisecond)
+	login(0)
+
+	if _, err := svc.Register(context.Background(), 4); err != nil {
+		t.Fatal(err)
+	}
+	_, err := svc.Register(context.Background(), 2)
+	var ke *kettle.Error
+	if !errors.As(err, &ke) || ke.Code != kettle.EForbidden || !strings.Contains(ke.Message, "--max-devices") || svc.DeviceCount() != 4 {
+		t.Errorf("registering 2 past --max-devices 5 with 4 held: %v, %d devices", err, svc.DeviceCount())
+	}
+	if _, err := svc.Register(context.Background(), 1); err != nil || svc.DeviceCount() != 5 {
+		t.Errorf("the 5th: %v, %d devices", err, svc.DeviceCount())
+	}
+	if _, err := svc.Register(context.Background(), 1); kettle.ErrorCode(err) != kettle.EForbidden {
+		t.Errorf("the 6th: %v, want EForbidden", err)
+	}
+	if l := svc.Limits(); l.LoginsRefused != 2 || l.RegistryFull != 2 {
+		t.Errorf("Limits() = %+v, want 2 logins refused, 2 registrations past the bound", l)
 	}
 }
 

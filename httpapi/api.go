@@ -240,28 +240,34 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	return id, a.allow(r, id)
 }
 
-// maxRateHold is the longest a request over its kettle's rate is held
-// before it is answered 429.
-const maxRateHold = time.Second
+// rateHold is how long a request refused for a rate is held before it is
+// answered 429.
+const rateHold = time.Second
 
-// allow takes the request against device id's rate (--device-rate). Over
-// it, the request is held for its wait, up to maxRateHold, before it is
-// answered 429: a firmware that retries at once, in a loop, is then served
-// a request a second a connection instead of as many as it can send (bench/
-// device-rate.sh: refused at once, one runaway kettle on 16 connections
-// was answered 31,767 times a second, and the fleet's p99 rose with the
-// CPU that took). Retry-After says what is left of the wait.
+// allow takes the request against device id's rate (--device-rate); see
+// holdOverRate.
 func (a *API) allow(r *http.Request, id kettle.DeviceID) error {
-	err := a.svc.Allow(id)
+	return holdOverRate(r, a.svc.Allow(id))
+}
+
+// holdOverRate holds a request refused for a rate (ETooMany: --device-rate,
+// --login-rate) for rateHold before it is answered 429, and takes that off
+// its Retry-After; any other err is returned at once. A client that retries
+// at once, in a loop, is then answered once a second a connection instead
+// of as often as it can send (bench/device-rate.sh: answered at once, one
+// runaway kettle on 16 connections was refused 31,767 times a second, and
+// the fleet's p99 rose with the CPU that took). The hold is the whole
+// second even when the wait is shorter: the wait of a shared rate
+// (--login-rate 100: 10 ms) is no bound on how often a loop comes back.
+func holdOverRate(r *http.Request, err error) error {
 	var ke *kettle.Error
-	if err == nil || !errors.As(err, &ke) {
+	if err == nil || !errors.As(err, &ke) || ke.Code != kettle.ETooMany {
 		return err
 	}
-	hold := min(ke.RetryAfter, maxRateHold)
-	t := time.NewTimer(hold)
+	t := time.NewTimer(rateHold)
 	select {
 	case <-t.C:
-		ke.RetryAfter -= hold
+		ke.RetryAfter -= rateHold // ≤ 0: Retry-After 1
 	case <-r.Context().Done():
 		t.Stop()
 	}
@@ -318,6 +324,10 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 // ---- case-study protocol ----
 
 func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
+	if err := holdOverRate(r, a.svc.AllowLogin()); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
 	body, err := readBody(w, r)
 	if err != nil {
 		writeError(w, a.log, err)

@@ -301,10 +301,12 @@ type Fleet interface {
 	Now() time.Time
 	RefreshStats() (peers int64, refreshes uint64)
 	ExpiryStats() fleet.ExpiryStats
-	RateLimited() (refused, paced int64)
+	Limits() fleet.LimitStats
 }
 
 var _ Fleet = (*fleet.Service)(nil)
+
+const registrationsRefusedHelp = "Device registrations refused: login_rate, a POST /login over --login-rate (429); registry_full, a POST /login or POST /v1/devices past --max-devices (403)."
 
 const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, answered 429 + Retry-After), or paced (MQTT publishes held until the kettle is within its rate, its connection not read meanwhile)."
 
@@ -345,12 +347,26 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name:        "kettle_device_rate_limited_total",
 			Help:        rateLimitedHelp,
 			ConstLabels: prometheus.Labels{"kind": "refused"},
-		}, func() float64 { r, _ := f.RateLimited(); return float64(r) }),
+		}, func() float64 { return float64(f.Limits().DeviceRefused) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "kettle_device_rate_limited_total",
 			Help:        rateLimitedHelp,
 			ConstLabels: prometheus.Labels{"kind": "paced"},
-		}, func() float64 { _, p := f.RateLimited(); return float64(p) }),
+		}, func() float64 { return float64(f.Limits().DevicePaced) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_registrations_refused_total",
+			Help:        registrationsRefusedHelp,
+			ConstLabels: prometheus.Labels{"reason": "login_rate"},
+		}, func() float64 { return float64(f.Limits().LoginsRefused) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_registrations_refused_total",
+			Help:        registrationsRefusedHelp,
+			ConstLabels: prometheus.Labels{"reason": "registry_full"},
+		}, func() float64 { return float64(f.Limits().RegistryFull) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_devices_max",
+			Help: "Devices this server registers at most (--max-devices; 0: no bound). Compare with kettle_devices_registered.",
+		}, func() float64 { return float64(f.Config().MaxDevices) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_retention_seconds",
 			Help: "How long readings are kept, by device time (--retention); 0: everything is kept.",

@@ -129,3 +129,47 @@ func TestDeviceRate(t *testing.T) {
 	}
 	t.Logf("MQTT: 4 publishes acknowledged in %s, %v paced", took.Round(time.Millisecond), paced)
 }
+
+// TestRegistrationBounds: kettle serve --login-rate 0.1 --login-burst 2
+// --max-devices 3. POST /login past the burst is held a second, then
+// answered 429 + Retry-After; POST /v1/devices (and a login) past
+// --max-devices is refused 403 naming it, nothing registered; a kettle with
+// a v1 token still registers by uploading. All counted on /metrics.
+func TestRegistrationBounds(t *testing.T) {
+	srv := start(t, "sqlite:"+t.TempDir()+"/k.db", func(c *server.Config) {
+		c.Ingest.LoginRate, c.Ingest.LoginBurst, c.Ingest.MaxDevices = 0.1, 2, 3
+	})
+	c := newClient(t, srv)
+	op := bearer(srv.OperatorToken())
+	login(t, c)
+	login(t, c)
+	began := time.Now()
+	r := c.do("POST", "/login", nil, `{"username":"kettle"}`)
+	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	if took := time.Since(began); r.status != 429 || ra < 1 || ra > 9 || took < 900*time.Millisecond || !strings.Contains(string(r.body), "--login-rate") {
+		t.Errorf("third login in a burst of 2: %d after %s, Retry-After %q, %s; want 429 after ~1 s naming --login-rate", r.status, took, r.header.Get("Retry-After"), r.body)
+	}
+	full := func(r resp, what string) {
+		t.Helper()
+		if r.status != 403 || !strings.Contains(string(r.body), "--max-devices") {
+			t.Errorf("%s past --max-devices: %d %s; want 403 naming --max-devices", what, r.status, r.body)
+		}
+	}
+	full(c.do("POST", "/v1/devices", op, `{"count":2}`), "POST /v1/devices count 2")
+	if r := c.do("POST", "/v1/devices", op, `{"count":1}`); r.status != 201 {
+		t.Errorf("the third device: %d %s", r.status, r.body)
+	}
+	full(c.do("POST", "/v1/devices", op, `{"count":1}`), "POST /v1/devices, a fourth")
+	id := uuid.New()
+	if r := c.do("POST", "/v1/measurements", bearer(kettle.DeviceToken(srv.Secret(), id)), v1Body(time.Now().Add(-time.Minute), 1, 2, 3, 4, 5, 6)); r.status != 200 {
+		t.Errorf("a v1 kettle's first upload past --max-devices: %d %s; want 200 (its token is the operator's)", r.status, r.body)
+	}
+	if n := metric(t, c, "kettle_devices_registered"); n != 4 {
+		t.Errorf("kettle_devices_registered = %v, want 4", n)
+	}
+	for series, want := range map[string]float64{`kettle_registrations_refused_total{reason="login_rate"}`: 1, `kettle_registrations_refused_total{reason="registry_full"}`: 2, "kettle_devices_max": 3} {
+		if n := metric(t, c, series); n != want {
+			t.Errorf("%s = %v, want %v", series, n, want)
+		}
+	}
+}

@@ -88,6 +88,9 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention: how often to look for months to remove (the first look is at start)")
 	fs.Float64Var(&cfg.Ingest.DeviceRate, "device-rate", 0, "requests a second one kettle may make (uploads and polls; a kettle sends 2 in 30 s), e.g. 1, or 0.2 for one every 5 s; HTTP over it is answered 429 + Retry-After, MQTT over it is read more slowly (nothing refused). 0: no limit (the default)")
 	fs.IntVar(&cfg.Ingest.DeviceBurst, "device-burst", 10, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")
+	fs.Float64Var(&cfg.Ingest.LoginRate, "login-rate", 100, "case-study registrations (POST /login, which anyone may call) a second over all clients; over it the request is held up to 1 s, then answered 429 + Retry-After. 0: no limit")
+	fs.IntVar(&cfg.Ingest.LoginBurst, "login-burst", 20000, "with --login-rate: registrations at once before the rate applies (a whole fleet logging in again after an outage)")
+	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory, ~2.4 KiB of RSS measured, and a row, never freed); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
@@ -129,6 +132,15 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if b := cfg.Ingest.DeviceBurst; b < 1 || b > 1_000_000 {
 		return fmt.Errorf("--device-burst %d: want 1 to 1000000 (requests a kettle may make at once)", b)
+	}
+	if r := cfg.Ingest.LoginRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
+		return fmt.Errorf("--login-rate %g: want registrations a second from 0.001 to 1e6, or 0 for no limit", r)
+	}
+	if b := cfg.Ingest.LoginBurst; b < 1 || b > 10_000_000 {
+		return fmt.Errorf("--login-burst %d: want 1 to 10000000 (registrations at once)", b)
+	}
+	if n := cfg.Ingest.MaxDevices; n < 0 {
+		return fmt.Errorf("--max-devices %d: want the most devices to register, or 0 for no bound", n)
 	}
 	log, err := logger(*logFormat, *logLevel)
 	if err != nil {

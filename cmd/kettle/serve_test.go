@@ -312,13 +312,15 @@ func TestSIGTERMDrains(t *testing.T) {
 func TestServeHelpIsTheReference(t *testing.T) {
 	out, _ := exec.Command(kettleBin, "serve", "--help").CombinedOutput()
 	for _, want := range []string{"--addr", "KETTLE_ADDR", "--db", "KETTLE_DB", "--operator-token", "KETTLE_OPERATOR_TOKEN", "--secret", "KETTLE_SECRET", "--ingest-queue", "--max-conns",
-		"--shed-latency", "KETTLE_SHED_LATENCY", "--shed-window", "KETTLE_SHED_WINDOW", "--shed-windows", "KETTLE_SHED_WINDOWS", "--shed-runnable", "KETTLE_SHED_RUNNABLE", "--shed-min-ingest-share", "KETTLE_SHED_MIN_INGEST_SHARE", "--device-rate", "KETTLE_DEVICE_RATE", "--device-burst", "KETTLE_DEVICE_BURST"} {
+		"--shed-latency", "KETTLE_SHED_LATENCY", "--shed-window", "KETTLE_SHED_WINDOW", "--shed-windows", "KETTLE_SHED_WINDOWS", "--shed-runnable", "KETTLE_SHED_RUNNABLE", "--shed-min-ingest-share", "KETTLE_SHED_MIN_INGEST_SHARE", "--device-rate", "KETTLE_DEVICE_RATE", "--device-burst", "KETTLE_DEVICE_BURST",
+		"--login-rate", "KETTLE_LOGIN_RATE", "--login-burst", "--max-devices", "KETTLE_MAX_DEVICES"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("kettle serve --help lacks %s", want)
 		}
 	}
 	// Bad values are refused before anything starts, the flag named.
-	for _, args := range [][]string{{"--device-rate", "-1"}, {"--device-rate", "NaN"}, {"--device-rate", "0.0001"}, {"--device-rate", "1", "--device-burst", "0"}} {
+	for _, args := range [][]string{{"--device-rate", "-1"}, {"--device-rate", "NaN"}, {"--device-rate", "0.0001"}, {"--device-rate", "1", "--device-burst", "0"},
+		{"--login-rate", "-5"}, {"--login-burst", "0"}, {"--max-devices", "-1"}} {
 		out, err := exec.Command(kettleBin, append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), args[len(args)-2]+" "+args[len(args)-1]+":") {
 			t.Errorf("kettle serve %v: %v\n%s\nwant a refusal naming %s", args, err, out, args[len(args)-2])
