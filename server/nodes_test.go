@@ -182,9 +182,17 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	if _, err := other.Beat(context.Background(), uuid.New(), "test", time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// A beat has a window of `every` to answer: on a loaded machine one
+	// can fail (peers -1 until the next), so look for 3 s, not once.
 	time.Sleep(6 * every)
-	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 1 {
-		t.Errorf("peers %v after %s since the beat of a process that beats every minute, want 1", p, 6*every)
+	began := time.Now()
+	p := metricValue(t, a, "kettle_cache_refresh_peers")
+	for p != 1 && time.Since(began) < 3*time.Second {
+		time.Sleep(every)
+		p = metricValue(t, a, "kettle_cache_refresh_peers")
+	}
+	if p != 1 {
+		t.Errorf("peers %v for %s since the beat of a process that beats every minute, want 1", p, time.Since(began).Round(time.Millisecond))
 	}
 }
 
