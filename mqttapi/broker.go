@@ -239,7 +239,8 @@ func (h *hook) Provides(b byte) bool {
 // password = that device's token. Refusals get their own CONNACK code here
 // (mochi's authenticate hook can only say 0x86): 0x86/0x04 for a bad
 // username or password, 0x87/0x05 for another device's valid token, 0x85/0x02
-// for a client id that is neither empty nor the device id.
+// for a client id that is neither empty nor the device id, 0x83/0x05 for a
+// Will message.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	code := packets.CodeSuccess
 	user := string(pk.Connect.Username)
@@ -252,6 +253,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		code = packets.ErrNotAuthorized
 	case pk.Connect.ClientIdentifier != "" && pk.Connect.ClientIdentifier != user:
 		code = packets.ErrClientIdentifierNotValid
+	case pk.Connect.WillFlag:
+		// mochi publishes a Will (and retains it, if asked) without the
+		// ACL check: a kettle could send any kettle's command topic a
+		// forged command, or leave retained messages on topics of its
+		// choosing, one per connection, never freed for an hour.
+		code = errWillRefused
 	}
 	if code != packets.CodeSuccess {
 		h.b.counters.ConnectsRefused.Add(1)
@@ -285,11 +292,16 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	return nil
 }
 
+// errWillRefused refuses a CONNECT with a Will message: 0x83 (the CONNECT
+// is valid but not accepted) with the reason said.
+var errWillRefused = packets.Code{Code: packets.ErrImplementationSpecificError.Code, Reason: "will messages are not accepted: connect without one"}
+
 // v3Refusal maps our refusals to MQTT 3.1.1 CONNACK return codes.
 var v3Refusal = map[byte]byte{
 	packets.ErrBadUsernameOrPassword.Code:    0x04,
 	packets.ErrNotAuthorized.Code:            0x05,
 	packets.ErrClientIdentifierNotValid.Code: 0x02,
+	errWillRefused.Code:                      0x05, // 3.1.1 has no closer code
 }
 
 // OnConnectAuthenticate: OnConnect already refused anything else.

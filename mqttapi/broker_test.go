@@ -18,21 +18,29 @@ import (
 )
 
 // TestConnectRefused: anything but username = device id and password = its
-// token is refused with the protocol's own CONNACK code.
+// token, or a CONNECT with a Will message, is refused with the protocol's
+// own CONNACK code.
 func TestConnectRefused(t *testing.T) {
 	e := start(t, fleet.Config{})
 	a, b := uuid.New(), uuid.New()
+	will := ""
 	f := func(version byte, user, pass, clientID string, want byte) {
 		t.Helper()
 		r := dial(t, e.broker.Addr(), version)
+		r.will = will
 		if got := r.connect(user, pass, clientID); got != want {
-			t.Errorf("v%d connect(%q, %.12q…, %q) = 0x%02x, want 0x%02x", version, user, pass, clientID, got, want)
+			t.Errorf("v%d connect(%q, %.12q…, %q, will %q) = 0x%02x, want 0x%02x", version, user, pass, clientID, will, got, want)
 		}
 	}
 	for _, v := range []struct {
-		version                          byte
-		ok, badUserPass, notAuth, badCID byte
-	}{{4, 0, 0x04, 0x05, 0x02}, {5, 0, 0x86, 0x87, 0x85}} {
+		version                                byte
+		ok, badUserPass, notAuth, badCID, will byte
+	}{{4, 0, 0x04, 0x05, 0x02, 0x05}, {5, 0, 0x86, 0x87, 0x85, 0x83}} {
+		// A Will is published without the ACL check: here a forged
+		// command for another kettle, retained. Refused.
+		will = mqttapi.CommandTopic(b)
+		f(v.version, a.String(), kettle.DeviceToken(secret, a), a.String(), v.will)
+		will = ""
 		f(v.version, a.String(), kettle.DeviceToken(secret, a), a.String(), v.ok)
 		f(v.version, a.String(), kettle.DeviceToken(secret, a), "", v.ok)                           // client id assigned = device id
 		f(v.version, a.String(), kettle.DeviceToken([]byte("other"), a), a.String(), v.badUserPass) // wrong password
@@ -42,8 +50,8 @@ func TestConnectRefused(t *testing.T) {
 		f(v.version, a.String(), kettle.DeviceToken(secret, b), a.String(), v.notAuth)              // another device's token
 		f(v.version, a.String(), kettle.DeviceToken(secret, a), b.String(), v.badCID)               // another device's session
 	}
-	if got := e.broker.Counters().ConnectsRefused.Load(); got != 12 {
-		t.Errorf("ConnectsRefused = %d, want 12", got)
+	if got := e.broker.Counters().ConnectsRefused.Load(); got != 14 {
+		t.Errorf("ConnectsRefused = %d, want 14", got)
 	}
 }
 

@@ -94,6 +94,7 @@ type raw struct {
 	br      *bufio.Reader
 	version byte
 	recvMax uint16 // MQTT 5 Receive Maximum sent in CONNECT (0: none)
+	will    string // a retained Will message on this topic in CONNECT ("": none)
 }
 
 func dial(t testing.TB, addr string, version byte) *raw {
@@ -203,6 +204,10 @@ func (r *raw) connect(user, pass, clientID string) byte {
 	}
 	if r.version == 5 && r.recvMax > 0 {
 		pk.Properties.ReceiveMaximum = r.recvMax
+	}
+	if r.will != "" {
+		pk.Connect.WillFlag, pk.Connect.WillTopic, pk.Connect.WillRetain = true, r.will, true
+		pk.Connect.WillPayload = []byte(`{"charge":"ChargeBattery","fill":"FillReservoir","flush":{"tag":"FlushReservoir","contents":100}}`)
 	}
 	r.send(pk)
 	return r.must(packets.Connack).ReasonCode
