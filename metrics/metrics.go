@@ -137,10 +137,36 @@ func New(reg *prometheus.Registry) *Server {
 // Registry is the registry the metrics are registered on.
 func (m *Server) Registry() *prometheus.Registry { return m.reg }
 
+// maxScrapes is how many /metrics requests are answered at once; more get
+// 503. /metrics needs no credentials (Prometheus scrapes it), and a scrape
+// reads every kettle's slot of the device cache (kettle_devices_reporting;
+// under the cache's lock, which the batcher waits for): Prometheus scrapes
+// one at a time, and a loop of anonymous requests must not multiply that.
+const maxScrapes = 4
+
 // Handler serves the registry in the Prometheus exposition format (mount it
 // at GET /metrics).
 func (m *Server) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorHandling: promhttp.ContinueOnError})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg, ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: maxScrapes})
+}
+
+// everySecond returns f memoised for a second: a gauge that walks the
+// device cache costs that walk at most once a second however often
+// /metrics is asked.
+func everySecond(f func() float64) func() float64 {
+	var (
+		mu   sync.Mutex
+		at   time.Time
+		last float64
+	)
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); now.Sub(at) >= time.Second {
+			last, at = f(), now
+		}
+		return last
+	}
 }
 
 // ---- HTTP (RED) ----
@@ -330,7 +356,7 @@ func (m *Server) RegisterFleet(f Fleet) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_devices_reporting",
 			Help: "Devices with a reading stored in the last 5 minutes (statistic 2, from memory).",
-		}, func() float64 { return float64(f.ReportingSince(f.Now().Add(-ReportingWindow))) }),
+		}, everySecond(func() float64 { return float64(f.ReportingSince(f.Now().Add(-ReportingWindow))) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_cache_refresh_peers",
 			Help: "Other processes writing the store (kettle serve nodes, kettle seed) at this node's last beat; while there are none the device cache is not refreshed from the store (--cache-refresh). -1: not known (the store is not shared, or the beat failed).",
