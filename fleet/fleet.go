@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // Config sizes the ingest pipeline.
@@ -137,9 +138,7 @@ type Service struct {
 	loginTAT                              atomic.Int64
 	rateRefused, ratePaced, loginsRefused atomic.Int64
 	registryRefused                       atomic.Int64
-	rateLogMu                             sync.Mutex
-	rateLogNext                           time.Time
-	rateLogSkipped                        int64
+	rateLog                               logthin.Limiter // logOverRate
 
 	watchMu  sync.RWMutex
 	watchers []ChangeFunc

@@ -148,15 +148,7 @@ func (s *Service) registryFull(n int) error {
 // second over all kettles (a runaway kettle is refused many times a
 // second), with how many requests over the rate were not logged since.
 func (s *Service) logOverRate(id kettle.DeviceID, what string) {
-	s.rateLogMu.Lock()
-	now := time.Now()
-	if now.Before(s.rateLogNext) {
-		s.rateLogSkipped++
-		s.rateLogMu.Unlock()
-		return
+	if ok, skipped := s.rateLog.Allow(time.Now()); ok {
+		s.log.Warn("kettle over --device-rate", "device", id, "request", what, "rate", s.cfg.DeviceRate, "burst", s.cfg.DeviceBurst, "over_rate_not_logged_since_last_line", skipped)
 	}
-	skipped := s.rateLogSkipped
-	s.rateLogNext, s.rateLogSkipped = now.Add(time.Second), 0
-	s.rateLogMu.Unlock()
-	s.log.Warn("kettle over --device-rate", "device", id, "request", what, "rate", s.cfg.DeviceRate, "burst", s.cfg.DeviceBurst, "over_rate_not_logged_since_last_line", skipped)
 }

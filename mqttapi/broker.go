@@ -21,6 +21,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // Config configures the embedded listener.
@@ -109,6 +110,9 @@ type Broker struct {
 	// (Config.MaxPendingRows); inflight counts their goroutines.
 	rows     *rowBudget
 	inflight sync.WaitGroup
+	// Lines kettles can cause at any rate, thinned (logthin): invalid
+	// payloads, refused connections.
+	badLog, refusedLog logthin.Limiter
 }
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
@@ -136,7 +140,8 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	if cfg.MaxPendingRows <= 0 {
 		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
 	}
-	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows)}
+	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows),
+		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}}
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
@@ -262,7 +267,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	if code != packets.CodeSuccess {
 		h.b.counters.ConnectsRefused.Add(1)
-		h.b.log.Info("mqtt: connection refused", "remote", cl.Net.Remote, "username", truncate(user, 64), "reason", code.Reason)
+		if ok, skipped := h.b.refusedLog.Allow(time.Now()); ok {
+			h.b.log.Info("mqtt: connection refused", "remote", cl.Net.Remote, "username", truncate(user, 64), "reason", code.Reason, "refusals_not_logged_since_last_line", skipped)
+		}
 		sendCode := code
 		if cl.Properties.ProtocolVersion < 5 {
 			// 3.1.1 return codes; mochi's own v5→v3 map sends 0x05 for a
@@ -511,7 +518,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Window())
 	if err != nil {
 		h.b.counters.Invalid.Add(1)
-		h.b.log.Warn("mqtt: invalid measurement payload", "device", id, "qos", qos, "protocol", cl.Properties.ProtocolVersion, "err", err.Error())
+		if ok, skipped := h.b.badLog.Allow(time.Now()); ok {
+			h.b.log.Warn("mqtt: invalid measurement payload", "device", id, "qos", qos, "protocol", cl.Properties.ProtocolVersion, "err", truncate(err.Error(), maxLoggedError), "invalid_not_logged_since_last_line", skipped)
+		}
 		code := packets.CodeSuccessIgnore // 3.1.1: acknowledged (QoS ≥ 1) and dropped
 		if cl.Properties.ProtocolVersion == 5 && qos > 0 {
 			code = packets.Code{Code: packets.ErrPayloadFormatInvalid.Code, Reason: truncate(err.Error(), 256)}
@@ -603,6 +612,10 @@ func (b *Broker) sleep(d time.Duration) bool {
 		return false
 	}
 }
+
+// maxLoggedError is the most of an error message a log line carries: a
+// 3 KB payload of 1,000 empty readings is 7,000 field errors, ~250 KB.
+const maxLoggedError = 512
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -1,9 +1,11 @@
 package mqttapi_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -185,6 +187,53 @@ func TestInvalidPayload(t *testing.T) {
 	if got := e.broker.Counters().Invalid.Load(); got != 8 {
 		t.Errorf("Invalid = %d, want 8", got)
 	}
+}
+
+// TestInvalidPayloadLogThinned: a kettle sending invalid payloads as fast
+// as it can gets a PUBACK for each, and the log a few lines a second, each
+// short, however long the error (1,000 empty readings: 7,000 field errors).
+func TestInvalidPayloadLogThinned(t *testing.T) {
+	var buf syncBuffer
+	e := startLog(t, fleet.Config{}, slog.New(slog.NewTextHandler(&buf, nil)))
+	r, id := kettleConn(t, e.broker.Addr(), 5, uuid.Nil)
+	payload := []byte("[" + strings.Repeat("{},", 999) + "{}]")
+	for i := range 50 {
+		r.publish(mqttapi.MeasurementTopic(id), 1, uint16(i+1), false, payload)
+		if ack := r.must(packets.Puback); ack.ReasonCode != 0x99 {
+			t.Fatalf("publish %d: PUBACK 0x%02x, want 0x99", i+1, ack.ReasonCode)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	n := 0
+	for _, l := range lines {
+		if strings.Contains(l, "invalid measurement payload") {
+			n++
+			if len(l) > 1500 {
+				t.Errorf("a log line of %d bytes: %.300s…", len(l), l)
+			}
+		}
+	}
+	if n < 1 || n > 20 {
+		t.Errorf("50 invalid payloads in well under 2 s: %d log lines, want 1 to 20", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the log's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // TestRetentionRefused: with a retention, a reading older than it gets

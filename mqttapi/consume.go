@@ -21,6 +21,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // ConsumerConfig configures external-broker mode.
@@ -92,6 +93,7 @@ type Consumer struct {
 	cancel   context.CancelFunc
 	sem      chan struct{} // bounds messages waiting for commit
 	wg       sync.WaitGroup
+	badLog   logthin.Limiter // invalid messages: a few lines a second
 }
 
 // Consume connects to cfg.BrokerURL (retrying in the background until Close)
@@ -212,14 +214,18 @@ func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
 	id, ok := deviceFromTopic(p.Topic)
 	if !ok {
 		c.counters.Invalid.Add(1)
-		c.log.Warn("mqtt: message on an unexpected topic dropped", "topic", truncate(p.Topic, 128))
+		if ok, skipped := c.badLog.Allow(time.Now()); ok {
+			c.log.Warn("mqtt: message on an unexpected topic dropped", "topic", truncate(p.Topic, 128), "invalid_not_logged_since_last_line", skipped)
+		}
 		c.ack(pr)
 		return true, nil
 	}
 	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Window())
 	if err != nil {
 		c.counters.Invalid.Add(1)
-		c.log.Warn("mqtt: invalid measurement payload dropped", "device", id, "qos", qos, "err", err.Error())
+		if ok, skipped := c.badLog.Allow(time.Now()); ok {
+			c.log.Warn("mqtt: invalid measurement payload dropped", "device", id, "qos", qos, "err", truncate(err.Error(), maxLoggedError), "invalid_not_logged_since_last_line", skipped)
+		}
 		c.ack(pr) // it will never become valid: acknowledge so the broker does not redeliver
 		return true, nil
 	}

@@ -45,6 +45,12 @@ func testLog(t testing.TB) *slog.Logger {
 
 func start(t testing.TB, fc fleet.Config) *env {
 	t.Helper()
+	return startLog(t, fc, testLog(t))
+}
+
+// startLog is start with the log written to log.
+func startLog(t testing.TB, fc fleet.Config, log *slog.Logger) *env {
+	t.Helper()
 	ctx := context.Background()
 	e := &env{path: t.TempDir() + "/k.db"}
 	var err error
@@ -52,7 +58,6 @@ func start(t testing.TB, fc fleet.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := testLog(t)
 	e.svc, err = fleet.New(ctx, e.store, fc, log, nil, fleet.Hooks{})
 	if err != nil {
 		t.Fatal(err)

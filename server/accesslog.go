@@ -5,8 +5,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // statusWriter records the status and bytes written for the access log and
@@ -42,21 +43,27 @@ const slowRequest = time.Second
 
 // accessLog logs a JSON line for every failed (status ≥ 400) or slow
 // request and for the sampled fraction of the others: route template (never the
-// raw path), method, status, numeric duration_ms, bytes, device, remote.
+// raw path), method, status, numeric duration_ms, bytes, device (at most 64
+// characters of the case-study cookie), remote.
 //
-// 503s and 429s are the exception: at most one line a second each
-// (refusalEvery), carrying how many were not logged since (suppressed_503,
-// suppressed_429). An overloaded server refuses thousands a second, and so
-// may a kettle over --device-rate, and a line for each would spend the CPU
+// Failures that clients can cause at any rate are thinned, per status: at
+// most failedLines a second of each 4xx and 5xx, and one a second of 503 and
+// 429 (an overloaded server refuses thousands a second, and so may a kettle
+// over --device-rate); the next line written says how many of its status
+// were left out (suppressed_<status>). A line for each would spend the CPU
 // the refusal saves (and fill the disk) repeating one fact; /metrics counts
-// every refusal (kettle_http_requests_shed_total,
-// kettle_device_rate_limited_total, the buckets of
-// kettle_http_request_duration_seconds).
+// every request (kettle_http_request_duration_seconds by status,
+// kettle_http_requests_shed_total, kettle_device_rate_limited_total).
 func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() time.Time) http.Handler {
 	if sample <= 0 {
 		return next // no wrapper, no allocation per request
 	}
-	var refused, limited refusals
+	var thin [200]logthin.Limiter // by status − 400
+	for i := range thin {
+		thin[i].Burst = failedLines
+	}
+	thin[http.StatusServiceUnavailable-400].Burst = 1
+	thin[http.StatusTooManyRequests-400].Burst = 1
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -67,20 +74,16 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() t
 			return
 		}
 		var suppressed int64
-		var thin *refusals
-		switch sw.status {
-		case http.StatusServiceUnavailable:
-			thin = &refused
-		case http.StatusTooManyRequests:
-			thin = &limited
-		}
-		if thin != nil {
+		if i := sw.status - 400; i >= 0 && i < len(thin) {
 			var keep bool
-			if keep, suppressed = thin.keep(start); !keep {
+			if keep, suppressed = thin[i].Allow(start); !keep {
 				return
 			}
 		}
 		dev := r.Header.Get("servant-auth-cookie")
+		if len(dev) > 64 {
+			dev = dev[:64] + "…"
+		}
 		route := r.Pattern
 		if route == "" {
 			route = "unmatched"
@@ -102,27 +105,6 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() t
 	})
 }
 
-// refusalEvery is how often the access log writes a 503 (or a 429) line.
-const refusalEvery = time.Second
-
-// refusals thins the access log's lines of one refusal status to one per
-// refusalEvery.
-type refusals struct {
-	mu         sync.Mutex
-	next       time.Time // no line before this
-	suppressed int64     // refusals not logged since the last line
-}
-
-// keep says whether a refusal answered at now gets a line, and if so how
-// many were not logged before it.
-func (f *refusals) keep(now time.Time) (bool, int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if now.Before(f.next) {
-		f.suppressed++
-		return false, 0
-	}
-	n := f.suppressed
-	f.next, f.suppressed = now.Add(refusalEvery), 0
-	return true, n
-}
+// failedLines is how many access-log lines a second one failure status
+// (other than 503 and 429: one) gets.
+const failedLines = 20

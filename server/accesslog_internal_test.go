@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -36,7 +37,8 @@ func TestAccessLogKeepsFailures(t *testing.T) {
 
 // TestAccessLogThinsRefusals: under overload a 503 line is written once a
 // second with the count of those not written, and so is a 429 line (a kettle
-// over --device-rate), each counted apart; other failures are all kept.
+// over --device-rate), each counted apart; other failures get failedLines
+// a second per status, and a cookie of any length is written cut to 64.
 func TestAccessLogThinsRefusals(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
@@ -75,5 +77,23 @@ func TestAccessLogThinsRefusals(t *testing.T) {
 	}
 	if !strings.Contains(got, `"status":503,`) || !strings.Contains(got, `"suppressed_503":499`) || !strings.Contains(got, `"suppressed_429":499`) {
 		t.Errorf("no suppressed_503 and suppressed_429 counts of 499:\n%s", got)
+	}
+	// Other failures: failedLines a second of each status, then the rest
+	// counted; the cookie written at most 64 characters long.
+	buf.Reset()
+	now = now.Add(time.Minute)
+	for range 100 {
+		req := httptest.NewRequest("POST", "/bad", nil)
+		req.Header.Set("servant-auth-cookie", strings.Repeat("x", 15000))
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	now = now.Add(time.Second)
+	f("/bad", 1, 0)
+	got = buf.String()
+	if n := strings.Count(got, `"status":400`); n != failedLines+1 || !strings.Contains(got, fmt.Sprintf(`"suppressed_400":%d`, 100-failedLines)) {
+		t.Errorf("100 failures of one status in a second, then one: %d lines, want %d and the last saying %d were left out:\n%.2000s", n, failedLines+1, 100-failedLines, got)
+	}
+	if strings.Contains(got, strings.Repeat("x", 65)) || !strings.Contains(got, `"device":"`+strings.Repeat("x", 64)+"…") {
+		t.Errorf("a 15,000-character cookie not cut to 64 in the access log:\n%.500s", got)
 	}
 }

@@ -176,7 +176,9 @@ func (w *Web) signIn(rw http.ResponseWriter, r *http.Request) {
 	}
 	tok = strings.TrimSpace(tok)
 	if !w.tokenOK(tok) {
-		w.log.Warn("dashboard sign-in refused", "remote", r.RemoteAddr)
+		if ok, skipped := w.refusedLog.Allow(time.Now()); ok {
+			w.log.Warn("dashboard sign-in refused", "remote", r.RemoteAddr, "refusals_not_logged_since_last_line", skipped)
+		}
 		writeJSON(rw, http.StatusUnauthorized, errorJSON{"unauthorized", "wrong operator token (kettle serve prints the file it is kept in)"})
 		return
 	}

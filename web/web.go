@@ -23,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 //go:embed assets
@@ -61,6 +63,8 @@ type Web struct {
 
 	mu       sync.Mutex
 	sessions map[[32]byte]time.Time // sha256(session id) → expiry
+
+	refusedLog logthin.Limiter // failed sign-ins: anyone can cause them at any rate
 }
 
 // asset is one embedded file, with its gzip form computed once at start.
