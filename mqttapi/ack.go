@@ -1,6 +1,7 @@
 package mqttapi
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -199,9 +200,12 @@ func (r *rowBudget) grant() {
 	}
 }
 
-// enqueue appends a message to the connection's PUBACK order.
+// enqueue appends a message to the connection's PUBACK order. Its user
+// properties (echoed in the PUBACK) are copied: mochi's decoded strings
+// point into the packet's buffer, and one of a few bytes would keep a whole
+// packet (up to a MiB) alive until the commit.
 func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pendingAck {
-	p := &pendingAck{pid: pid, rows: rows, user: user}
+	p := &pendingAck{pid: pid, rows: rows, user: cloneUser(user)}
 	a.mu.Lock()
 	a.q = append(a.q, p)
 	a.mu.Unlock()
@@ -285,4 +289,16 @@ func writeAcks(cl *mqtt.Client, due []*pendingAck) {
 		}
 	}
 	flush()
+}
+
+// cloneUser copies user properties out of the packet buffer they point into.
+func cloneUser(user []packets.UserProperty) []packets.UserProperty {
+	if len(user) == 0 {
+		return nil
+	}
+	c := make([]packets.UserProperty, len(user))
+	for i, u := range user {
+		c[i] = packets.UserProperty{Key: strings.Clone(u.Key), Val: strings.Clone(u.Val)}
+	}
+	return c
 }

@@ -13,8 +13,9 @@
 // messages wait for their commit (at most Config.MaxPendingRows readings over all
 // connections), and past that it is not read at all. Memory is therefore
 // bounded by one packet per connection (Config.MaxPacketBytes) plus
-// MaxPendingRows decoded readings, and a full queue is backpressure, not a
-// buffer. QoS 0 is ingested on the read goroutine. Invalid payloads are answered PUBACK 0x99
+// MaxPendingRows decoded readings (and the user properties of the messages
+// awaiting their PUBACK, copied out of their packets, which are not kept),
+// and a full queue is backpressure, not a buffer. QoS 0 is ingested on the read goroutine. Invalid payloads are answered PUBACK 0x99
 // (payload format invalid) with a reason string naming the field on MQTT 5;
 // on 3.1.1, which has no error PUBACK, they are dropped, counted and logged,
 // and acknowledged so that the client does not redeliver a message that can
