@@ -302,6 +302,10 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
 				return
 			}
+			if err := a.allow(r, id); err != nil { // a device's reads count against its rate
+				writeError(w, a.log, err)
+				return
+			}
 		}
 		h(w, r, id)
 	}

@@ -76,6 +76,7 @@ func TestDeviceRate(t *testing.T) {
 	}
 	tooMany("GET", "/v1/command", tok, "")
 	tooMany("POST", "/v1/measurements", tok, v1Body(at.Add(time.Minute), 1, 2, 3, 4, 5, 6))
+	tooMany("GET", "/v1/devices/"+id.String()+"/measurements?limit=1000", tok, "") // its own history, read by itself
 	if n := stored(id.String()); n != 3 {
 		t.Errorf("the v1 kettle's readings stored: %d, want 3", n)
 	}
@@ -91,8 +92,8 @@ func TestDeviceRate(t *testing.T) {
 			t.Errorf("the operator reading a limited kettle: %d", r.status)
 		}
 	}
-	if n := metric(t, c, `kettle_device_rate_limited_total{kind="refused"}`); n != 4 {
-		t.Errorf(`kettle_device_rate_limited_total{kind="refused"} = %v, want 4`, n)
+	if n := metric(t, c, `kettle_device_rate_limited_total{kind="refused"}`); n != 5 {
+		t.Errorf(`kettle_device_rate_limited_total{kind="refused"} = %v, want 5`, n)
 	}
 	if n := metric(t, c, "kettle_device_rate_limit_per_second"); n != 0.1 {
 		t.Errorf("kettle_device_rate_limit_per_second = %v, want 0.1", n)
