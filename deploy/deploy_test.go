@@ -1,7 +1,6 @@
 package deploy_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/metrics/metricstest"
 )
@@ -271,28 +271,10 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// syncBuffer collects a child process's output for the failure message.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // start runs a process until the test ends (SIGTERM, then SIGKILL after 5 s).
-func start(t *testing.T, bin string, args ...string) *syncBuffer {
+func start(t *testing.T, bin string, args ...string) *syncbuf.Buffer {
 	t.Helper()
-	out := &syncBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

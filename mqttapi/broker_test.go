@@ -1,7 +1,6 @@
 package mqttapi_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 )
 
@@ -194,7 +194,7 @@ func TestInvalidPayload(t *testing.T) {
 // second, each short however long the error (1,000 empty readings: 7,000
 // field errors).
 func TestInvalidPayloadLogThinned(t *testing.T) {
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	e := startLog(t, fleet.Config{}, slog.New(slog.NewTextHandler(&buf, nil)))
 	r, id := kettleConn(t, e.broker.Addr(), 5, uuid.Nil)
 	payload := []byte("[" + strings.Repeat("{},", 999) + "{}]")
@@ -220,24 +220,6 @@ func TestInvalidPayloadLogThinned(t *testing.T) {
 	if n < 1 || n > 10*windows {
 		t.Errorf("201 invalid payloads in %s: %d log lines, want 1 to %d (10 a second)", time.Since(began).Round(time.Millisecond), n, 10*windows)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the log's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestRetentionRefused: with a retention, a reading older than it gets
