@@ -40,13 +40,23 @@ type Error struct {
 	RetryAfter time.Duration // for EUnavailable and ETooMany
 }
 
+// MaxFieldsInMessage is how many field errors Error's text names; the rest
+// are counted. A batch of 1,000 empty readings has 7,000 field errors: in
+// full, ~250 KB of text for every log line, PUBACK reason and 400 answer
+// that carries it.
+const MaxFieldsInMessage = 10
+
 func (e *Error) Error() string {
 	if len(e.Fields) == 0 {
 		return e.Message
 	}
-	parts := make([]string, len(e.Fields))
-	for i, f := range e.Fields {
+	n := min(len(e.Fields), MaxFieldsInMessage)
+	parts := make([]string, n, n+1)
+	for i, f := range e.Fields[:n] {
 		parts[i] = f.String()
+	}
+	if more := len(e.Fields) - n; more > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", more))
 	}
 	if e.Message == "" {
 		return strings.Join(parts, "; ")

@@ -147,6 +147,9 @@ func Status(code kettle.Code) int {
 	return http.StatusInternalServerError
 }
 
+// maxFieldsAnswered is how many field errors a 4xx answer lists.
+const maxFieldsAnswered = 100
+
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	var e *kettle.Error
 	if !errors.As(err, &e) {
@@ -164,7 +167,13 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	if e.Code == kettle.EUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kettlefleet"`)
 	}
-	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: e.Fields})
+	fields := e.Fields
+	if len(fields) > maxFieldsAnswered {
+		// The first ones name the problem; all 7,000 of a batch of empty
+		// readings would be a ~500 KB answer to a 3 KB request.
+		fields = append(fields[:maxFieldsAnswered:maxFieldsAnswered], kettle.FieldError{Field: "…", Message: fmt.Sprintf("%d more field errors not listed", len(e.Fields)-maxFieldsAnswered)})
+	}
+	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: fields})
 }
 
 // writeJSON answers v as JSON with goccy/go-json, as the ingest path

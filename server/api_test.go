@@ -405,6 +405,21 @@ func TestBadInput(t *testing.T) {
 	g("PUT", "/v1/devices/"+uuid.NewString()+"/override", op, fmt.Sprintf(`{"charge":true,"expires_at":%q}`, now.Add(time.Hour).Format(time.RFC3339)), 404)
 	g("DELETE", "/v1/devices/"+uuid.NewString()+"/override", op, "", 404)
 	g("GET", "/no/such/route", nil, "", 404)
+
+	// A batch of 1,000 empty readings (3 KB) has 7,000 field errors: the
+	// answer lists the first 100 and counts the rest, its message names 10.
+	r := c.do("POST", "/v1/measurements", tok, "["+strings.Repeat("{},", 999)+"{}]")
+	var e struct {
+		Message string
+		Fields  []kettle.FieldError
+	}
+	if r.status == 400 {
+		r.json(t, &e)
+	}
+	if last := len(e.Fields) - 1; r.status != 400 || len(r.body) > 20_000 || len(e.Fields) != 101 || e.Fields[last].Message != "6900 more field errors not listed" ||
+		!strings.HasSuffix(e.Message, "; and 6990 more") || e.Fields[0].Field != "[0].time" {
+		t.Errorf("1,000 empty readings: %d, %d bytes, %d fields; want 400 under 20 KB listing 100 fields and the count of the rest:\n%s", r.status, len(r.body), len(e.Fields), truncate(r.body))
+	}
 }
 
 // TestQueueFull: while the store cannot commit, readings wait in the
