@@ -269,8 +269,16 @@ func (a *API) allow(r *http.Request, id kettle.DeviceID) error {
 // second even when the wait is shorter: the wait of a shared rate
 // (--login-rate 100: 10 ms) is no bound on how often a loop comes back.
 func holdOverRate(r *http.Request, err error) error {
+	if err == nil { // every request: no allocation, inlined
+		return nil
+	}
+	return holdRefusal(r, err)
+}
+
+// holdRefusal is holdOverRate's slow path.
+func holdRefusal(r *http.Request, err error) error {
 	var ke *kettle.Error
-	if err == nil || !errors.As(err, &ke) || ke.Code != kettle.ETooMany {
+	if !errors.As(err, &ke) || ke.Code != kettle.ETooMany {
 		return err
 	}
 	t := time.NewTimer(rateHold)
