@@ -213,6 +213,17 @@ type Store interface {
 	// credentials are refused from then on; its history stays. Revoking
 	// again keeps the first time.
 	Revoke(ctx context.Context, id DeviceID, at time.Time) error
+	// Prune removes, in one transaction, up to limit devices after the
+	// cursor after (in id order) that were registered before before and
+	// never stored a measurement, and are neither revoked (a revoked id
+	// must stay refused) nor under an override: registrations nothing came
+	// of, such as a flood of POST /login. It returns the ids removed and
+	// the cursor to pass next, uuid.Nil once it reached the last device.
+	// DevicesRegistered counts only the devices that remain. A device that
+	// stores a reading while Prune runs is either not removed or, removed,
+	// registered again by that write. dryRun: the same answer, nothing
+	// removed.
+	Prune(ctx context.Context, before time.Time, after DeviceID, limit int, dryRun bool) (removed []DeviceID, next DeviceID, err error)
 	// Expire removes every measurement whose device time is before before,
 	// which must be the first instant of a UTC month (EInvalid otherwise;
 	// see ExpireBefore), and returns how many it removed. The derived

@@ -367,7 +367,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	res.inserted = make([]bool, len(rows))
 	var newDevs int64
 	var stored bool // a plain insert hit a row already stored (and failed)
-	for register := !s.allKnown(ids); ; register = true {
+	for register, attempt := !s.allKnown(ids), 1; ; register, attempt = true, attempt+1 {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
 		iReg, iLock, iIns := -1, 1, -1
@@ -425,8 +425,12 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		if len(devs) == len(ids) {
 			break
 		}
-		if register {
-			return res, fmt.Errorf("lock devices: %d of %d registered devices not found", len(ids)-len(devs), len(ids))
+		// Registered and still not found: Prune (of this process or
+		// another) deleted the device between the registration, which
+		// found it there and did nothing, and the lock. The next attempt
+		// registers it again.
+		if register && attempt >= maxRegisterAttempts {
+			return res, fmt.Errorf("lock devices: %d of %d registered devices not found in %d attempts", len(ids)-len(devs), len(ids), attempt)
 		}
 		if err := pg.Exec(ctx, "ROLLBACK").Close(); err != nil {
 			return res, fmt.Errorf("roll back to register devices: %w", err)
@@ -599,8 +603,14 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 // register them first, which is correct, just a statement more.
 const maxKnown = 1 << 20
 
-// allKnown reports whether every id is known to exist in the devices table
-// (devices are never deleted).
+// maxRegisterAttempts bounds how many times a write registers and locks its
+// devices when some are deleted in between (see Prune).
+const maxRegisterAttempts = 5
+
+// allKnown reports whether every id is known to exist in the devices table.
+// Only Prune deletes devices, and forgets them here; one pruned by another
+// process makes a write's first attempt find it missing, roll back and
+// register it (the path of an unknown device).
 func (s *Store) allKnown(ids []kettle.DeviceID) bool {
 	s.knownMu.RLock()
 	defer s.knownMu.RUnlock()

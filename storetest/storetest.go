@@ -50,6 +50,8 @@ func Run(t *testing.T, open Opener) {
 		{"History", testHistory},
 		{"Overrides", testOverrides},
 		{"Revoke", testRevoke},
+		{"Prune", testPrune},
+		{"PruneConcurrent", testPruneConcurrent},
 		{"Statistics", testStatistics},
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},
