@@ -268,23 +268,39 @@ func ParseRetention(v string) (time.Duration, error) {
 	if v == "0" {
 		return 0, nil
 	}
-	var d time.Duration
-	if days, ok := strings.CutSuffix(v, "d"); ok {
-		n, err := strconv.ParseInt(days, 10, 32)
-		if err != nil || n < 0 || n > maxRetentionDays {
-			return 0, fmt.Errorf("want a whole number of days such as 90d (at most %dd), a duration such as 2160h, or 0, got %q", maxRetentionDays, v)
-		}
-		d = time.Duration(n) * 24 * time.Hour
-	} else {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil || d < 0 {
-			return 0, fmt.Errorf("want a whole number of days such as 90d, a duration such as 2160h, or 0, got %q", v)
-		}
+	d, err := ParseAge(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w, or 0", err)
 	}
 	if d != 0 && d < 24*time.Hour {
 		return 0, fmt.Errorf("must be 0 (keep everything) or at least a day, got %q", v)
 	}
 	return d, nil
+}
+
+// ParseAge reads a non-negative age: a whole number of days ("90d", at
+// most 36600d) or a Go duration ("2160h").
+func ParseAge(v string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		n, err := strconv.ParseInt(days, 10, 32)
+		if err != nil || n < 0 || n > maxRetentionDays {
+			return 0, fmt.Errorf("want a whole number of days such as 90d (at most %dd) or a duration such as 2160h, got %q", maxRetentionDays, clip(v))
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("want a whole number of days such as 90d or a duration such as 2160h, got %q", clip(v))
+	}
+	return d, nil
+}
+
+// clip cuts a value quoted back in an error to 64 bytes.
+func clip(v string) string {
+	if len(v) <= 64 {
+		return v
+	}
+	return v[:64] + "…"
 }
 
 // FormatRetention writes d as ParseRetention reads it: in days when whole.

@@ -19,11 +19,17 @@ import (
 // broke its p99 (docs/performance.md, "The embedded store").
 //
 // Chunks are never moved: growing the cache allocates one more chunk, not a
-// copy of all the slots under the write lock. Devices are never removed (a
-// revoked device keeps its slot). Guarded by Service.mu.
+// copy of all the slots under the write lock. A revoked device keeps its
+// slot; a pruned one (Service.Prune) gives it back, to be reused by the
+// next device added. Guarded by Service.mu.
 type cache struct {
 	index     map[kettle.DeviceID]int32
 	chunks    []*[cacheChunk]device
+	used      int32   // slots ever handed out: chunks hold [0, used)
+	free      []int32 // slots given back, reused first
+	// marks, during a Refresh, has a bit set for every slot the store's
+	// scan showed or that add handed out since it began (see sweep).
+	marks     []uint64
 	overrides map[kettle.DeviceID]*kettle.Override // devices with an override (slot's hasOverride); never mutated in place
 }
 
@@ -40,6 +46,7 @@ type device struct {
 	// hasOverride: the device is in cache.overrides. A poll of a device
 	// without one (nearly all) does not hash its id a second time.
 	hasOverride bool
+	free        bool // given back by remove, not reused yet
 	// tat is the theoretical arrival time of the device's next request,
 	// unix ns (ratelimit.go); changed under the read lock, hence atomic.
 	tat atomic.Int64
@@ -70,12 +77,62 @@ func (c *cache) add(id kettle.DeviceID) *device {
 	if d := c.get(id); d != nil {
 		return d
 	}
-	i := int32(len(c.index))
-	if int(i)/cacheChunk == len(c.chunks) {
-		c.chunks = append(c.chunks, new([cacheChunk]device))
+	var i int32
+	if n := len(c.free); n > 0 {
+		i, c.free = c.free[n-1], c.free[:n-1]
+		c.chunks[i/cacheChunk][i%cacheChunk].free = false
+	} else {
+		i = c.used
+		c.used++
+		if int(i)/cacheChunk == len(c.chunks) {
+			c.chunks = append(c.chunks, new([cacheChunk]device))
+		}
 	}
 	c.index[id] = i
+	c.mark(i)
 	return &c.chunks[i/cacheChunk][i%cacheChunk]
+}
+
+// mark sets slot i's bit in marks, if a refresh is under way and i is in
+// its range (slots past it were handed out after it began).
+func (c *cache) mark(i int32) {
+	if w := int(i) / 64; w < len(c.marks) {
+		c.marks[w] |= 1 << (i % 64)
+	}
+}
+
+// unmarked calls f with every device whose slot is not marked: devices the
+// store's scan did not show although they were cached before it began.
+func (c *cache) unmarked(f func(id kettle.DeviceID, d *device)) {
+	n := 0
+	for i := range min(int(c.used), len(c.marks)*64) {
+		if c.marks[i/64]&(1<<(i%64)) == 0 && !c.chunks[i/cacheChunk][i%cacheChunk].free {
+			n++
+		}
+	}
+	if n == 0 {
+		return // the common case: no walk of the index
+	}
+	for id, i := range c.index {
+		if w := int(i) / 64; w < len(c.marks) && c.marks[w]&(1<<(i%64)) == 0 {
+			f(id, &c.chunks[i/cacheChunk][i%cacheChunk])
+		}
+	}
+}
+
+// remove drops device id and gives its slot back (emptied, so that each
+// skips it until it is reused).
+func (c *cache) remove(id kettle.DeviceID) {
+	i, ok := c.index[id]
+	if !ok {
+		return
+	}
+	d := &c.chunks[i/cacheChunk][i%cacheChunk]
+	c.setOverride(id, d, nil)
+	d.tat.Store(0)
+	*d = device{free: true}
+	delete(c.index, id)
+	c.free = append(c.free, i)
 }
 
 func (c *cache) len() int { return len(c.index) }
@@ -99,12 +156,14 @@ func (c *cache) setOverride(id kettle.DeviceID, d *device, o *kettle.Override) {
 	}
 }
 
-// each calls f with every slot.
+// each calls f with every device's slot.
 func (c *cache) each(f func(d *device)) {
-	n := len(c.index)
+	n := int(c.used)
 	for k, ch := range c.chunks {
 		for i := range ch[:min(cacheChunk, n-k*cacheChunk)] {
-			f(&ch[i])
+			if !ch[i].free {
+				f(&ch[i])
+			}
 		}
 	}
 }

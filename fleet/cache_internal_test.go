@@ -55,3 +55,58 @@ func TestCacheKeepsReadingsExactly(t *testing.T) {
 		t.Fatal("an unknown device has a slot")
 	}
 }
+
+// TestCacheRemoveReusesSlots: a removed device is gone from get, len and
+// each; its slot comes back empty to the next device added (before any new
+// chunk), with no trace of the old device's reading, rate or override.
+func TestCacheRemoveReusesSlots(t *testing.T) {
+	c := newCache()
+	ids := make([]kettle.DeviceID, 2*cacheChunk+3)
+	for i := range ids {
+		ids[i] = uuid.New()
+		d := c.add(ids[i])
+		d.lastSeen = int64(i + 1)
+		d.tat.Store(99)
+		c.setOverride(ids[i], d, &kettle.Override{})
+	}
+	removed := map[kettle.DeviceID]bool{}
+	for i := 0; i < len(ids); i += 3 {
+		c.remove(ids[i])
+		removed[ids[i]] = true
+	}
+	c.remove(uuid.New()) // unknown: nothing happens
+	left := len(ids) - len(removed)
+	count := func() (n int) {
+		c.each(func(d *device) {
+			if d.lastSeen == 0 {
+				t.Fatal("each visited an empty slot")
+			}
+			n++
+		})
+		return n
+	}
+	if c.len() != left || count() != left || len(c.overrides) != left {
+		t.Fatalf("after removing %d of %d: len %d, each %d, overrides %d; want %d", len(removed), len(ids), c.len(), count(), len(c.overrides), left)
+	}
+	for _, id := range ids {
+		if (c.get(id) == nil) != removed[id] {
+			t.Fatalf("device %s: removed %v, get %v", id, removed[id], c.get(id))
+		}
+	}
+	chunks := len(c.chunks)
+	for range removed {
+		id := uuid.New()
+		d := c.add(id)
+		if d.lastSeen != 0 || d.tat.Load() != 0 || d.hasOverride || d.free || c.override(id, d) != nil {
+			t.Fatalf("a reused slot is not empty: %+v", d)
+		}
+		d.lastSeen = 1
+	}
+	if len(c.chunks) != chunks || c.len() != len(ids) || count() != len(ids) {
+		t.Fatalf("after refilling: %d chunks (had %d), len %d, each %d; want %d", len(c.chunks), chunks, c.len(), count(), len(ids))
+	}
+	c.add(uuid.New()).lastSeen = 1 // past the slots given back: a new one
+	if c.len() != len(ids)+1 || count() != len(ids)+1 {
+		t.Fatalf("one more: len %d, each %d", c.len(), count())
+	}
+}

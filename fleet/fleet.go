@@ -130,6 +130,9 @@ type Service struct {
 	mu    sync.RWMutex
 	cache cache
 
+	pruneMu sync.Mutex   // one Prune at a time
+	pruned  atomic.Int64 // devices removed from the cache (Pruned)
+
 	stored     atomic.Int64
 	duplicates atomic.Int64
 
@@ -339,9 +342,13 @@ func (s *Service) Refresh(ctx context.Context) error {
 	s.refreshes.Add(1)
 	began := s.now()
 	var changed []kettle.DeviceID
+	s.mu.Lock()
+	s.cache.marks = make([]uint64, (s.cache.used+63)/64)
+	s.mu.Unlock()
 	err := s.store.Scan(ctx, func(d kettle.DeviceState) error {
 		s.mu.Lock()
 		c := s.cache.add(d.ID)
+		s.cache.mark(s.cache.index[d.ID])
 		moved := false
 		if d.Latest != nil && c.newer(d.Latest) {
 			c.setLatest(d.Latest)
@@ -367,6 +374,15 @@ func (s *Service) Refresh(ctx context.Context) error {
 		}
 		return nil
 	})
+	// Cached devices the whole scan did not show were removed from the
+	// store by another node's Prune: drop those that never reported here
+	// either (a kettle that did was registered again by its write).
+	s.mu.Lock()
+	if err == nil {
+		s.cache.unmarked(func(id kettle.DeviceID, _ *device) { s.dropNeverReported(id) })
+	}
+	s.cache.marks = nil
+	s.mu.Unlock()
 	if len(changed) > 0 {
 		s.changed(changed)
 	}

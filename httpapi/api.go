@@ -74,6 +74,7 @@ func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
 	m.HandleFunc("GET /v1/devices/{id}", a.deviceOrOperator(a.getDevice))
 	m.HandleFunc("GET /v1/devices/{id}/measurements", a.deviceOrOperator(a.history))
 	m.HandleFunc("DELETE /v1/devices/{id}", a.operator(a.revokeDevice))
+	m.HandleFunc("POST /v1/devices/prune", a.operator(a.pruneDevices))
 	m.HandleFunc("PUT /v1/devices/{id}/override", a.operator(a.putOverride))
 	m.HandleFunc("DELETE /v1/devices/{id}/override", a.operator(a.deleteOverride))
 	m.HandleFunc("POST /v1/measurements", a.v1Measurements)
@@ -779,6 +780,53 @@ func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// PruneJSON is the body of POST /v1/devices/prune.
+type PruneJSON struct {
+	OlderThan string `json:"older_than"` // "24h", "7d"
+	DryRun    bool   `json:"dry_run"`
+}
+
+// pruneDevices removes stale registrations: devices registered more than
+// older_than ago that never stored a reading (fleet.Service.Prune).
+func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	var req PruneJSON
+	if err := decodeJSON(body, &req); err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	age, err := kettle.ParseAge(req.OlderThan)
+	if req.OlderThan == "" {
+		err = errors.New("required: an age such as 24h or 7d")
+	}
+	if err != nil {
+		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune", Fields: []kettle.FieldError{{Field: "older_than", Message: err.Error()}}})
+		return
+	}
+	// A registry of a million stale devices takes a thousand transactions:
+	// longer than the server's write timeout allows an ordinary answer.
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(pruneWriteTimeout))
+	res, err := a.svc.Prune(r.Context(), age, req.DryRun)
+	if err != nil {
+		writeError(w, a.log, err)
+		return
+	}
+	writeJSON(w, 200, map[string]any{
+		"removed":            res.Removed,
+		"registered_before":  res.Before.Format(time.RFC3339Nano),
+		"dry_run":            res.DryRun,
+		"took_ms":            float64(res.Took.Microseconds()) / 1000,
+		"devices_registered": a.svc.DeviceCount(),
+	})
+}
+
+// pruneWriteTimeout is how long a prune may run before its answer.
+const pruneWriteTimeout = 10 * time.Minute
 
 func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))

@@ -328,6 +328,7 @@ type Fleet interface {
 	RefreshStats() (peers int64, refreshes uint64)
 	ExpiryStats() fleet.ExpiryStats
 	Limits() fleet.LimitStats
+	Pruned() int64
 }
 
 var _ Fleet = (*fleet.Service)(nil)
@@ -389,6 +390,10 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Help:        registrationsRefusedHelp,
 			ConstLabels: prometheus.Labels{"reason": "registry_full"},
 		}, func() float64 { return float64(f.Limits().RegistryFull) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_devices_pruned_total",
+			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",
+		}, func() float64 { return float64(f.Pruned()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_devices_max",
 			Help: "Devices this server registers at most (--max-devices; 0: no bound). Compare with kettle_devices_registered.",

@@ -1,0 +1,88 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+)
+
+// MinPruneAge is the youngest registration Prune removes: a kettle between
+// its POST /login and its first upload (30 s later, or after a reboot) is
+// not a stale registration.
+const MinPruneAge = 10 * time.Minute
+
+// pruneBatch is how many devices one store transaction of Prune removes at
+// most (the writer waits for one such transaction, not for the whole run).
+const pruneBatch = 1000
+
+// PruneResult is what a Prune did.
+type PruneResult struct {
+	Removed int       // devices removed (or, DryRun, that would be)
+	Before  time.Time // registered before this and never reported
+	DryRun  bool
+	Took    time.Duration
+}
+
+// Prune removes the devices registered more than olderThan ago that never
+// stored a reading and are neither revoked nor under an override (see
+// kettle.Store.Prune) from the store, then from this node's cache, in
+// transactions of pruneBatch devices; other nodes drop them at their next
+// cache refresh. The registry bound (--max-devices) counts only what is
+// left. dryRun counts them and removes nothing. Cancelling ctx stops it
+// between transactions; what was removed stays removed and is reported.
+func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun bool) (PruneResult, error) {
+	if olderThan < MinPruneAge {
+		return PruneResult{}, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune",
+			Fields: []kettle.FieldError{{Field: "older_than", Message: fmt.Sprintf("must be at least %s (a kettle registered just now has not reported yet), got %s", MinPruneAge, olderThan)}}}
+	}
+	s.pruneMu.Lock()
+	defer s.pruneMu.Unlock()
+	start := s.now()
+	res := PruneResult{Before: start.Add(-olderThan).UTC().Truncate(kettle.TimePrecis), DryRun: dryRun}
+	after := uuid.Nil
+	for {
+		if err := ctx.Err(); err != nil {
+			res.Took = s.now().Sub(start)
+			return res, err
+		}
+		removed, next, err := s.store.Prune(ctx, res.Before, after, pruneBatch, dryRun)
+		if err != nil {
+			res.Took = s.now().Sub(start)
+			return res, storeErr("prune devices", err)
+		}
+		res.Removed += len(removed)
+		if !dryRun && len(removed) > 0 {
+			s.mu.Lock()
+			for _, id := range removed {
+				s.dropNeverReported(id)
+			}
+			s.mu.Unlock()
+		}
+		if next == uuid.Nil {
+			break
+		}
+		after = next
+	}
+	res.Took = s.now().Sub(start)
+	s.log.Info("devices pruned", "removed", res.Removed, "registered_before", res.Before, "dry_run", dryRun, "took", res.Took, "registered", s.DeviceCount())
+	return res, nil
+}
+
+// dropNeverReported removes a device from the cache if, as far as the cache
+// knows, it never reported and is neither revoked nor overridden: a kettle
+// whose first reading committed after the store removed it was registered
+// again by that write and stays. Caller holds s.mu.
+func (s *Service) dropNeverReported(id kettle.DeviceID) {
+	if d := s.cache.get(id); d != nil && d.lastSeen == 0 && !d.hasLatest && !d.revoked && !d.hasOverride {
+		s.cache.remove(id)
+		s.pruned.Add(1)
+	}
+}
+
+// Pruned is how many devices this node removed from its registry since
+// start (Prune here, or a Refresh that found them pruned by another node).
+func (s *Service) Pruned() int64 { return s.pruned.Load() }
