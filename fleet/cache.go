@@ -23,10 +23,10 @@ import (
 // slot; a pruned one (Service.Prune) gives it back, to be reused by the
 // next device added. Guarded by Service.mu.
 type cache struct {
-	index     map[kettle.DeviceID]int32
-	chunks    []*[cacheChunk]device
-	used      int32   // slots ever handed out: chunks hold [0, used)
-	free      []int32 // slots given back, reused first
+	index  map[kettle.DeviceID]int32
+	chunks []*[cacheChunk]device
+	used   int32   // slots ever handed out: chunks hold [0, used)
+	free   []int32 // slots given back, reused first
 	// marks, during a Refresh, has a bit set for every slot the store's
 	// scan showed or that add handed out since it began (see sweep).
 	marks     []uint64
