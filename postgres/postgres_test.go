@@ -893,3 +893,11 @@ func TestPartitionBesideADump(t *testing.T) {
 	dump.Exec(ctx, "COMMIT")
 	checkExact(t, s, dsn)
 }
+
+// BenchmarkPrune: stale registrations removed from a store of 100,000 of
+// them beside 25,000 kettles that reported (storetest.PruneBenchmark).
+func BenchmarkPrune(b *testing.B) {
+	s := open(b, pgtest.Start(b))
+	defer s.Close()
+	storetest.PruneBenchmark(b, s, 100_000)
+}

@@ -394,3 +394,11 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkPrune: stale registrations removed from a store of 100,000 of
+// them beside 25,000 kettles that reported (storetest.PruneBenchmark).
+func BenchmarkPrune(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "kettle.db"))
+	defer s.Close()
+	storetest.PruneBenchmark(b, s, 100_000)
+}

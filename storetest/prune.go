@@ -177,3 +177,59 @@ func testPruneConcurrent(t *testing.T, open Opener) {
 		t.Errorf("MeasurementCount %d, want %d", st.MeasurementCount, len(writers))
 	}
 }
+
+// PruneBenchmark measures Prune of stale registrations: each iteration
+// registers n devices an hour before a fleet of n/4 that reported, then
+// prunes the stale ones in transactions of 1,000. It reports devices
+// removed a second and the longest transaction (what a writer waits for at
+// most). Every store's benchmark calls it, so figures compare.
+func PruneBenchmark(b *testing.B, s kettle.Store, n int) {
+	ctx := context.Background()
+	live := ids(31, n/4)
+	if err := s.Register(ctx, live, t0); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(31, 1))
+	for i := 0; i < len(live); i += 1000 {
+		var batch []kettle.Measurement
+		for _, d := range live[i:min(i+1000, len(live))] {
+			batch = append(batch, reading(rng, d, at(time.Minute)))
+		}
+		if _, err := s.Write(ctx, batch, at(time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var removed int
+	var longest, took time.Duration
+	for it := uint64(0); b.Loop(); it++ {
+		b.StopTimer()
+		stale := ids(32+it, n)
+		for i := 0; i < n; i += 1000 {
+			if err := s.Register(ctx, stale[i:min(i+1000, n)], t0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		after := uuid.Nil
+		start := time.Now()
+		for {
+			t := time.Now()
+			got, next, err := s.Prune(ctx, at(time.Hour), after, 1000, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			longest = max(longest, time.Since(t))
+			removed += len(got)
+			if next == uuid.Nil {
+				break
+			}
+			after = next
+		}
+		took += time.Since(start)
+	}
+	if want := n * int(b.N); removed != want {
+		b.Fatalf("removed %d, want %d", removed, want)
+	}
+	b.ReportMetric(float64(removed)/took.Seconds(), "devices/s")
+	b.ReportMetric(float64(longest.Microseconds())/1000, "max-tx-ms")
+}
