@@ -43,29 +43,20 @@ func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	defer s.pruneMu.Unlock()
 	start := s.now()
 	res := PruneResult{Before: start.Add(-olderThan).UTC().Truncate(kettle.TimePrecis), DryRun: dryRun}
-	after := uuid.Nil
-	for {
-		if err := ctx.Err(); err != nil {
-			res.Took = s.now().Sub(start)
-			return res, err
+	n, err := PruneStore(ctx, s.store, res.Before, dryRun, func(removed []kettle.DeviceID) {
+		if dryRun {
+			return
 		}
-		removed, next, err := s.store.Prune(ctx, res.Before, after, pruneBatch, dryRun)
-		if err != nil {
-			res.Took = s.now().Sub(start)
-			return res, storeErr("prune devices", err)
+		s.mu.Lock()
+		for _, id := range removed {
+			s.dropNeverReported(id)
 		}
-		res.Removed += len(removed)
-		if !dryRun && len(removed) > 0 {
-			s.mu.Lock()
-			for _, id := range removed {
-				s.dropNeverReported(id)
-			}
-			s.mu.Unlock()
-		}
-		if next == uuid.Nil {
-			break
-		}
-		after = next
+		s.mu.Unlock()
+	})
+	res.Removed = n
+	if err != nil {
+		res.Took = s.now().Sub(start)
+		return res, storeErr("prune devices", err)
 	}
 	res.Took = s.now().Sub(start)
 	s.log.Info("devices pruned", "removed", res.Removed, "registered_before", res.Before, "dry_run", dryRun, "took", res.Took, "registered", s.DeviceCount())
@@ -86,3 +77,29 @@ func (s *Service) dropNeverReported(id kettle.DeviceID) {
 // Pruned is how many devices this node removed from its registry since
 // start (Prune here, or a Refresh that found them pruned by another node).
 func (s *Service) Pruned() int64 { return s.pruned.Load() }
+
+// PruneStore runs st.Prune over every device, pruneBatch devices a
+// transaction, and calls removed with each transaction's ids once it
+// committed (dryRun: the ids it would remove). It returns how many there
+// were; on an error (or ctx cancelled between transactions), how many
+// before it.
+func PruneStore(ctx context.Context, st kettle.Store, before time.Time, dryRun bool, removed func([]kettle.DeviceID)) (int, error) {
+	n, after := 0, uuid.Nil
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		ids, next, err := st.Prune(ctx, before, after, pruneBatch, dryRun)
+		if err != nil {
+			return n, err
+		}
+		n += len(ids)
+		if len(ids) > 0 && removed != nil {
+			removed(ids)
+		}
+		if next == uuid.Nil {
+			return n, nil
+		}
+		after = next
+	}
+}
