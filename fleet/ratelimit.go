@@ -15,7 +15,8 @@ import (
 // Registrations through the case-study POST /login, which anyone may call,
 // are held to Config.LoginRate over all clients (--login-rate), and the
 // registry to Config.MaxDevices (--max-devices): each registration is a
-// store transaction and a slot in memory that is never freed.
+// store transaction and a slot in memory, freed only if the operator
+// prunes the registrations that never reported (Prune).
 //
 // The limits are the generic cell rate algorithm (gcra): one number, the
 // theoretical arrival time of the next request (TAT, unix ns). A request at

@@ -96,6 +96,7 @@ func TestAuthChaosHTTP(t *testing.T) {
 		{"GET", "/statistics", ""}, {"GET", "/v1/statistics", ""}, {"GET", "/v1/devices", ""},
 		{"POST", "/v1/devices", `{"count":1}`}, {"PUT", "/v1/devices/" + id + "/override", override},
 		{"DELETE", "/v1/devices/" + id + "/override", ""},
+		{"POST", "/v1/devices/prune", `{"older_than":"10m"}`},
 	}
 	if slices.Contains(srv.Routes(), "DELETE /v1/devices/{id}") {
 		ops = append(ops, route{"DELETE", "/v1/devices/" + b.String(), ""})

@@ -90,7 +90,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Ingest.DeviceBurst, "device-burst", 10, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")
 	fs.Float64Var(&cfg.Ingest.LoginRate, "login-rate", 100, "case-study registrations (POST /login, which anyone may call) a second over all clients; over it the request is held up to 1 s, then answered 429 + Retry-After. 0: no limit")
 	fs.IntVar(&cfg.Ingest.LoginBurst, "login-burst", 20000, "with --login-rate: registrations at once before the rate applies (a whole fleet logging in again after an outage)")
-	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory, ~2.4 KiB of RSS measured, and a row, never freed); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
+	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory, ~2.4 KiB of RSS measured, and a row, freed only by pruning those that never report: POST /v1/devices/prune, kettle prune); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
