@@ -38,14 +38,6 @@ build_kettle "$work"
 secs=${DURATION%s}
 wrk_for=$((secs - 20))
 ((wrk_for >= 5)) || { echo "DURATION must be at least 25s"; exit 2; }
-cat >"$work/login.lua" <<'EOF'
-wrk.method = "POST"
-wrk.body = '{"username":"runaway"}'
-wrk.headers["Content-Type"] = "application/json"
-function done(summary, latency, requests)
-  io.write(string.format("RESULT requests=%d errors_status=%d\n", summary.requests, summary.errors.status))
-end
-EOF
 
 # run NAME [SERVE ARGS...]
 run() {
@@ -65,7 +57,7 @@ run() {
 	local spid=$!
 	sleep 10
 	local script=bench/measurement.lua url=http://127.0.0.1:$port
-	[ "$MODE" = login ] && script="$work/login.lua" url=$url/login
+	[ "$MODE" = login ] && script=bench/login.lua url=$url/login
 	DEVICES="$dir/runaway.txt" BASE_EPOCH=$(($(date +%s) - 3600)) \
 		wrk -t2 -c"$RUNAWAY_CONNS" -d"${wrk_for}s" -s "$script" "$url" >"$dir/wrk.log" 2>&1 || true
 	wait "$spid" || echo "  (swarm exited $?: see its summary)"

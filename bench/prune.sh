@@ -11,8 +11,9 @@
 # on for 60 s after it and stops by itself.
 #
 # Printed: devices registered before and after, the dry run's and the
-# prune's answers (removed, took_ms), kettle serve's heap in use and RSS
-# before and 10 s after, and the fleet's upload and poll p99 over the run
+# prune's answers (removed, took_ms), kettle serve's live heap (after a
+# forced collection) and RSS before the flood, after it and 10 s after the
+# prune, and the fleet's upload and poll p99 over the run
 # and in its worst 5 s window during the prune and outside it; its errors
 # and audit (every acknowledged reading stored, none lost).
 #
@@ -47,39 +48,37 @@ if [ "$STORE" = postgres ]; then
 	pg_settings
 	db=$(pg_db prune)
 fi
-port=$(free_port) url=
+port=$(free_port) dport=$(free_port)
 url=http://127.0.0.1:$port
 "$work/kettle" serve --addr 127.0.0.1:$port --db "$db" --data-dir "$work" --log-level info --access-log-sample 0 \
-	--login-rate 0 --max-devices 0 2>"$work/serve.log" &
+	--login-rate 0 --max-devices 0 --debug-addr 127.0.0.1:$dport 2>"$work/serve.log" &
 kpid=$!
 for _ in $(seq 300); do curl -sf "$url/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 op="Authorization: Bearer $(cat "$work/operator-token")"
 metric() { curl -sf "$url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-rss() { awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status; }
+# mem: kettle serve's live heap (heap in use right after a collection that
+# /debug/pprof/heap?gc=1 forces) and RSS, MiB
+mem() {
+	curl -sf "http://127.0.0.1:$dport/debug/pprof/heap?gc=1" >/dev/null
+	echo "live heap $(metric go_memstats_heap_inuse_bytes | python3 -c 'import sys; print(round(float(sys.stdin.read()) / 1048576))') MiB, RSS $(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status) MiB"
+}
 duration=$((10 + flood_s + age_s + 5 + 60 + 15))
 "$work/kettle" swarm --target "$url" --data-dir "$work" --devices "$DEVICES" --interval "$INTERVAL" \
 	--duration "${duration}s" --server-pid "$kpid" --postgres-pid -1 --out "$work/out" --report=false --slo-p99 10s >"$work/swarm.log" 2>&1 &
 spid=$!
 t0=$(date +%s)
 sleep 10
-cat >"$work/login.lua" <<'EOF'
-wrk.method = "POST"
-wrk.body = '{"username":"flood"}'
-wrk.headers["Content-Type"] = "application/json"
-function done(summary, latency, requests)
-  io.write(string.format("RESULT requests=%d errors_status=%d\n", summary.requests, summary.errors.status))
-end
-EOF
-wrk -t2 -c16 -d"$FLOOD" -s "$work/login.lua" "$url/login" | grep RESULT | sed 's/^/flood: /'
+echo "before the flood: registered $(metric kettle_devices_registered); $(mem)"
+wrk -t2 -c16 -d"$FLOOD" -s bench/login.lua "$url/login" | grep RESULT | sed 's/^/flood: /'
 flooded=$(date +%s)
-echo "registered after the flood: $(metric kettle_devices_registered); heap in use $(($(metric go_memstats_heap_inuse_bytes | python3 -c 'import sys; print(int(float(sys.stdin.read())))') / 1048576)) MiB, RSS $(rss) MiB"
+echo "after the flood: registered $(metric kettle_devices_registered); $(mem)"
 sleep $((age_s + 5 - ($(date +%s) - flooded)))
 echo "dry run: $(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\",\"dry_run\":true}")"
 p0=$(($(date +%s) - t0))
 echo "prune:   $(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\"}")"
 p1=$(($(date +%s) - t0 + 1))
 sleep 10
-echo "10 s after: registered $(metric kettle_devices_registered), pruned_total $(metric kettle_devices_pruned_total); heap in use $(($(metric go_memstats_heap_inuse_bytes | python3 -c 'import sys; print(int(float(sys.stdin.read())))') / 1048576)) MiB, RSS $(rss) MiB"
+echo "10 s after: registered $(metric kettle_devices_registered), pruned_total $(metric kettle_devices_pruned_total); $(mem)"
 wait "$spid" || echo "(swarm exited $?: see its summary)"
 spid=
 grep -E '^  (measurement|command|requests|audit:)' "$work/swarm.log"

@@ -93,6 +93,26 @@ func (c *cache) add(id kettle.DeviceID) *device {
 	return &c.chunks[i/cacheChunk][i%cacheChunk]
 }
 
+// compact moves the devices into as few chunks as they fill and rebuilds
+// the index (a Go map never shrinks), when fewer than half of the slots
+// handed out hold a device: after a prune of a flood of registrations,
+// the memory of the rest goes back to the collector. O(devices), under the
+// write lock. Not during a refresh (its marks are by slot).
+func (c *cache) compact() {
+	if c.marks != nil || int(c.used) <= 2*len(c.index)+cacheChunk {
+		return
+	}
+	n := cache{index: make(map[kettle.DeviceID]int32, len(c.index)), overrides: c.overrides}
+	for id, i := range c.index {
+		o := &c.chunks[i/cacheChunk][i%cacheChunk]
+		d := n.add(id)
+		d.lastSeen, d.latest, d.capacityML = o.lastSeen, o.latest, o.capacityML
+		d.hasLatest, d.revoked, d.hasOverride = o.hasLatest, o.revoked, o.hasOverride
+		d.tat.Store(o.tat.Load())
+	}
+	*c = n
+}
+
 // mark sets slot i's bit in marks, if a refresh is under way and i is in
 // its range (slots past it were handed out after it began).
 func (c *cache) mark(i int32) {

@@ -110,3 +110,61 @@ func TestCacheRemoveReusesSlots(t *testing.T) {
 		t.Fatalf("one more: len %d, each %d", c.len(), count())
 	}
 }
+
+// TestCacheCompact: once fewer than half of the slots hold a device, compact
+// packs them into as few chunks as they fill, every device keeping its
+// state, rate and override; with more than half in use it does nothing.
+func TestCacheCompact(t *testing.T) {
+	c := newCache()
+	ids := make([]kettle.DeviceID, 10*cacheChunk)
+	for i := range ids {
+		ids[i] = uuid.New()
+		d := c.add(ids[i])
+		d.lastSeen, d.capacityML, d.revoked = int64(i+1), float64(i), i%7 == 0
+		d.tat.Store(int64(i))
+		if i%5 == 0 {
+			c.setOverride(ids[i], d, &kettle.Override{ExpiresAt: time.Unix(int64(i), 0)})
+		}
+	}
+	keep := func(i int) bool { return i%9 == 0 }
+	for i := range ids {
+		if !keep(i) && i >= 4*cacheChunk { // 6 of 10 chunks emptied but for every 9th
+			c.remove(ids[i])
+		}
+	}
+	chunks := len(c.chunks)
+	c.compact()
+	if len(c.chunks) != chunks {
+		t.Fatalf("compacted with %d of %d slots in use", c.len(), c.used)
+	}
+	for i := range ids {
+		if !keep(i) && i < 4*cacheChunk {
+			c.remove(ids[i])
+		}
+	}
+	left := c.len()
+	c.compact()
+	if want := (left + cacheChunk - 1) / cacheChunk; len(c.chunks) != want || int(c.used) != left || len(c.free) != 0 {
+		t.Fatalf("after compact: %d chunks, %d used, %d free; want %d, %d, 0", len(c.chunks), c.used, len(c.free), want, left)
+	}
+	for i, id := range ids {
+		d := c.get(id)
+		if !keep(i) {
+			if d != nil {
+				t.Fatalf("device %d came back", i)
+			}
+			continue
+		}
+		if d == nil || d.lastSeen != int64(i+1) || d.capacityML != float64(i) || d.revoked != (i%7 == 0) || d.tat.Load() != int64(i) {
+			t.Fatalf("device %d after compact: %+v", i, d)
+		}
+		if o := c.override(id, d); (i%5 == 0) != (o != nil) || (o != nil && o.ExpiresAt.Unix() != int64(i)) {
+			t.Fatalf("device %d: override %v after compact", i, o)
+		}
+	}
+	n := 0
+	c.each(func(*device) { n++ })
+	if n != left {
+		t.Fatalf("each visits %d, %d cached", n, left)
+	}
+}

@@ -382,6 +382,7 @@ func (s *Service) Refresh(ctx context.Context) error {
 		s.cache.unmarked(func(id kettle.DeviceID, _ *device) { s.dropNeverReported(id) })
 	}
 	s.cache.marks = nil
+	s.cache.compact()
 	s.mu.Unlock()
 	if len(changed) > 0 {
 		s.changed(changed)

@@ -53,6 +53,9 @@ func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun boo
 		}
 		s.mu.Unlock()
 	})
+	s.mu.Lock()
+	s.cache.compact()
+	s.mu.Unlock()
 	res.Removed = n
 	if err != nil {
 		res.Took = s.now().Sub(start)
