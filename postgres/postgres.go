@@ -101,6 +101,8 @@ type Store struct {
 	// devices this store has seen registered (see allKnown)
 	knownMu sync.RWMutex
 	known   map[kettle.DeviceID]struct{}
+	// entries deleted from known since it was made (forget)
+	knownDeleted int
 
 	stopCompact chan struct{} // closed by Close
 	compactDone chan struct{} // closed when the compactor returned

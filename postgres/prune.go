@@ -78,7 +78,17 @@ func (s *Store) Prune(ctx context.Context, before time.Time, after kettle.Device
 func (s *Store) forget(ids []kettle.DeviceID) {
 	s.knownMu.Lock()
 	defer s.knownMu.Unlock()
+	n := len(s.known)
 	for _, id := range ids {
 		delete(s.known, id)
+	}
+	// A Go map keeps its size when entries are deleted: once under half of
+	// it is left, copy the rest into a map their size.
+	if s.knownDeleted += n - len(s.known); s.knownDeleted > len(s.known) {
+		known := make(map[kettle.DeviceID]struct{}, len(s.known))
+		for id := range s.known {
+			known[id] = struct{}{}
+		}
+		s.known, s.knownDeleted = known, 0
 	}
 }

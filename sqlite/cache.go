@@ -39,6 +39,7 @@ type devCache struct {
 	version int64
 	gen     uint64
 	valid   bool
+	deleted int // entries deleted from devs since it was made (Prune)
 }
 
 // loadCache builds the cache in a write transaction of its own (Open).

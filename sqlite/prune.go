@@ -92,8 +92,19 @@ func (s *Store) Prune(ctx context.Context, before time.Time, after kettle.Device
 		s.cache.valid = false
 		return nil, uuid.Nil, fmt.Errorf("sqlite prune devices: %w", err)
 	}
+	c := &s.cache
 	for _, id := range removed {
-		delete(s.cache.devs, id)
+		delete(c.devs, id)
+	}
+	// A Go map keeps its size when entries are deleted: once more were
+	// deleted than are left, copy the rest into a map their size (a flood's
+	// registrations pruned would otherwise stay in memory as empty room).
+	if c.deleted += len(removed); c.deleted > len(c.devs) {
+		devs := make(map[kettle.DeviceID]devState, len(c.devs))
+		for id, st := range c.devs {
+			devs[id] = st
+		}
+		c.devs, c.deleted = devs, 0
 	}
 	return removed, next, nil
 }
