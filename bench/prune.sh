@@ -56,11 +56,11 @@ kpid=$!
 for _ in $(seq 300); do curl -sf "$url/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 op="Authorization: Bearer $(cat "$work/operator-token")"
 metric() { curl -sf "$url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
-# mem: kettle serve's live heap (heap in use right after a collection that
-# /debug/pprof/heap?gc=1 forces) and RSS, MiB
+# mem: kettle serve's live heap (bytes allocated right after a collection
+# that /debug/pprof/heap?gc=1 forces) and RSS, MiB
 mem() {
 	curl -sf "http://127.0.0.1:$dport/debug/pprof/heap?gc=1" >/dev/null
-	echo "live heap $(metric go_memstats_heap_inuse_bytes | python3 -c 'import sys; print(round(float(sys.stdin.read()) / 1048576))') MiB, RSS $(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status) MiB"
+	echo "live heap $(metric go_memstats_alloc_bytes | python3 -c 'import sys; print(round(float(sys.stdin.read()) / 1048576))') MiB, RSS $(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status) MiB"
 }
 duration=$((10 + flood_s + age_s + 5 + 60 + 15))
 "$work/kettle" swarm --target "$url" --data-dir "$work" --devices "$DEVICES" --interval "$INTERVAL" \
