@@ -211,9 +211,18 @@ func TestConsumeSharedSubscription(t *testing.T) {
 	if total != devices*perDevice {
 		t.Fatalf("stored %d readings, want %d", total, devices*perDevice)
 	}
+	// A node counts a reading once its commit returned: the store may show
+	// the last ones a moment before the counters do.
 	var consumed [2]int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		for i, n := range nodes {
+			consumed[i] = n.c.Counters().Readings.Load()
+		}
+		if consumed[0]+consumed[1] >= devices*perDevice || time.Now().After(deadline) {
+			break
+		}
+	}
 	for i, n := range nodes {
-		consumed[i] = n.c.Counters().Readings.Load()
 		stored, dups := n.svc.Counters()
 		t.Logf("node %d: consumed %d, stored %d, duplicates %d", i, consumed[i], stored, dups)
 	}
