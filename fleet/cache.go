@@ -28,7 +28,7 @@ type cache struct {
 	used   int32   // slots ever handed out: chunks hold [0, used)
 	free   []int32 // slots given back, reused first
 	// marks, during a Refresh, has a bit set for every slot the store's
-	// scan showed or that add handed out since it began (see sweep).
+	// scan showed or that add handed out since it began (see unmarked).
 	marks     []uint64
 	overrides map[kettle.DeviceID]*kettle.Override // devices with an override (slot's hasOverride); never mutated in place
 }
