@@ -56,12 +56,10 @@ func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	s.mu.Lock()
 	s.cache.compact()
 	s.mu.Unlock()
-	res.Removed = n
+	res.Removed, res.Took = n, s.now().Sub(start)
 	if err != nil {
-		res.Took = s.now().Sub(start)
 		return res, storeErr("prune devices", err)
 	}
-	res.Took = s.now().Sub(start)
 	s.log.Info("devices pruned", "removed", res.Removed, "registered_before", res.Before, "dry_run", dryRun, "took", res.Took, "registered", s.DeviceCount())
 	return res, nil
 }
