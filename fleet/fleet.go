@@ -127,8 +127,9 @@ type Service struct {
 	wg         sync.WaitGroup
 	sendMu     sync.RWMutex // held (R) while sending to queue; (W) to close it
 
-	mu    sync.RWMutex
-	cache cache
+	mu          sync.RWMutex
+	cache       cache
+	registering int // slots held by registrations in flight (Register; under mu)
 
 	pruneMu sync.Mutex   // one Prune at a time
 	pruned  atomic.Int64 // devices removed from the cache (Pruned)
@@ -679,31 +680,51 @@ func (s *Service) Close() {
 }
 
 // Register creates new devices with fresh random ids, durably, and returns
-// their ids; past Config.MaxDevices it refuses them (EForbidden).
+// their ids; past Config.MaxDevices it refuses them (EForbidden). The bound
+// is exact on this node: registrations in flight hold their slots
+// (s.registering) from the check until they are cached or have failed.
 func (s *Service) Register(ctx context.Context, n int) ([]kettle.DeviceID, error) {
-	// Not exact under concurrent registrations: past the bound by at most
-	// those in flight at once.
-	if s.cfg.MaxDevices > 0 && s.DeviceCount()+n > s.cfg.MaxDevices {
-		return nil, s.registryFull(n)
+	reserved := 0
+	if s.cfg.MaxDevices > 0 {
+		s.mu.Lock()
+		full := s.cache.len()+s.registering+n > s.cfg.MaxDevices
+		if !full {
+			s.registering += n
+			reserved = n
+		}
+		s.mu.Unlock()
+		if full {
+			return nil, s.registryFull(n)
+		}
 	}
 	ids := make([]kettle.DeviceID, n)
 	for i := range ids {
 		ids[i] = uuid.New()
 	}
-	return ids, s.RegisterIDs(ctx, ids)
+	return ids, s.register(ctx, ids, reserved)
 }
 
 // RegisterIDs creates the given devices (existing ones are left alone).
 func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error {
+	return s.register(ctx, ids, 0)
+}
+
+// register stores ids and caches them, releasing the reserved slots (see
+// Register) in the same critical section as the devices take theirs.
+func (s *Service) register(ctx context.Context, ids []kettle.DeviceID, reserved int) error {
 	at := s.now().UTC().Truncate(kettle.TimePrecis)
-	if err := s.store.Register(ctx, ids, at); err != nil {
-		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("register devices: store unavailable (%v); retry", err), RetryAfter: s.cfg.RetryAfter}
-	}
+	err := s.store.Register(ctx, ids, at)
 	s.mu.Lock()
-	for _, id := range ids {
-		s.cache.add(id)
+	s.registering -= reserved
+	if err == nil {
+		for _, id := range ids {
+			s.cache.add(id)
+		}
 	}
 	s.mu.Unlock()
+	if err != nil {
+		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("register devices: store unavailable (%v); retry", err), RetryAfter: s.cfg.RetryAfter}
+	}
 	return nil
 }
 

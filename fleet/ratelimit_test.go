@@ -163,6 +163,43 @@ func TestLoginRateAndRegistryBound(t *testing.T) {
 	}
 }
 
+// TestRegistryBoundConcurrent: --max-devices is exact on a node however
+// many registrations race for the last slots (each a store transaction):
+// 40 of 200 concurrent logins get one with 10 held, the rest are refused,
+// and the node holds 50.
+func TestRegistryBoundConcurrent(t *testing.T) {
+	svc := rateService(t, fleet.Config{MaxDevices: 50}, nil)
+	if _, err := svc.Register(context.Background(), 10); err != nil {
+		t.Fatal(err)
+	}
+	var ok, refused, other atomic.Int64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := svc.Register(context.Background(), 1)
+			switch kettle.ErrorCode(err) {
+			case "":
+				ok.Add(1)
+			case kettle.EForbidden:
+				refused.Add(1)
+			default:
+				other.Add(1)
+				t.Error(err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if ok.Load() != 40 || refused.Load() != 160 || other.Load() != 0 || svc.DeviceCount() != 50 {
+		t.Errorf("200 concurrent registrations with 10 of 50 held: %d registered, %d refused, %d failed; the node holds %d, want 40, 160, 0 and 50",
+			ok.Load(), refused.Load(), other.Load(), svc.DeviceCount())
+	}
+}
+
 // BenchmarkAllow: the cost --device-rate adds to every device request
 // (off: one comparison; on: the cache's read lock, a map lookup and a
 // compare-and-swap), many kettles from all processors.
