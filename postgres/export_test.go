@@ -51,3 +51,6 @@ func SetExpireCounted(f func()) (restore func()) {
 
 // WithoutPassword exports withoutPassword.
 var WithoutPassword = withoutPassword
+
+// SQLPrune is the statement that picks and deletes a prune's batch.
+const SQLPrune = sqlPrune
