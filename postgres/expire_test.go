@@ -33,11 +33,7 @@ func expireFixture(t *testing.T, seed uint64) (s *postgres.Store, conn *pgx.Conn
 	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old), rowAt(rng, dev, time.Now().UTC().Add(-time.Hour))}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	conn = connect(t, dsn)
 	return s, conn, rng, dev, old
 }
 
@@ -141,11 +137,7 @@ func TestExpireDropsLeftovers(t *testing.T) {
 	dsn := pgtest.Start(t)
 	s := open(t, dsn)
 	defer s.Close()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, dsn)
 	for _, q := range []string{
 		"CREATE TABLE measurements_y2024m03_expired (LIKE measurements)",
 		"CREATE TABLE measurements_y2024m03_keep (x int)",
@@ -157,9 +149,8 @@ func TestExpireDropsLeftovers(t *testing.T) {
 	if _, err := s.Expire(ctx, time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
 		t.Fatal(err)
 	}
-	var left []string
 	rows, _ := conn.Query(ctx, "SELECT relname FROM pg_class WHERE relname LIKE 'measurements_y2024m03%' ORDER BY 1")
-	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(left) != 1 || left[0] != "measurements_y2024m03_keep" {
 		t.Errorf("tables left: %v (%v); want only measurements_y2024m03_keep", left, err)
 	}

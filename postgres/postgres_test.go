@@ -35,6 +35,19 @@ func open(t testing.TB, dsn string) *postgres.Store {
 	return s
 }
 
+// connect opens a plain connection to the test database, closed when the
+// test ends: for what the store does not expose (plans, catalog, fault
+// injection).
+func connect(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) (kettle.Store, func(t *testing.T) kettle.Store) {
 		dsn := pgtest.Start(t)
@@ -79,13 +92,9 @@ type recompute struct {
 func naive(t *testing.T, dsn string) recompute {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, dsn)
 	var r recompute
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM measurements`).Scan(&r.n)
+	err := conn.QueryRow(ctx, `SELECT count(*) FROM measurements`).Scan(&r.n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,11 +440,7 @@ func TestSeedCopy(t *testing.T) {
 	if err := s.SeedDone(ctx, base, base.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, dsn)
 	var unfolded, moves int64
 	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollups WHERE shard <> 0), (SELECT count(*) FROM last_seen_moves)`).Scan(&unfolded, &moves); err != nil {
 		t.Fatal(err)
@@ -517,11 +522,7 @@ func BenchmarkStatistics(b *testing.B) {
 	if err != nil || st.DevicesRegistered != devices || st.DevicesReporting != devices/2 {
 		b.Fatalf("statistics %d registered, %d reporting, %v; want %d, %d", st.DevicesRegistered, st.DevicesReporting, err, devices, devices/2)
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(b, dsn)
 	if _, err := conn.Exec(ctx, "VACUUM ANALYZE devices, last_seen_counts"); err != nil {
 		b.Fatal(err)
 	}
@@ -731,11 +732,7 @@ func TestMaintenance(t *testing.T) {
 	if m0.CheckpointTimeout <= 0 {
 		t.Errorf("checkpoint_timeout %v", m0.CheckpointTimeout)
 	}
-	c, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
+	c := connect(t, dsn)
 	if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
 		t.Fatal(err)
 	}
@@ -864,11 +861,7 @@ func TestPartitionBesideADump(t *testing.T) {
 	if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, devID(1), now)}, now); err != nil {
 		t.Fatal(err)
 	}
-	dump, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dump.Close(ctx)
+	dump := connect(t, dsn)
 	if _, err := dump.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,7 @@ func TestPrunePlan(t *testing.T) {
 	dsn := pgtest.Start(t)
 	s := open(t, dsn)
 	defer s.Close()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connect(t, dsn)
 	if _, err := conn.Exec(ctx, "ALTER TABLE devices SET (autovacuum_enabled = false)"); err != nil {
 		t.Fatal(err)
 	}
