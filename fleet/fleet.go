@@ -54,9 +54,14 @@ type Config struct {
 	// every ExpireEvery the store expires the months wholly older than that
 	// (kettle.ExpireBefore). 0 keeps everything.
 	Retention time.Duration
-	// ExpireEvery is how often the expiry runs when Retention > 0
-	// (default 1h); the first run is at start.
+	// ExpireEvery is how often the expiry runs when Retention > 0, and
+	// the automatic prune when PruneUnreported > 0 (default 1h); the first
+	// run is at start.
 	ExpireEvery time.Duration
+	// PruneUnreported, when > 0 (at least MinPruneAge), prunes every
+	// ExpireEvery the devices registered longer ago that never stored a
+	// reading (Prune). 0: only when the operator asks.
+	PruneUnreported time.Duration
 	// DeviceRate, when > 0, is the requests a second one device may make
 	// (Allow, Pace), with bursts of DeviceBurst (default 10). 0: no limit.
 	DeviceRate  float64
@@ -133,6 +138,8 @@ type Service struct {
 
 	pruneMu sync.Mutex   // one Prune at a time
 	pruned  atomic.Int64 // devices removed from the cache (Pruned)
+	// automatic prunes that failed (PruneErrors)
+	pruneErrors atomic.Int64
 
 	stored     atomic.Int64
 	duplicates atomic.Int64
@@ -207,6 +214,9 @@ type request struct {
 // now is the clock (a field, so tests can fake it).
 func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, now func() time.Time, hooks Hooks) (*Service, error) {
 	cfg.defaults()
+	if cfg.PruneUnreported != 0 && cfg.PruneUnreported < MinPruneAge {
+		return nil, fmt.Errorf("prune unreported devices after %s: must be at least %s (a kettle registered just now has not reported yet)", cfg.PruneUnreported, MinPruneAge)
+	}
 	if now == nil {
 		now = time.Now
 	}
@@ -254,7 +264,7 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		s.refreshDone = make(chan struct{})
 		go s.refresher()
 	}
-	if cfg.Retention > 0 {
+	if cfg.Retention > 0 || cfg.PruneUnreported > 0 {
 		s.startExpirer()
 	}
 	return s, nil

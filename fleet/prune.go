@@ -35,6 +35,15 @@ type PruneResult struct {
 // left. dryRun counts them and removes nothing. Cancelling ctx stops it
 // between transactions; what was removed stays removed and is reported.
 func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun bool) (PruneResult, error) {
+	res, err := s.prune(ctx, olderThan, dryRun)
+	if err == nil {
+		s.log.Info("devices pruned", "removed", res.Removed, "registered_before", res.Before, "dry_run", dryRun, "took", res.Took, "registered", s.DeviceCount())
+	}
+	return res, err
+}
+
+// prune is Prune without its log line.
+func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun bool) (PruneResult, error) {
 	if olderThan < MinPruneAge {
 		return PruneResult{}, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune",
 			Fields: []kettle.FieldError{{Field: "older_than", Message: fmt.Sprintf("must be at least %s (a kettle registered just now has not reported yet), got %s", MinPruneAge, olderThan)}}}
@@ -60,7 +69,6 @@ func (s *Service) Prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	if err != nil {
 		return res, storeErr("prune devices", err)
 	}
-	s.log.Info("devices pruned", "removed", res.Removed, "registered_before", res.Before, "dry_run", dryRun, "took", res.Took, "registered", s.DeviceCount())
 	return res, nil
 }
 

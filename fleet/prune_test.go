@@ -3,14 +3,68 @@ package fleet_test
 import (
 	"context"
 	"io"
+	"log/slog"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/sqlite"
 )
+
+// TestPruneUnreported: with Config.PruneUnreported the housekeeping loop
+// prunes by itself, every ExpireEvery: of three kettles registered two
+// hours ago (by the service's clock) the one that reported and the one
+// registered since stay; the two that never reported go, counted; a
+// registration younger than the age is left for a later round. A bound
+// under MinPruneAge is refused at start.
+func TestPruneUnreported(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	svc, _ := newServiceWith(t, fleet.Config{PruneUnreported: time.Hour, ExpireEvery: 20 * time.Millisecond}, clk.now, io.Discard)
+	ctx := context.Background()
+	old, err := svc.Register(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := svc.Ingest(ctx, []kettle.Measurement{reading(old[0], clk.now(), 500)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(2 * time.Hour)
+	young, err := svc.Register(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for svc.Pruned() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a few more rounds: nothing else may go
+	if svc.Pruned() != 2 || svc.DeviceCount() != 2 || !svc.Registered(old[0]) || !svc.Registered(young[0]) || svc.Registered(old[1]) || svc.Registered(old[2]) || svc.PruneErrors() != 0 {
+		t.Errorf("after rounds of the loop: %d pruned, %d registered (the reporter %v, the young one %v, the two silent ones %v %v), %d errors; want 2 pruned, the reporter and the young one left",
+			svc.Pruned(), svc.DeviceCount(), svc.Registered(old[0]), svc.Registered(young[0]), svc.Registered(old[1]), svc.Registered(old[2]), svc.PruneErrors())
+	}
+	clk.add(2 * time.Hour)
+	deadline = time.Now().Add(5 * time.Second)
+	for svc.Pruned() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if svc.Pruned() != 3 || svc.DeviceCount() != 1 || !svc.Registered(old[0]) {
+		t.Errorf("two hours later: %d pruned, %d registered; want the young one pruned too, the reporter left", svc.Pruned(), svc.DeviceCount())
+	}
+
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := fleet.New(ctx, st, fleet.Config{PruneUnreported: 5 * time.Minute}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{}); err == nil || !strings.Contains(err.Error(), "at least 10m") {
+		t.Errorf("PruneUnreported 5m: %v, want refused naming the 10m floor", err)
+	}
+}
 
 // BenchmarkPruneMemory registers 100,000 devices on the embedded store
 // beside 2,000 that report, prunes the 100,000 an hour later (by the

@@ -86,6 +86,24 @@ func (s *Service) Expire(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// autoPrune is the housekeeping loop's prune (Config.PruneUnreported).
+// Every node on a shared store runs it; their transactions skip the rows
+// another holds, so two at once remove each device once.
+func (s *Service) autoPrune(ctx context.Context) {
+	res, err := s.prune(ctx, s.cfg.PruneUnreported, false)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		s.pruneErrors.Add(1)
+		s.log.Warn("pruning devices that never reported failed; trying again next round",
+			"older_than", s.cfg.PruneUnreported, "removed", res.Removed, "err", err, "next_in", s.cfg.ExpireEvery)
+	case res.Removed > 0: // quiet when there was nothing to do: this runs every round
+		s.log.Info("devices pruned (--prune-unreported)", "removed", res.Removed, "registered_before", res.Before, "took", res.Took, "registered", s.DeviceCount())
+	}
+}
+
+// PruneErrors counts the automatic prunes that failed (Config.PruneUnreported).
+func (s *Service) PruneErrors() int64 { return s.pruneErrors.Load() }
+
 func (s *Service) startExpirer() {
 	ctx, cancel := context.WithCancel(context.Background())
 	s.expiry.cancel, s.expiry.done = cancel, make(chan struct{})
@@ -99,7 +117,12 @@ func (s *Service) startExpirer() {
 				return
 			case <-t.C:
 			}
-			s.Expire(ctx)
+			if s.cfg.Retention > 0 {
+				s.Expire(ctx)
+			}
+			if s.cfg.PruneUnreported > 0 {
+				s.autoPrune(ctx)
+			}
 			t.Reset(s.cfg.ExpireEvery)
 		}
 	}()

@@ -329,6 +329,7 @@ type Fleet interface {
 	ExpiryStats() fleet.ExpiryStats
 	Limits() fleet.LimitStats
 	Pruned() int64
+	PruneErrors() int64
 }
 
 var _ Fleet = (*fleet.Service)(nil)
@@ -394,6 +395,14 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_devices_pruned_total",
 			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",
 		}, func() float64 { return float64(f.Pruned()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_prune_unreported_seconds",
+			Help: "Devices registered longer ago than this that never reported are pruned every --expire-every (--prune-unreported); 0: only when asked.",
+		}, func() float64 { return f.Config().PruneUnreported.Seconds() }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_prune_errors_total",
+			Help: "Automatic prunes (--prune-unreported) that failed (the log says why); the next round tries again.",
+		}, func() float64 { return float64(f.PruneErrors()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_devices_max",
 			Help: "Devices this server registers at most (--max-devices; 0: no bound). Compare with kettle_devices_registered.",

@@ -178,6 +178,58 @@ func testPruneConcurrent(t *testing.T, open Opener) {
 	}
 }
 
+// testPruneRace: four prunes at once (several nodes, or kettle prune beside
+// a server's --prune-unreported) remove each stale device once between
+// them, and the registered count stays exact.
+func testPruneRace(t *testing.T, open Opener) {
+	s, _ := open(t)
+	ctx := context.Background()
+	stale, live := ids(37, 600), ids(38, 100)
+	if err := s.Register(ctx, append(slices.Clone(stale), live...), t0); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(37, 1))
+	var batch []kettle.Measurement
+	for _, d := range live {
+		batch = append(batch, reading(rng, d, at(time.Minute)))
+	}
+	if _, err := s.Write(ctx, batch, at(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var removed []kettle.DeviceID
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for p := range 4 {
+		wg.Go(func() {
+			after := uuid.Nil
+			for {
+				got, next, err := s.Prune(ctx, at(time.Hour), after, 13+p, false)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				removed = append(removed, got...)
+				mu.Unlock()
+				if next == uuid.Nil {
+					return
+				}
+				after = next
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("concurrent prune: %v", err)
+	}
+	if got := sortIDs(removed); !slices.Equal(got, sortIDs(stale)) {
+		t.Errorf("four prunes at once removed %d devices (%d distinct), want each of the %d stale ones once", len(removed), len(slices.Compact(got)), len(stale))
+	}
+	registered(t, s, live)
+}
+
 // PruneBenchmark measures Prune of stale registrations: each iteration
 // registers n devices an hour before a fleet of n/4 that reported, then
 // prunes the stale ones in transactions of 1,000. It reports devices

@@ -52,6 +52,7 @@ func Run(t *testing.T, open Opener) {
 		{"Revoke", testRevoke},
 		{"Prune", testPrune},
 		{"PruneConcurrent", testPruneConcurrent},
+		{"PruneRace", testPruneRace},
 		{"Statistics", testStatistics},
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},

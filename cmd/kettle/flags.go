@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
 )
 
 // envName is the environment twin of a flag: --ingest-queue → KETTLE_INGEST_QUEUE.
@@ -76,6 +77,24 @@ func retentionVar(fs *flag.FlagSet, d *time.Duration, usage string) {
 	fs.Func("retention", usage, func(v string) (err error) {
 		*d, err = kettle.ParseRetention(v)
 		return err
+	})
+}
+
+// pruneAgeVar defines an age flag of a prune: whole days or a Go duration,
+// at least fleet.MinPruneAge (zeroOK: or 0, off). usage says so.
+func pruneAgeVar(fs *flag.FlagSet, d *time.Duration, name, usage string, zeroOK bool) {
+	fs.Func(name, usage, func(v string) (err error) {
+		if zeroOK && v == "0" {
+			*d = 0
+			return nil
+		}
+		if *d, err = kettle.ParseAge(v); err != nil {
+			return err
+		}
+		if *d < fleet.MinPruneAge {
+			return fmt.Errorf("must be at least %s (a kettle registered just now has not reported yet), got %q", fleet.MinPruneAge, v)
+		}
+		return nil
 	})
 }
 

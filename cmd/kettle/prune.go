@@ -41,10 +41,7 @@ func runPrune(ctx context.Context, args []string) error {
 	fs := newFlagSet("prune", "--db DSN --older-than AGE [--dry-run]", pruneDoc)
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
 	var age time.Duration
-	fs.Func("older-than", fmt.Sprintf("registered at least this long ago, e.g. 7d or 36h (at least %s)", fleet.MinPruneAge), func(v string) (err error) {
-		age, err = kettle.ParseAge(v)
-		return err
-	})
+	pruneAgeVar(fs, &age, "older-than", fmt.Sprintf("registered at least this long ago, e.g. 7d or 36h (at least %s)", fleet.MinPruneAge), false)
 	dryRun := fs.Bool("dry-run", false, "count them, remove nothing")
 	if err := parseFlags(fs, args); err != nil {
 		return err

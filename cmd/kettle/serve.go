@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
@@ -41,6 +42,11 @@ older than 90 days (device time) are refused, and at start and every
 --expire-every the calendar months (UTC) wholly older are removed from the
 store together with their share of the statistics; a kettle's latest state
 stays.
+
+Registrations that never report (a flood of POST /login): with
+--prune-unreported 7d, at start and every --expire-every the devices
+registered more than 7 days ago that never stored a reading are removed,
+as POST /v1/devices/prune does; by default only when an operator asks.
 
 Secrets: when --operator-token or --secret is empty, a random value is
 generated at first start and kept in --data-dir (files operator-token and
@@ -85,7 +91,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Ingest.PollInterval, "poll-interval", 30*time.Second, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&cfg.Ingest.Refresh, "cache-refresh", 0, "for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: 5s on PostgreSQL, never on SQLite)")
 	retentionVar(fs, &cfg.Ingest.Retention, "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the months wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their partitions")
-	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention: how often to look for months to remove (the first look is at start)")
+	fs.DurationVar(&cfg.Ingest.ExpireEvery, "expire-every", time.Hour, "with --retention or --prune-unreported: how often to look for months to remove and devices to prune (the first look is at start)")
+	pruneAgeVar(fs, &cfg.Ingest.PruneUnreported, "prune-unreported", fmt.Sprintf("at start and every --expire-every, remove the devices registered longer ago than this that never stored a reading (not revoked, no override), as POST /v1/devices/prune does, e.g. 7d (at least %s; a pruned case-study kettle must POST /login again: choose longer than any kettle takes from its login to its first reading). 0: only when asked (the default)", fleet.MinPruneAge), true)
 	fs.Float64Var(&cfg.Ingest.DeviceRate, "device-rate", 0, "requests a second one kettle may make (uploads and polls; a kettle sends 2 in 30 s), e.g. 1, or 0.2 for one every 5 s; HTTP over it is answered 429 + Retry-After, MQTT over it is read more slowly (nothing refused). 0: no limit (the default)")
 	fs.IntVar(&cfg.Ingest.DeviceBurst, "device-burst", 10, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")
 	fs.Float64Var(&cfg.Ingest.LoginRate, "login-rate", 100, "case-study registrations (POST /login, which anyone may call) a second over all clients; over it the request is held up to 1 s, then answered 429 + Retry-After. 0: no limit")

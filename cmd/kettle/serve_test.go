@@ -313,7 +313,7 @@ func TestServeHelpIsTheReference(t *testing.T) {
 	out, _ := exec.Command(kettleBin, "serve", "--help").CombinedOutput()
 	for _, want := range []string{"--addr", "KETTLE_ADDR", "--db", "KETTLE_DB", "--operator-token", "KETTLE_OPERATOR_TOKEN", "--secret", "KETTLE_SECRET", "--ingest-queue", "--max-conns",
 		"--shed-latency", "KETTLE_SHED_LATENCY", "--shed-window", "KETTLE_SHED_WINDOW", "--shed-windows", "KETTLE_SHED_WINDOWS", "--shed-runnable", "KETTLE_SHED_RUNNABLE", "--shed-min-ingest-share", "KETTLE_SHED_MIN_INGEST_SHARE", "--device-rate", "KETTLE_DEVICE_RATE", "--device-burst", "KETTLE_DEVICE_BURST",
-		"--login-rate", "KETTLE_LOGIN_RATE", "--login-burst", "--max-devices", "KETTLE_MAX_DEVICES"} {
+		"--login-rate", "KETTLE_LOGIN_RATE", "--login-burst", "--max-devices", "KETTLE_MAX_DEVICES", "--prune-unreported", "KETTLE_PRUNE_UNREPORTED"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("kettle serve --help lacks %s", want)
 		}
@@ -324,6 +324,12 @@ func TestServeHelpIsTheReference(t *testing.T) {
 		out, err := exec.Command(kettleBin, append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), args[len(args)-2]+" "+args[len(args)-1]+":") {
 			t.Errorf("kettle serve %v: %v\n%s\nwant a refusal naming %s", args, err, out, args[len(args)-2])
+		}
+	}
+	for _, v := range []string{"5m", "soon", "-1h"} {
+		out, err := exec.Command(kettleBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--prune-unreported", v).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "prune-unreported") || !strings.Contains(string(out), `"`+v+`"`) {
+			t.Errorf("kettle serve --prune-unreported %s: %v\n%s\nwant a refusal naming the flag and the value", v, err, out)
 		}
 	}
 }
