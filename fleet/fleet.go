@@ -719,10 +719,20 @@ func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error 
 	return s.register(ctx, ids, 0)
 }
 
+// registerTimeout bounds a registration's store call, which does not end
+// with its client (register).
+const registerTimeout = 30 * time.Second
+
 // register stores ids and caches them, releasing the reserved slots (see
-// Register) in the same critical section as the devices take theirs.
+// Register) in the same critical section as the devices take theirs. The
+// store call does not run on the client's context: a client that goes away
+// while the registration commits must not leave it stored but unknown to
+// this node (its count, the registry bound and a prune all go by the
+// cache); registerTimeout bounds it instead.
 func (s *Service) register(ctx context.Context, ids []kettle.DeviceID, reserved int) error {
 	at := s.now().UTC().Truncate(kettle.TimePrecis)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registerTimeout)
+	defer cancel()
 	err := s.store.Register(ctx, ids, at)
 	s.mu.Lock()
 	s.registering -= reserved

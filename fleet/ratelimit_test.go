@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/sqlite"
 )
 
 // clock is a fake time source the test moves by hand.
@@ -220,5 +223,49 @@ func BenchmarkAllow(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// lateAckStore commits a registration only after the caller's context ends
+// (or 100 ms), then reports that context's error: as a PostgreSQL commit
+// whose answer arrives after the client cancelled — stored, but the call
+// failed.
+type lateAckStore struct{ kettle.Store }
+
+func (s lateAckStore) Register(ctx context.Context, ids []kettle.DeviceID, at time.Time) error {
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := s.Store.Register(context.Background(), ids, at); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// TestRegisterOutlivesClient: a login whose client goes away while its
+// registration commits still counts on the node (the registry bound, the
+// registered gauge, a later prune), because the registration does not run
+// on the client's context: the node holds what the store holds.
+func TestRegisterOutlivesClient(t *testing.T) {
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := fleet.New(context.Background(), lateAckStore{st}, fleet.Config{MaxDevices: 10}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, fleet.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close(); st.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	_, regErr := svc.Register(ctx, 3)
+	stored := 0
+	if err := st.Scan(context.Background(), func(kettle.DeviceState) error { stored++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if stored != 3 || svc.DeviceCount() != stored || regErr != nil {
+		t.Errorf("registering 3 devices, the client gone after 10 ms: the store holds %d, the node counts %d (Register: %v); want 3, 3 and no error",
+			stored, svc.DeviceCount(), regErr)
 	}
 }
