@@ -12,7 +12,10 @@
 #   MODE=login: POST /login, registering a new device each time (anyone may
 #     call it); kettle serve with --login-rate 0 --max-devices 0, then with
 #     its defaults (--login-rate 100 --login-burst 20000 --max-devices
-#     1000000).
+#     1000000), then with --login-rate-per-source RATE besides (bursts of
+#     100, its default). Meanwhile new kettles log in from another address
+#     (127.0.0.2), one every 0.5 s: how many were registered, refused, and
+#     the longest a login took.
 # Printed for each run: the fleet's upload and poll p99 over the run and in
 # its worst 5 s window, its errors and audit; the runaway's requests/s and
 # how many it was refused (non-2xx); MODE=device: its readings stored;
@@ -39,6 +42,19 @@ secs=${DURATION%s}
 wrk_for=$((secs - 20))
 ((wrk_for >= 5)) || { echo "DURATION must be at least 25s"; exit 2; }
 
+# newcomers URL SECONDS OUT: new kettles logging in from another address
+# (127.0.0.2) while the runaway loops, one every 0.5 s for SECONDS; each
+# line of OUT is the status and the seconds it took.
+newcomers() {
+	local end=$((SECONDS + $2))
+	: >"$3"
+	while ((SECONDS < end)); do
+		curl -s -o /dev/null -w '%{http_code} %{time_total}\n' --max-time 10 --interface 127.0.0.2 \
+			-X POST "$1" -d '{"username":"newcomer"}' >>"$3" || echo "000 10" >>"$3"
+		sleep 0.5
+	done
+}
+
 # run NAME [SERVE ARGS...]
 run() {
 	local name=$1 dir="$work/$1" port
@@ -57,18 +73,24 @@ run() {
 	local spid=$!
 	sleep 10
 	local script=bench/measurement.lua url=http://127.0.0.1:$port
-	[ "$MODE" = login ] && script=bench/login.lua url=$url/login
+	local ppid=
+	if [ "$MODE" = login ]; then
+		script=bench/login.lua url=$url/login
+		newcomers "$url" "$wrk_for" "$dir/newcomers.txt" &
+		ppid=$!
+	fi
 	DEVICES="$dir/runaway.txt" BASE_EPOCH=$(($(date +%s) - 3600)) \
 		wrk -t2 -c"$RUNAWAY_CONNS" -d"${wrk_for}s" -s "$script" "$url" >"$dir/wrk.log" 2>&1 || true
+	[ -n "$ppid" ] && wait "$ppid"
 	wait "$spid" || echo "  (swarm exited $?: see its summary)"
 	grep -E '^  (measurement|command|requests|audit:)' "$dir/swarm.log" | sed "s/^ /  [$name]/"
 	local stored registered rss
 	registered=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 == "kettle_devices_registered" { print $2 }')
 	rss=$(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status)
 	stored=$(curl -sf -H "Authorization: Bearer $(cat "$dir/operator-token")" "http://127.0.0.1:$port/v1/devices/$runaway" | python3 -c 'import json, sys; print(json.load(sys.stdin)["measurements"])')
-	python3 - "$dir/out/results.json" "$dir/swarm.log" "$dir/wrk.log" "$name" "$stored" "$wrk_for" "$MODE" "$registered" "$rss" <<'EOF'
-import json, re, sys
-res, log, wrk, name, stored, wrk_for, mode, registered, rss = sys.argv[1:]
+	python3 - "$dir/out/results.json" "$dir/swarm.log" "$dir/wrk.log" "$name" "$stored" "$wrk_for" "$MODE" "$registered" "$rss" "$dir/newcomers.txt" <<'EOF'
+import json, os, re, sys
+res, log, wrk, name, stored, wrk_for, mode, registered, rss, newcomers = sys.argv[1:]
 r = json.load(open(res))
 t = r["totals"]
 win = []
@@ -84,6 +106,11 @@ req = float(w.get("requests", 0)); refused = float(w.get("errors_status", 0))
 srv = [s["procs"]["server"]["cpu_pct"] for s in r["system"]["samples"] if "server" in s.get("procs", {})]
 what = ("runaway_stored=%s runaway_stored_per_s=%.1f" % (stored, float(stored) / float(wrk_for)) if mode == "device"
         else "devices_registered=%s" % registered)
+if mode == "login" and os.path.exists(newcomers):
+    nc = [l.split() for l in open(newcomers) if l.strip()]
+    ok = [float(s) for c, s in nc if c == "200"]
+    what += " newcomers=%d newcomers_registered=%d newcomers_refused_429=%d newcomers_max_s=%.3f" % (
+        len(nc), len(ok), sum(1 for c, _ in nc if c == "429"), max((float(s) for _, s in nc), default=0))
 print("RATE %s fleet_requests=%d fleet_errors=%d fleet_p99_upload_ms=%.2f fleet_p99_command_ms=%.2f worst5s_p99_upload_ms=%.2f worst5s_p99_command_ms=%.2f "
       "runaway_rps=%.0f runaway_refused=%d %s server_cpu_pct_mean=%.0f server_rss_mib=%s" % (
     name, t["requests"], t["errors"], p99("measurement"), p99("command"), worst("measurement"), worst("command"),
@@ -97,4 +124,5 @@ if [ "$MODE" = device ]; then
 else
 	run no-limit --login-rate 0 --max-devices 0
 	run defaults
+	run per-source --login-rate-per-source "$RATE"
 fi

@@ -71,6 +71,13 @@ type Config struct {
 	// (default 1). 0: no limit.
 	LoginRate  float64
 	LoginBurst int
+	// LoginSourceRate, when > 0, is the case-study registrations a second
+	// from one source address (an IPv4 address, an IPv6 /64) in bursts of
+	// LoginSourceBurst (default 1), checked before LoginRate: one client
+	// looping on POST /login is refused on its own and leaves the shared
+	// rate to the others. 0: no limit.
+	LoginSourceRate  float64
+	LoginSourceBurst int
 	// MaxDevices, when > 0, bounds the registry: Register refuses devices
 	// past it (EForbidden). Devices a v1 token registers by uploading are
 	// not refused (their tokens come from the operator's secret).
@@ -101,6 +108,9 @@ func (c *Config) defaults() {
 	}
 	if c.LoginBurst <= 0 {
 		c.LoginBurst = 1
+	}
+	if c.LoginSourceBurst <= 0 {
+		c.LoginSourceBurst = 1
 	}
 }
 
@@ -150,6 +160,9 @@ type Service struct {
 	rateRefused, ratePaced, loginsRefused atomic.Int64
 	registryRefused                       atomic.Int64
 	rateLog                               logthin.Limiter // logOverRate
+	loginSource                           gcra
+	sources                               sourceTable // --login-rate-per-source
+	sourceRefused                         atomic.Int64
 
 	watchMu  sync.RWMutex
 	watchers []ChangeFunc
@@ -231,6 +244,7 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 	}
 	s.deviceRate = newGCRA(cfg.DeviceRate, cfg.DeviceBurst)
 	s.loginRate = newGCRA(cfg.LoginRate, cfg.LoginBurst)
+	s.loginSource = newGCRA(cfg.LoginSourceRate, cfg.LoginSourceBurst)
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
 		c := s.cache.add(d.ID)
 		c.lastSeen = unixNano(d.LastSeen)

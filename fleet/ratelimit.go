@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"fmt"
+	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,7 +15,8 @@ import (
 // whose firmware retries in a tight loop, or one stolen credential, cannot
 // take the fleet's share of the server: a kettle sends two requests in 30 s.
 // Registrations through the case-study POST /login, which anyone may call,
-// are held to Config.LoginRate over all clients (--login-rate), and the
+// are held to Config.LoginRate over all clients (--login-rate) and, if set,
+// to Config.LoginSourceRate from one address (--login-rate-per-source), and the
 // registry to Config.MaxDevices (--max-devices): each registration is a
 // store transaction and a slot in memory, freed only if the operator
 // prunes the registrations that never reported (Prune).
@@ -49,15 +52,21 @@ func (g gcra) on() bool { return g.t > 0 }
 func (g gcra) take(tat *atomic.Int64, now int64, reserve bool) time.Duration {
 	for {
 		old := tat.Load()
-		next := max(old, now)
-		wait := next - g.tau - now
+		next, wait := g.step(old, now)
 		if wait > 0 && !reserve {
-			return time.Duration(wait)
+			return wait
 		}
-		if tat.CompareAndSwap(old, next+g.t) {
-			return time.Duration(wait)
+		if tat.CompareAndSwap(old, next) {
+			return wait
 		}
 	}
+}
+
+// step is one request at now against TAT old: the TAT after taking it, and
+// how long the request is early (≤ 0: it conforms).
+func (g gcra) step(old, now int64) (next int64, early time.Duration) {
+	at := max(old, now)
+	return at + g.t, time.Duration(at - g.tau - now)
 }
 
 // Allow takes one request of device id against its rate. Over it, nothing is
@@ -113,9 +122,16 @@ func (s *Service) takeDevice(id kettle.DeviceID, reserve bool) time.Duration {
 }
 
 // AllowLogin takes one case-study registration (POST /login, anonymous)
-// against --login-rate, over all clients. Over it, nothing is taken and an
-// *kettle.Error with code ETooMany says how long to wait.
-func (s *Service) AllowLogin() error {
+// from source (the client's address; the zero Addr: unknown) against
+// --login-rate-per-source, then --login-rate over all clients. Over either,
+// nothing more is taken and an *kettle.Error with code ETooMany says how
+// long to wait.
+func (s *Service) AllowLogin(source netip.Addr) error {
+	if s.loginSource.on() && source.IsValid() {
+		if err := s.allowSource(source); err != nil {
+			return err
+		}
+	}
 	if !s.loginRate.on() {
 		return nil
 	}
@@ -128,17 +144,99 @@ func (s *Service) AllowLogin() error {
 		Message: fmt.Sprintf("too many registrations: this server registers at most %g devices a second through POST /login (--login-rate, bursts of --login-burst %d); retry after Retry-After seconds", s.cfg.LoginRate, s.cfg.LoginBurst)}
 }
 
+// The per-source login limit keeps one TAT per source in a table of at most
+// maxLoginSources. A source whose TAT has passed has its whole burst again,
+// exactly as one never seen: a full table drops those (at most once every
+// sourceSweepEvery, so that a flood of new addresses does not turn every
+// login into a walk of the table). If every source in it is still within
+// its burst, a new one is held to --login-rate alone (counted in
+// LimitStats.SourcesUntracked): memory stays bounded, and a client with
+// that many addresses is past what a per-address limit can stop anyway.
+const (
+	maxLoginSources  = 65536
+	sourceSweepEvery = 100 * time.Millisecond
+)
+
+type sourceTable struct {
+	mu        sync.Mutex
+	tat       map[netip.Prefix]int64
+	swept     int64 // unix ns of the last sweep
+	untracked atomic.Int64
+}
+
+// sourceKey is the limit's key for a client address: an IPv4 address, or
+// the /64 an IPv6 address is in (one host's usual allocation).
+func sourceKey(a netip.Addr) netip.Prefix {
+	a = a.Unmap()
+	if a.Is4() {
+		return netip.PrefixFrom(a, 32)
+	}
+	p, _ := a.Prefix(64)
+	return p
+}
+
+// sourceName is a key as the client knows its address: IPv4 plain.
+func sourceName(key netip.Prefix) string {
+	if key.Addr().Is4() {
+		return key.Addr().String()
+	}
+	return key.String()
+}
+
+func (s *Service) allowSource(source netip.Addr) error {
+	key := sourceKey(source)
+	now := s.now().UnixNano()
+	t := &s.sources
+	t.mu.Lock()
+	old, known := t.tat[key]
+	if !known && len(t.tat) >= maxLoginSources {
+		if now-t.swept >= int64(sourceSweepEvery) {
+			t.swept = now
+			for k, v := range t.tat {
+				if v <= now {
+					delete(t.tat, k)
+				}
+			}
+		}
+		if len(t.tat) >= maxLoginSources {
+			t.mu.Unlock()
+			t.untracked.Add(1)
+			return nil
+		}
+	}
+	next, early := s.loginSource.step(old, now)
+	if early <= 0 {
+		if t.tat == nil {
+			t.tat = make(map[netip.Prefix]int64)
+		}
+		t.tat[key] = next
+	}
+	t.mu.Unlock()
+	if early <= 0 {
+		return nil
+	}
+	s.sourceRefused.Add(1)
+	return &kettle.Error{Code: kettle.ETooMany, RetryAfter: early,
+		Message: fmt.Sprintf("too many registrations from %s: this server registers at most %g devices a second from one address (--login-rate-per-source, bursts of --login-burst-per-source %d; IPv6: one /64); retry after Retry-After seconds", sourceName(key), s.cfg.LoginSourceRate, s.cfg.LoginSourceBurst)}
+}
+
 // LimitStats counts, since start, what the limits of this file refused.
 type LimitStats struct {
 	DeviceRefused int64 // requests over a device's rate refused (Allow)
 	DevicePaced   int64 // requests over a device's rate held back (Pace)
 	LoginsRefused int64 // registrations over --login-rate (AllowLogin)
 	RegistryFull  int64 // registrations refused past --max-devices (Register)
+	// registrations over --login-rate-per-source (AllowLogin)
+	SourceRefused int64
+	// logins from a new source not limited by --login-rate-per-source
+	// because its table was full of sources within their bursts
+	SourcesUntracked int64
 }
 
 // Limits reports what the rate limits and the registry bound refused.
 func (s *Service) Limits() LimitStats {
-	return LimitStats{s.rateRefused.Load(), s.ratePaced.Load(), s.loginsRefused.Load(), s.registryRefused.Load()}
+	return LimitStats{s.rateRefused.Load(), s.ratePaced.Load(), s.loginsRefused.Load(), s.registryRefused.Load(),
+		s.sourceRefused.Load(), s.sources.untracked.Load()}
 }
 
 // registryFull counts and returns the error of a registration past

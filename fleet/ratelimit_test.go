@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -132,7 +133,7 @@ func TestLoginRateAndRegistryBound(t *testing.T) {
 	svc := rateService(t, fleet.Config{LoginRate: 1, LoginBurst: 3, MaxDevices: 5}, clk.now)
 	login := func(wantWait time.Duration) {
 		t.Helper()
-		err := svc.AllowLogin()
+		err := svc.AllowLogin(netip.Addr{})
 		var ke *kettle.Error
 		if wantWait == 0 && err != nil || wantWait > 0 && (!errors.As(err, &ke) || ke.Code != kettle.ETooMany || ke.RetryAfter != wantWait || !strings.Contains(ke.Message, "--login-rate")) {
 			t.Errorf("AllowLogin = %v, want a wait of %s", err, wantWait)
@@ -163,6 +164,72 @@ func TestLoginRateAndRegistryBound(t *testing.T) {
 	}
 	if l := svc.Limits(); l.LoginsRefused != 2 || l.RegistryFull != 2 {
 		t.Errorf("Limits() = %+v, want 2 logins refused, 2 registrations past the bound", l)
+	}
+}
+
+// TestLoginRatePerSource: --login-rate-per-source 1 with bursts of 2 (fake
+// clock): each IPv4 address and each IPv6 /64 has its own; a login refused
+// by it does not take from --login-rate over all clients (here bursts of 5),
+// which still applies after it.
+func TestLoginRatePerSource(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	svc := rateService(t, fleet.Config{LoginSourceRate: 1, LoginSourceBurst: 2, LoginRate: 1, LoginBurst: 5}, clk.now)
+	login := func(from string, wantWait time.Duration, wantFlag string) {
+		t.Helper()
+		err := svc.AllowLogin(netip.MustParseAddr(from))
+		var ke *kettle.Error
+		if wantWait == 0 && err != nil || wantWait > 0 && (!errors.As(err, &ke) || ke.Code != kettle.ETooMany || ke.RetryAfter != wantWait || !strings.Contains(ke.Message, "("+wantFlag+",")) {
+			t.Errorf("AllowLogin(%s) = %v, want a wait of %s naming %s", from, err, wantWait, wantFlag)
+		}
+	}
+	login("192.0.2.1", 0, "")
+	login("::ffff:192.0.2.1", 0, "") // the same address, IPv4-mapped
+	login("192.0.2.1", time.Second, "--login-rate-per-source")
+	login("2001:db8::1", 0, "")
+	login("2001:db8::2", 0, "") // the same /64
+	login("2001:db8::3", time.Second, "--login-rate-per-source")
+	login("2001:db8:0:1::1", 0, "")                    // the 5th of the burst over all clients
+	login("198.51.100.7", time.Second, "--login-rate") // a fresh address: the shared rate
+	clk.add(time.Second)
+	login("192.0.2.1", 0, "")
+	if l := svc.Limits(); l.SourceRefused != 2 || l.LoginsRefused != 1 {
+		t.Errorf("Limits() = %+v, want 2 refused by source, 1 by the shared rate", l)
+	}
+	if err := svc.AllowLogin(netip.Addr{}); err == nil {
+		t.Errorf("a login from an unknown address past --login-rate: allowed")
+	}
+}
+
+// TestLoginSourcesBounded: the per-source table holds at most 65,536
+// addresses. Full of sources within their bursts, a new one is held to the
+// shared rate only (counted); once their TATs have passed, the next new
+// source sweeps them out and is limited again.
+func TestLoginSourcesBounded(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	svc := rateService(t, fleet.Config{LoginSourceRate: 1, LoginSourceBurst: 1}, clk.now)
+	for i := range 65536 {
+		if err := svc.AllowLogin(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})); err != nil {
+			t.Fatalf("source %d: %v", i, err)
+		}
+	}
+	extra := netip.MustParseAddr("10.1.0.1")
+	for i := range 3 {
+		if err := svc.AllowLogin(extra); err != nil {
+			t.Errorf("login %d from a new source, the table full: %v; want allowed (untracked)", i+1, err)
+		}
+	}
+	if l := svc.Limits(); l.SourcesUntracked != 3 {
+		t.Errorf("SourcesUntracked = %d, want 3", l.SourcesUntracked)
+	}
+	clk.add(time.Second)
+	if err := svc.AllowLogin(extra); err != nil {
+		t.Errorf("after the others' TATs passed: %v", err)
+	}
+	if err := svc.AllowLogin(extra); kettle.ErrorCode(err) != kettle.ETooMany {
+		t.Errorf("its second login at once, bursts of 1: %v; want refused (tracked again)", err)
+	}
+	if l := svc.Limits(); l.SourcesUntracked != 3 || l.SourceRefused != 1 {
+		t.Errorf("Limits() = %+v, want 3 untracked, 1 refused", l)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,6 +293,16 @@ func holdRefusal(r *http.Request, err error) error {
 	return ke
 }
 
+// remoteAddr is the client's address (the zero Addr if RemoteAddr is not
+// an address and port, as under a test's handler).
+func remoteAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr()
+}
+
 // deviceOrOperator lets the operator read any device and a device read only
 // itself.
 func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id kettle.DeviceID)) http.HandlerFunc {
@@ -346,7 +357,7 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 // ---- case-study protocol ----
 
 func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
-	if err := holdOverRate(r, a.svc.AllowLogin()); err != nil {
+	if err := holdOverRate(r, a.svc.AllowLogin(remoteAddr(r))); err != nil {
 		writeError(w, a.log, err)
 		return
 	}

@@ -334,7 +334,7 @@ type Fleet interface {
 
 var _ Fleet = (*fleet.Service)(nil)
 
-const registrationsRefusedHelp = "Device registrations refused: login_rate, a POST /login over --login-rate (429); registry_full, a POST /login or POST /v1/devices past --max-devices (403)."
+const registrationsRefusedHelp = "Device registrations refused: login_rate, a POST /login over --login-rate (429); login_rate_source, a POST /login over --login-rate-per-source (429); registry_full, a POST /login or POST /v1/devices past --max-devices (403)."
 
 const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, answered 429 + Retry-After), or paced (MQTT publishes held until the kettle is within its rate, its connection not read meanwhile)."
 
@@ -391,6 +391,15 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Help:        registrationsRefusedHelp,
 			ConstLabels: prometheus.Labels{"reason": "registry_full"},
 		}, func() float64 { return float64(f.Limits().RegistryFull) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_registrations_refused_total",
+			Help:        registrationsRefusedHelp,
+			ConstLabels: prometheus.Labels{"reason": "login_rate_source"},
+		}, func() float64 { return float64(f.Limits().SourceRefused) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_login_sources_untracked_total",
+			Help: "POST /login requests from a new address not held to --login-rate-per-source because its table was full (65,536 addresses, all within their bursts); --login-rate still applied.",
+		}, func() float64 { return float64(f.Limits().SourcesUntracked) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_devices_pruned_total",
 			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",

@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -169,6 +171,34 @@ func TestRegistrationBounds(t *testing.T) {
 		t.Errorf("kettle_devices_registered = %v, want 4", n)
 	}
 	for series, want := range map[string]float64{`kettle_registrations_refused_total{reason="login_rate"}`: 1, `kettle_registrations_refused_total{reason="registry_full"}`: 2, "kettle_devices_max": 3} {
+		if n := metric(t, c, series); n != want {
+			t.Errorf("%s = %v, want %v", series, n, want)
+		}
+	}
+}
+
+// TestLoginRatePerSource: kettle serve --login-rate-per-source 0.1
+// --login-burst-per-source 2. A client past its burst is held a second,
+// then answered 429 naming the flag, while a client on another address
+// (127.0.0.2: a real second source on loopback) still registers; counted
+// on /metrics apart from --login-rate's refusals.
+func TestLoginRatePerSource(t *testing.T) {
+	srv := start(t, "sqlite:"+t.TempDir()+"/k.db", func(c *server.Config) {
+		c.Ingest.LoginSourceRate, c.Ingest.LoginSourceBurst = 0.1, 2
+	})
+	c := newClient(t, srv)
+	login(t, c)
+	login(t, c)
+	began := time.Now()
+	r := c.do("POST", "/login", nil, `{"username":"kettle"}`)
+	ra, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	if took := time.Since(began); r.status != 429 || ra < 1 || ra > 10 || took < 900*time.Millisecond || !strings.Contains(string(r.body), "--login-rate-per-source") || !strings.Contains(string(r.body), "127.0.0.1") {
+		t.Errorf("third login from 127.0.0.1 in a burst of 2: %d after %s, Retry-After %q, %s; want 429 after ~1 s naming --login-rate-per-source and the address", r.status, took, r.header.Get("Retry-After"), r.body)
+	}
+	other := newClient(t, srv)
+	other.hc.Transport = &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}
+	login(t, other)
+	for series, want := range map[string]float64{`kettle_registrations_refused_total{reason="login_rate_source"}`: 1, `kettle_registrations_refused_total{reason="login_rate"}`: 0, "kettle_devices_registered": 3} {
 		if n := metric(t, c, series); n != want {
 			t.Errorf("%s = %v, want %v", series, n, want)
 		}

@@ -312,7 +312,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	go func() { s.serveErr <- s.http.Serve(ln) }()
 	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
 		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
-		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
+		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "login_rate_per_source", s.svc.Config().LoginSourceRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
 		"operator_token_file", s.tokFile, "secret_file", s.secFile)
 	return s, nil
 }

@@ -97,6 +97,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Ingest.DeviceBurst, "device-burst", 10, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")
 	fs.Float64Var(&cfg.Ingest.LoginRate, "login-rate", 100, "case-study registrations (POST /login, which anyone may call) a second over all clients; over it the request is held up to 1 s, then answered 429 + Retry-After. 0: no limit")
 	fs.IntVar(&cfg.Ingest.LoginBurst, "login-burst", 20000, "with --login-rate: registrations at once before the rate applies (a whole fleet logging in again after an outage)")
+	fs.Float64Var(&cfg.Ingest.LoginSourceRate, "login-rate-per-source", 0, "case-study registrations (POST /login) a second from one client address (an IPv4 address, an IPv6 /64), checked before --login-rate: one client looping on POST /login is refused on its own instead of using up the rate all clients share; held up to 1 s, then 429 + Retry-After. Kettles behind one NAT share an address: set --login-burst-per-source above the most that log in at once through one. 0: no limit (the default)")
+	fs.IntVar(&cfg.Ingest.LoginSourceBurst, "login-burst-per-source", 100, "with --login-rate-per-source: registrations at once from one address before its rate applies")
 	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory, ~2.4 KiB of RSS measured, and a row, freed only by pruning those that never report: POST /v1/devices/prune, kettle prune); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
@@ -145,6 +147,12 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if b := cfg.Ingest.LoginBurst; b < 1 || b > 10_000_000 {
 		return fmt.Errorf("--login-burst %d: want 1 to 10000000 (registrations at once)", b)
+	}
+	if r := cfg.Ingest.LoginSourceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
+		return fmt.Errorf("--login-rate-per-source %g: want registrations a second from one address from 0.001 to 1e6, or 0 for no limit", r)
+	}
+	if b := cfg.Ingest.LoginSourceBurst; b < 1 || b > 10_000_000 {
+		return fmt.Errorf("--login-burst-per-source %d: want 1 to 10000000 (registrations at once from one address)", b)
 	}
 	if n := cfg.Ingest.MaxDevices; n < 0 {
 		return fmt.Errorf("--max-devices %d: want the most devices to register, or 0 for no bound", n)
