@@ -145,6 +145,9 @@ type Service struct {
 	mu          sync.RWMutex
 	cache       cache
 	registering int // slots held by registrations in flight (Register; under mu)
+	// devices this node pruned while a refresh scanned the store (under mu;
+	// Refresh drops them again when its scan ends)
+	prunedInScan []kettle.DeviceID
 
 	pruneMu sync.Mutex   // one Prune at a time
 	pruned  atomic.Int64 // devices removed from the cache (Pruned)
@@ -406,6 +409,13 @@ func (s *Service) Refresh(ctx context.Context) error {
 	if err == nil {
 		s.cache.unmarked(func(id kettle.DeviceID, _ *device) { s.dropNeverReported(id) })
 	}
+	// What this node pruned during the scan, the scan may have read before
+	// the delete and added back: drop it again (counted once, by Prune). A
+	// kettle whose first reading committed meanwhile has reported, and stays.
+	for _, id := range s.prunedInScan {
+		s.removeNeverReported(id)
+	}
+	s.prunedInScan = nil
 	s.cache.marks = nil
 	s.cache.compact()
 	s.mu.Unlock()

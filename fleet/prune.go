@@ -60,6 +60,12 @@ func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun boo
 		for _, id := range removed {
 			s.dropNeverReported(id)
 		}
+		if s.cache.marks != nil {
+			// A refresh is scanning the store: it may have read these rows
+			// before they were deleted and add them back; it drops them
+			// again when its scan ends (Refresh).
+			s.prunedInScan = append(s.prunedInScan, removed...)
+		}
 		s.mu.Unlock()
 	})
 	s.mu.Lock()
@@ -77,10 +83,19 @@ func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun boo
 // whose first reading committed after the store removed it was registered
 // again by that write and stays. Caller holds s.mu.
 func (s *Service) dropNeverReported(id kettle.DeviceID) {
-	if d := s.cache.get(id); d != nil && d.lastSeen == 0 && !d.hasLatest && !d.revoked && !d.hasOverride {
-		s.cache.remove(id)
+	if s.removeNeverReported(id) {
 		s.pruned.Add(1)
 	}
+}
+
+// removeNeverReported is dropNeverReported without counting the device as
+// pruned; it reports whether it removed it. Caller holds s.mu.
+func (s *Service) removeNeverReported(id kettle.DeviceID) bool {
+	if d := s.cache.get(id); d != nil && d.lastSeen == 0 && !d.hasLatest && !d.revoked && !d.hasOverride {
+		s.cache.remove(id)
+		return true
+	}
+	return false
 }
 
 // Pruned is how many devices this node removed from its registry since

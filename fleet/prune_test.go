@@ -66,6 +66,77 @@ func TestPruneUnreported(t *testing.T) {
 	}
 }
 
+// pausedScan is a real store whose Scan, once armed, reads every device
+// first and hands them over only when released: a refresh whose snapshot
+// was taken before a prune and is delivered after it (PostgreSQL's scan is
+// one query on one snapshot).
+type pausedScan struct {
+	kettle.Store
+	armed         atomic.Bool
+	read, release chan struct{}
+}
+
+func (s *pausedScan) Scan(ctx context.Context, fn func(kettle.DeviceState) error) error {
+	if !s.armed.Load() {
+		return s.Store.Scan(ctx, fn)
+	}
+	var all []kettle.DeviceState
+	if err := s.Store.Scan(ctx, func(d kettle.DeviceState) error { all = append(all, d); return nil }); err != nil {
+		return err
+	}
+	close(s.read)
+	<-s.release
+	for _, d := range all {
+		if err := fn(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestPruneDuringRefresh: devices this node prunes while a cache refresh
+// is scanning the store (which read them before the delete) are not back
+// in the registry when the refresh ends, and are counted pruned once; the
+// kettle that reported stays.
+func TestPruneDuringRefresh(t *testing.T) {
+	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "k.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &pausedScan{Store: st, read: make(chan struct{}), release: make(chan struct{})}
+	svc, err := fleet.New(ctx, ps, fleet.Config{}, slog.New(slog.NewTextHandler(io.Discard, nil)), clk.now, fleet.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close(); st.Close() })
+	ids, err := svc.Register(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := svc.Ingest(ctx, []kettle.Measurement{reading(ids[0], clk.now(), 500)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(time.Hour)
+	ps.armed.Store(true)
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- svc.Refresh(ctx) }()
+	<-ps.read
+	res, err := svc.Prune(ctx, 30*time.Minute, false)
+	if err != nil || res.Removed != 4 || svc.DeviceCount() != 1 {
+		t.Fatalf("prune during the scan: %+v %v, %d registered; want 4 removed, 1 left", res, err, svc.DeviceCount())
+	}
+	close(ps.release)
+	if err := <-refreshed; err != nil {
+		t.Fatal(err)
+	}
+	if svc.DeviceCount() != 1 || !svc.Registered(ids[0]) || svc.Registered(ids[1]) || svc.Pruned() != 4 {
+		t.Errorf("after the refresh that read them before the prune: %d registered (the reporter %v, a pruned one %v), %d pruned; want 1 (the reporter) and 4",
+			svc.DeviceCount(), svc.Registered(ids[0]), svc.Registered(ids[1]), svc.Pruned())
+	}
+}
+
 // BenchmarkPruneMemory registers 100,000 devices on the embedded store
 // beside 2,000 that report, prunes the 100,000 an hour later (by the
 // service's clock) and reports the process's live heap (after a full
