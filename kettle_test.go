@@ -69,6 +69,34 @@ func TestDeviceToken(t *testing.T) {
 	}
 }
 
+// TestDeviceTokensRotation: with the new secret and the one being retired,
+// a token of either is accepted and says which; a token of neither, or any
+// token against an empty secret, is not.
+func TestDeviceTokensRotation(t *testing.T) {
+	cur, prev := []byte("new-secret"), []byte("old-secret")
+	id := uuid.New()
+	for _, c := range []struct {
+		tok  string
+		want int
+	}{
+		{kettle.DeviceToken(cur, id), 0},
+		{kettle.DeviceToken(prev, id), 1},
+		{kettle.DeviceToken([]byte("third"), id), -1},
+		{kettle.DeviceToken(nil, id), -1},
+	} {
+		got, i := kettle.VerifyDeviceTokens(c.tok, cur, prev)
+		if i != c.want || i >= 0 && got != id {
+			t.Errorf("VerifyDeviceTokens(%q) = %v, %d; want %d", c.tok, got, i, c.want)
+		}
+	}
+	if _, i := kettle.VerifyDeviceTokens(kettle.DeviceToken(nil, id), cur, nil); i != -1 {
+		t.Errorf("a token of the empty secret accepted with no previous secret set: %d", i)
+	}
+	if _, ok := kettle.VerifyDeviceToken(nil, kettle.DeviceToken(nil, id)); ok {
+		t.Errorf("VerifyDeviceToken with an empty secret accepted a token")
+	}
+}
+
 func TestValidate(t *testing.T) {
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
 	ok := kettle.Measurement{Time: now, ChargeMWh: 0, FullMWh: 0, RateMW: -1e9, AmbientC: -50, WaterC: 150, LevelML: 0}

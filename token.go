@@ -29,17 +29,31 @@ func deviceMAC(secret []byte, id DeviceID) []byte {
 // VerifyDeviceToken returns the device a token belongs to, comparing the MAC
 // in constant time.
 func VerifyDeviceToken(secret []byte, token string) (DeviceID, bool) {
+	id, i := VerifyDeviceTokens(token, secret)
+	return id, i == 0
+}
+
+// VerifyDeviceTokens checks a token against each secret in turn (empty
+// ones skipped) and returns its device and the index of the secret that
+// made it; -1 if none did. A server rotating its secret passes the new one,
+// then the one being retired.
+func VerifyDeviceTokens(token string, secrets ...[]byte) (DeviceID, int) {
 	idPart, macPart, ok := strings.Cut(token, ".")
 	if !ok || len(idPart) != 36 {
-		return uuid.Nil, false
+		return uuid.Nil, -1
 	}
 	id, err := uuid.Parse(idPart)
 	if err != nil {
-		return uuid.Nil, false
+		return uuid.Nil, -1
 	}
 	mac, err := base64.RawURLEncoding.DecodeString(macPart)
 	if err != nil {
-		return uuid.Nil, false
+		return uuid.Nil, -1
 	}
-	return id, hmac.Equal(mac, deviceMAC(secret, id))
+	for i, secret := range secrets {
+		if len(secret) > 0 && hmac.Equal(mac, deviceMAC(secret, id)) {
+			return id, i
+		}
+	}
+	return id, -1
 }

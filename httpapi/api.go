@@ -32,6 +32,13 @@ const ReportingWindow = 5 * time.Minute
 type Config struct {
 	OperatorToken string
 	Secret        []byte
+	// PreviousOperatorToken and PreviousSecret, when set, are the operator
+	// token and the device secret being retired (--operator-token-previous,
+	// --secret-previous): accepted too, and every use of one is reported to
+	// OnPreviousCredential (kind "operator", or "device" with its id).
+	PreviousOperatorToken string
+	PreviousSecret        []byte
+	OnPreviousCredential  func(kind string, device kettle.DeviceID)
 	// OperatorSession, when set, accepts a request as the operator without a
 	// bearer token (the dashboard's session cookie).
 	OperatorSession func(*http.Request) bool
@@ -62,7 +69,8 @@ type API struct {
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), tokens: newTokenCache(cfg.Secret)}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	a.tokens = newTokenCache(cfg.Secret, cfg.PreviousSecret, func(id kettle.DeviceID) { a.previousUsed("device", id) })
 	m := routeRecorder{a}
 	// Case-study protocol.
 	m.HandleFunc("POST /login", a.v0Login)
@@ -207,7 +215,26 @@ func bearer(r *http.Request) (string, bool) {
 }
 
 func (a *API) isOperator(tok string) bool {
-	return subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.OperatorToken)) == 1
+	if subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.OperatorToken)) == 1 {
+		return true
+	}
+	if a.cfg.PreviousOperatorToken != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(a.cfg.PreviousOperatorToken)) == 1 {
+		a.previousUsed("operator", uuid.Nil)
+		return true
+	}
+	return false
+}
+
+// isDeviceToken reports whether tok is a device's token (of either secret).
+func (a *API) isDeviceToken(tok string) bool {
+	_, which := kettle.VerifyDeviceTokens(tok, a.cfg.Secret, a.cfg.PreviousSecret)
+	return which >= 0
+}
+
+func (a *API) previousUsed(kind string, id kettle.DeviceID) {
+	if a.cfg.OnPreviousCredential != nil {
+		a.cfg.OnPreviousCredential(kind, id)
+	}
 }
 
 // operator guards operator endpoints: the operator token, nothing else.
@@ -223,7 +250,7 @@ func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if !a.isOperator(tok) {
-			if _, isDev := kettle.VerifyDeviceToken(a.cfg.Secret, tok); isDev {
+			if a.isDeviceToken(tok) {
 				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
 				return
 			}
@@ -322,7 +349,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 			return
 		}
 		if !a.isOperator(tok) {
-			dev, ok := kettle.VerifyDeviceToken(a.cfg.Secret, tok)
+			dev, ok := a.tokens.verify(tok)
 			if !ok || a.svc.Revoked(dev) {
 				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
 				return

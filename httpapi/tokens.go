@@ -17,38 +17,61 @@ const tokenCacheMax = 1 << 16
 // the secret and its id, so a cached token is exactly as valid as a freshly
 // verified one; revocation is checked separately on every request. Bounded:
 // when full it is emptied and devices verify once more.
+//
+// While the secret is rotated (--secret-previous) a token of the secret
+// being retired is accepted too, and every use of one (cached or not) is
+// reported to onPrevious.
 type tokenCache struct {
-	secret []byte
-	mu     sync.RWMutex
-	m      map[kettle.DeviceID]string
+	secrets    [][]byte // in force, then the one being retired (empty: none)
+	onPrevious func(kettle.DeviceID)
+	mu         sync.RWMutex
+	m          map[kettle.DeviceID]cachedToken
 }
 
-func newTokenCache(secret []byte) *tokenCache {
-	return &tokenCache{secret: secret, m: make(map[kettle.DeviceID]string)}
+type cachedToken struct {
+	tok      string
+	previous bool // made with the secret being retired
 }
 
-// verify is kettle.VerifyDeviceToken with the cache in front.
+func newTokenCache(secret, previous []byte, onPrevious func(kettle.DeviceID)) *tokenCache {
+	return &tokenCache{secrets: [][]byte{secret, previous}, onPrevious: onPrevious, m: make(map[kettle.DeviceID]cachedToken)}
+}
+
+// verify is kettle.VerifyDeviceTokens with the cache in front.
 func (c *tokenCache) verify(tok string) (kettle.DeviceID, bool) {
 	if len(tok) > 37 && tok[36] == '.' {
 		if id, err := uuid.Parse(tok[:36]); err == nil {
 			c.mu.RLock()
 			want, ok := c.m[id]
 			c.mu.RUnlock()
-			if ok && equalConstantTime(want, tok) {
+			if ok && equalConstantTime(want.tok, tok) {
+				if want.previous {
+					c.previous(id)
+				}
 				return id, true
 			}
 		}
 	}
-	id, ok := kettle.VerifyDeviceToken(c.secret, tok)
-	if ok {
-		c.mu.Lock()
-		if len(c.m) >= tokenCacheMax {
-			clear(c.m)
-		}
-		c.m[id] = tok
-		c.mu.Unlock()
+	id, which := kettle.VerifyDeviceTokens(tok, c.secrets...)
+	if which < 0 {
+		return id, false
 	}
-	return id, ok
+	c.mu.Lock()
+	if len(c.m) >= tokenCacheMax {
+		clear(c.m)
+	}
+	c.m[id] = cachedToken{tok, which == 1}
+	c.mu.Unlock()
+	if which == 1 {
+		c.previous(id)
+	}
+	return id, true
+}
+
+func (c *tokenCache) previous(id kettle.DeviceID) {
+	if c.onPrevious != nil {
+		c.onPrevious(id)
+	}
 }
 
 // equalConstantTime compares two strings in time independent of where they

@@ -11,7 +11,7 @@ import (
 
 func TestTokenCache(t *testing.T) {
 	secret := []byte("s3cret")
-	c := newTokenCache(secret)
+	c := newTokenCache(secret, nil, nil)
 	id := uuid.New()
 	good := kettle.DeviceToken(secret, id)
 	f := func(tok string, wantOK bool) {
@@ -48,7 +48,7 @@ func flip(b byte) string {
 
 func TestTokenCacheBounded(t *testing.T) {
 	secret := []byte("s3cret")
-	c := newTokenCache(secret)
+	c := newTokenCache(secret, nil, nil)
 	for range tokenCacheMax + 10 {
 		if _, ok := c.verify(kettle.DeviceToken(secret, uuid.New())); !ok {
 			t.Fatal("valid token refused")
@@ -69,7 +69,7 @@ func BenchmarkTokenVerify(b *testing.B) {
 		}
 	})
 	b.Run("cached", func(b *testing.B) {
-		c := newTokenCache(secret)
+		c := newTokenCache(secret, nil, nil)
 		b.ReportAllocs()
 		for b.Loop() {
 			c.verify(tok)

@@ -505,6 +505,32 @@ func (m *Server) RegisterTLS(t TLS, handshakeErrors func() int64) {
 	)
 }
 
+// RegisterRotation exposes the credentials being retired: whether a
+// previous operator token and device secret are accepted, and how often
+// each was used.
+func (m *Server) RegisterRotation(previousOperator, previousSecret bool, operatorUses, deviceUses func() int64, devicesOnPrevious func() int) {
+	const usedHelp = "Requests (an MQTT connection, a dashboard sign-in) authenticated with a credential being retired: operator, --operator-token-previous; device, a device token of --secret-previous. Remove the flag once this stops rising."
+	const acceptedHelp = "1 while a credential being retired is accepted beside the one in force (--operator-token-previous, --secret-previous)."
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_previous_credentials_used_total", Help: usedHelp, ConstLabels: prometheus.Labels{"kind": "operator"}},
+			func() float64 { return float64(operatorUses()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kettle_previous_credentials_used_total", Help: usedHelp, ConstLabels: prometheus.Labels{"kind": "device"}},
+			func() float64 { return float64(deviceUses()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kettle_previous_credentials_accepted", Help: acceptedHelp, ConstLabels: prometheus.Labels{"kind": "operator"}},
+			func() float64 { return b(previousOperator) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kettle_previous_credentials_accepted", Help: acceptedHelp, ConstLabels: prometheus.Labels{"kind": "device"}},
+			func() float64 { return b(previousSecret) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kettle_devices_on_previous_secret", Help: "Devices that used a token of --secret-previous in the last 10 minutes (a kettle polls every 30 s): kettles still to re-provision. Remove --secret-previous once it is 0 on every node."},
+			func() float64 { return float64(devicesOnPrevious()) }),
+	)
+}
+
 // BusyRetrier is implemented by the SQLite store.
 type BusyRetrier interface{ BusyRetries() uint64 }
 

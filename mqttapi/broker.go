@@ -63,6 +63,11 @@ type Config struct {
 	// connection that needs more is read until a commit frees some. Each
 	// message holds a goroutine and its decoded readings.
 	MaxPendingRows int
+	// PreviousSecret, when set, is the device secret being retired (kettle
+	// serve --secret-previous): a password made with it is accepted too,
+	// and each such connection is reported to OnPreviousCredential.
+	PreviousSecret       []byte
+	OnPreviousCredential func(kind string, device kettle.DeviceID)
 }
 
 func (c *Config) defaults() {
@@ -250,7 +255,8 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	code := packets.CodeSuccess
 	user := string(pk.Connect.Username)
 	uid, uerr := uuid.Parse(user)
-	tokID, ok := kettle.VerifyDeviceToken(h.secret, string(pk.Connect.Password))
+	tokID, which := kettle.VerifyDeviceTokens(string(pk.Connect.Password), h.secret, h.b.cfg.PreviousSecret)
+	ok := which >= 0
 	switch {
 	case !pk.Connect.UsernameFlag || !pk.Connect.PasswordFlag || uerr != nil || uid.String() != user || !ok:
 		code = packets.ErrBadUsernameOrPassword
@@ -278,6 +284,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		}
 		_ = h.b.srv.SendConnack(cl, sendCode, false, nil)
 		return code
+	}
+	if which == 1 && h.b.cfg.OnPreviousCredential != nil {
+		h.b.cfg.OnPreviousCredential("device", uid)
 	}
 	// One session per device, keyed by its id.
 	if cl.ID != user {

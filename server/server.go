@@ -21,12 +21,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
@@ -41,6 +43,12 @@ type Config struct {
 	DataDir       string // where generated secrets are kept
 	OperatorToken string // empty: read or generate DataDir/operator-token
 	Secret        string // empty: read or generate DataDir/secret
+	// PreviousOperatorToken and PreviousSecret, when set, are the operator
+	// token and the device secret being retired: accepted beside the ones
+	// in force while clients and kettles move over, every use counted
+	// (kettle_previous_credentials_used_total{kind}) and logged (thinned).
+	PreviousOperatorToken string
+	PreviousSecret        string
 
 	Ingest fleet.Config
 
@@ -110,11 +118,18 @@ type Server struct {
 	admit           *admission
 	opToken         string
 	secret          []byte
-	tokFile         string
-	secFile         string
-	serveErr        chan error
-	once            sync.Once
-	closeErr        error
+	// uses of the previous operator token and device secret (rotation)
+	previousOperator, previousDevice atomic.Int64
+	previousLog                      logthin.Limiter
+	// devices whose token of the previous secret was used, and when last
+	// (unix ns); swept of those silent for retiredWindow on each count
+	retiredMu      sync.Mutex
+	retiredDevices map[kettle.DeviceID]int64
+	tokFile        string
+	secFile        string
+	serveErr       chan error
+	once           sync.Once
+	closeErr       error
 }
 
 // DefaultMaxConns is the connection cap derived from the open-file limit:
@@ -194,6 +209,19 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.secret, s.secFile = []byte(sec), secFile
+	if cfg.PreviousOperatorToken != "" && cfg.PreviousOperatorToken == s.opToken {
+		return nil, fmt.Errorf("--operator-token-previous is the operator token in force: to rotate, pass the new token as --operator-token and the old one as --operator-token-previous")
+	}
+	if cfg.PreviousSecret != "" && cfg.PreviousSecret == sec {
+		return nil, fmt.Errorf("--secret-previous is the secret in force: to rotate, pass the new secret as --secret and the old one as --secret-previous")
+	}
+	s.previousLog.Every = time.Minute
+	if cfg.PreviousOperatorToken != "" {
+		s.log.Info("operator token rotation: the previous token (--operator-token-previous) is accepted beside the one in force; each use is counted in kettle_previous_credentials_used_total{kind=\"operator\"}")
+	}
+	if cfg.PreviousSecret != "" {
+		s.log.Info("device secret rotation: device tokens of the previous secret (--secret-previous) are accepted beside the new secret's; each use is counted in kettle_previous_credentials_used_total{kind=\"device\"}")
+	}
 
 	reg := cfg.Metrics
 	if reg == nil {
@@ -235,7 +263,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.store.Close()
 		return nil, err
 	}
-	s.web = web.New(web.Config{OperatorToken: s.opToken, Now: cfg.Now}, s.log)
+	s.web = web.New(web.Config{OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
 	if cfg.TLSCert != "" || cfg.TLSKey != "" {
 		if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
 			s.svc.Close()
@@ -252,6 +280,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			cfg.MQTT.MaxConns = cfg.MaxConns / 2
 			cfg.MaxConns -= cfg.MQTT.MaxConns
 		}
+		cfg.MQTT.PreviousSecret, cfg.MQTT.OnPreviousCredential = []byte(cfg.PreviousSecret), s.previousUsed
 		if s.mqtt, err = mqttapi.Start(ctx, cfg.MQTT, s.svc, s.secret, s.log); err != nil {
 			s.svc.Close()
 			s.store.Close()
@@ -279,9 +308,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
 		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	s.admit.start()
-	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret, OperatorSession: s.web.IsOperator, AdmitIngest: s.admitIngest, PollMaxAge: s.admit.pollMaxAge}, s.log)
+	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret,
+		PreviousOperatorToken: cfg.PreviousOperatorToken, PreviousSecret: []byte(cfg.PreviousSecret), OnPreviousCredential: s.previousUsed,
+		OperatorSession: s.web.IsOperator, AdmitIngest: s.admitIngest, PollMaxAge: s.admit.pollMaxAge}, s.log)
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
+	s.metrics.RegisterRotation(cfg.PreviousOperatorToken != "", cfg.PreviousSecret != "", s.previousOperator.Load, s.previousDevice.Load, s.devicesOnPreviousSecret)
 	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
 
 	l, err := net.Listen("tcp", cfg.Addr)
@@ -355,6 +387,51 @@ func (s *Server) URL() string {
 		return "https://" + s.Addr()
 	}
 	return "http://" + s.Addr()
+}
+
+// previousUsed counts a use of a credential being retired (kind
+// "operator" or "device") and logs it, at most once a minute, naming the
+// device: the operator removes --operator-token-previous or
+// --secret-previous once these stop.
+func (s *Server) previousUsed(kind string, device kettle.DeviceID) {
+	now := time.Now()
+	if kind == "operator" {
+		s.previousOperator.Add(1)
+	} else {
+		s.previousDevice.Add(1)
+		s.retiredMu.Lock()
+		if s.retiredDevices == nil {
+			s.retiredDevices = make(map[kettle.DeviceID]int64)
+		}
+		s.retiredDevices[device] = now.UnixNano()
+		s.retiredMu.Unlock()
+	}
+	if ok, skipped := s.previousLog.Allow(now); ok {
+		args := []any{"kind", kind, "uses_not_logged_since_last_line", skipped}
+		if kind == "device" {
+			args = append(args, "device", device, "devices_on_previous_secret", s.devicesOnPreviousSecret())
+		}
+		s.log.Warn("a credential being retired was used (--operator-token-previous, --secret-previous): move this client to the new one", args...)
+	}
+}
+
+// retiredWindow is how recently a device must have used a token of the
+// previous secret to count as still on it: a kettle polls every 30 s.
+const retiredWindow = 10 * time.Minute
+
+// devicesOnPreviousSecret counts the devices that used a token of
+// --secret-previous in the last retiredWindow, and forgets the others.
+// Bounded by the fleet: an entry needs a token the old secret made.
+func (s *Server) devicesOnPreviousSecret() int {
+	cut := time.Now().Add(-retiredWindow).UnixNano()
+	s.retiredMu.Lock()
+	defer s.retiredMu.Unlock()
+	for id, at := range s.retiredDevices {
+		if at < cut {
+			delete(s.retiredDevices, id)
+		}
+	}
+	return len(s.retiredDevices)
 }
 
 // OperatorToken is the operator bearer token in force.

@@ -41,6 +41,11 @@ const (
 type Config struct {
 	// OperatorToken is the token an operator signs in with.
 	OperatorToken string
+	// PreviousOperatorToken, when set, is the token being retired
+	// (--operator-token-previous): a sign-in with it is accepted too and
+	// reported to OnPreviousToken.
+	PreviousOperatorToken string
+	OnPreviousToken       func()
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 

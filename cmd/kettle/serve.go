@@ -50,7 +50,12 @@ as POST /v1/devices/prune does; by default only when an operator asks.
 
 Secrets: when --operator-token or --secret is empty, a random value is
 generated at first start and kept in --data-dir (files operator-token and
-secret, mode 0600); the log says where.
+secret, mode 0600); the log says where. To rotate one without cutting
+clients off, restart every node with the new value and the old one as
+--operator-token-previous or --secret-previous (both accepted, each use of
+the old counted in kettle_previous_credentials_used_total and logged), move
+clients and kettles over (kettle token --secret NEW), then restart without
+the old once the counter stops rising.
 
 TLS: with --tls-cert and --tls-key (PEM files) the HTTP API and the embedded
 MQTT listener speak TLS 1.2+ only (HTTP/1.1; a plain request to the port is
@@ -84,6 +89,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", "kettle-data", "directory for generated secrets (operator-token, secret)")
 	fs.StringVar(&cfg.OperatorToken, "operator-token", "", "bearer token for operator endpoints (empty: generated and kept in --data-dir)")
 	fs.StringVar(&cfg.Secret, "secret", "", "key device tokens are derived from (empty: generated and kept in --data-dir)")
+	fs.StringVar(&cfg.PreviousOperatorToken, "operator-token-previous", "", "rotation: the operator token being retired, accepted beside --operator-token until clients have moved (each use counted and logged); empty: none")
+	fs.StringVar(&cfg.PreviousSecret, "secret-previous", "", "rotation: the device secret being retired; device tokens (HTTP, MQTT passwords) made with it are accepted beside --secret's until kettles are re-provisioned (each use counted, the device logged); empty: none")
 	fs.IntVar(&cfg.Ingest.QueueRows, "ingest-queue", 65536, "readings that may wait for a commit; beyond it ingest answers 503 + Retry-After")
 	fs.IntVar(&cfg.Ingest.BatchRows, "batch-rows", 0, "most readings committed in one transaction (0: 2000 for SQLite, 16000 for PostgreSQL)")
 	fs.DurationVar(&cfg.Ingest.BatchWait, "batch-wait", 0, "wait this long for more readings before committing a partial batch (0: commit at once; batches still grow under load)")
