@@ -103,9 +103,10 @@ func partBadInput(ctx context.Context, e *env) *Result {
 func partAuth(ctx context.Context, e *env) *Result {
 	r := &Result{Pass: true, Done: "go test of the auth tables against real servers: TestAuth and TestAuthChaos* (server/: HTTP v0 and v1, and MQTT on the embedded listener of the same kettle serve), " +
 		"TestConnectRefused and TestACL (mqttapi/: every CONNACK refusal, publish and subscribe ACL on MQTT 3.1.1 and 5). TestAuthChaosRevocation deletes a device " +
-		"(DELETE /v1/devices/{id}) and checks its token is refused over HTTP, its MQTT connect refused and its open MQTT session no longer acknowledged (it reports NOT IMPLEMENTED while the route is absent)."}
-	out, err := goTest(ctx, e, 10*time.Minute, "-count=1", "-v", "-run", "^(TestAuth|TestAuthChaos.*|TestConnectRefused|TestACL)$", "./server", "./mqttapi")
-	rows := testRows(out, "TestAuth", "TestAuthChaos", "TestConnectRefused", "TestACL")
+		"(DELETE /v1/devices/{id}) and checks its token is refused over HTTP, its MQTT connect refused and its open MQTT session no longer acknowledged (it reports NOT IMPLEMENTED while the route is absent). " +
+		"TestCredentialRotation (server/): with --operator-token-previous and --secret-previous the old operator token and device tokens are accepted beside the new (HTTP, MQTT, dashboard sign-in), a third is refused, each use counted."}
+	out, err := goTest(ctx, e, 10*time.Minute, "-count=1", "-v", "-run", "^(TestAuth|TestAuthChaos.*|TestConnectRefused|TestACL|TestCredentialRotation)$", "./server", "./mqttapi")
+	rows := testRows(out, "TestAuth", "TestAuthChaos", "TestConnectRefused", "TestACL", "TestCredentialRotation")
 	r.Rows = rows
 	pass, fail, ni := 0, 0, 0
 	for _, row := range rows {
@@ -124,7 +125,7 @@ func partAuth(ctx context.Context, e *env) *Result {
 		r.fail("auth tests: %v %s", err, failureExcerpt(out))
 	}
 	if r.Pass {
-		r.Verdict = fmt.Sprintf("%d checks: no cross-device read/write over HTTP or MQTT, device tokens refused on operator endpoints", pass)
+		r.Verdict = fmt.Sprintf("%d checks: no cross-device read/write over HTTP or MQTT, device tokens refused on operator endpoints, retiring credentials accepted and counted", pass)
 		if ni > 0 {
 			r.Verdict += fmt.Sprintf("; %d not implemented (device revocation)", ni)
 		}
