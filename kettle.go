@@ -225,13 +225,14 @@ type Store interface {
 	// removed.
 	Prune(ctx context.Context, before time.Time, after DeviceID, limit int, dryRun bool) (removed []DeviceID, next DeviceID, err error)
 	// Expire removes every measurement whose device time is before before,
-	// which must be the first instant of a UTC month (EInvalid otherwise;
+	// which must be the first instant of a UTC day (EInvalid otherwise;
 	// see ExpireBefore), and returns how many it removed. The derived
 	// figures follow in the same transactions: the fleet's and each
 	// device's measurement counts and the by-hour statistics (bounded and
 	// all-history) count only the measurements that remain. A device's
 	// latest state, capacity and last-seen time stay: they describe the
-	// kettle now, not its history. PostgreSQL removes each month in one
+	// kettle now, not its history. PostgreSQL removes each partition (a
+	// day; a month in a database made before day partitions) in one
 	// transaction; SQLite in transactions of a few thousand readings, after
 	// each of which the counts equal the rows and the by-hour moments are
 	// within float rounding of them (exact again once Expire returns).
@@ -250,11 +251,11 @@ type Store interface {
 var ErrExpiring = errors.New("another process is expiring measurements now")
 
 // ExpireBefore is the Expire bound of a retention of keep at now: the start
-// of the UTC month that holds now − keep. Readings are kept at least keep
-// and removed a whole month at a time, once all of the month is older.
+// of the UTC day that holds now − keep. Readings are kept at least keep
+// and removed a whole day at a time, once all of the day is older.
 func ExpireBefore(now time.Time, keep time.Duration) time.Time {
 	t := now.Add(-keep).UTC()
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
 }
 
 // maxRetentionDays bounds a retention in days (100 years; a time.Duration
@@ -311,12 +312,12 @@ func FormatRetention(d time.Duration) string {
 	return d.String()
 }
 
-// CheckMonthStart returns an EInvalid error unless t is the first instant
-// of a UTC month (the bound Expire takes).
-func CheckMonthStart(t time.Time) error {
+// CheckDayStart returns an EInvalid error unless t is the first instant
+// of a UTC day (the bound Expire takes).
+func CheckDayStart(t time.Time) error {
 	u := t.UTC()
-	if !u.Equal(time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)) {
-		return Errorf(EInvalid, "expire: the bound must be the first instant of a UTC month, got %s", t.Format(time.RFC3339Nano))
+	if !u.Equal(time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC)) {
+		return Errorf(EInvalid, "expire: the bound must be the first instant of a UTC day (midnight UTC), got %s", t.Format(time.RFC3339Nano))
 	}
 	return nil
 }

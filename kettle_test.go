@@ -157,22 +157,25 @@ func TestRetentionBounds(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ now, want string }{
-		{"2026-11-26T02:00:00Z", "2026-08-01T00:00:00Z"}, // now − 90d = 2026-08-28
+		{"2026-11-26T02:00:00Z", "2026-08-28T00:00:00Z"}, // now − 90d = 2026-08-28T02:00Z
 		{"2026-10-30T00:00:00Z", "2026-08-01T00:00:00Z"}, // 2026-08-01 exactly
-		{"2026-10-29T23:59:59Z", "2026-07-01T00:00:00Z"},
-		{"2026-03-01T05:00:00+09:00", "2025-11-01T00:00:00Z"}, // 2026-02-28T20:00Z − 90d = 2025-11-30T20:00Z: UTC months
+		{"2026-10-29T23:59:59Z", "2026-07-31T00:00:00Z"},
+		{"2026-03-01T05:00:00+09:00", "2025-11-30T00:00:00Z"}, // 2026-02-28T20:00Z − 90d = 2025-11-30T20:00Z: UTC days
 	} {
 		now, _ := time.Parse(time.RFC3339, c.now)
 		got := kettle.ExpireBefore(now, 90*24*time.Hour)
 		if got.Format(time.RFC3339) != c.want {
 			t.Errorf("ExpireBefore(%s, 90d) = %s, want %s", c.now, got.Format(time.RFC3339), c.want)
 		}
-		if err := kettle.CheckMonthStart(got); err != nil {
-			t.Errorf("CheckMonthStart(ExpireBefore(…)) = %v", err)
+		if err := kettle.CheckDayStart(got); err != nil {
+			t.Errorf("CheckDayStart(ExpireBefore(…)) = %v", err)
 		}
 	}
-	if err := kettle.CheckMonthStart(time.Date(2026, 8, 1, 0, 0, 0, 1000, time.UTC)); kettle.ErrorCode(err) != kettle.EInvalid {
-		t.Errorf("CheckMonthStart of a µs past the month: %v", err)
+	if err := kettle.CheckDayStart(time.Date(2026, 8, 28, 0, 0, 0, 1000, time.UTC)); kettle.ErrorCode(err) != kettle.EInvalid {
+		t.Errorf("CheckDayStart of a µs past midnight: %v", err)
+	}
+	if err := kettle.CheckDayStart(time.Date(2026, 8, 28, 0, 0, 0, 0, time.FixedZone("CET", 3600))); kettle.ErrorCode(err) != kettle.EInvalid {
+		t.Errorf("CheckDayStart of midnight CET (23:00 UTC): %v", err)
 	}
 }
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Retention on PostgreSQL: Store.Expire of a month of history while writers
+# Retention on PostgreSQL: Store.Expire of a month of history (its day
+# partitions, one transaction each) while writers
 # store live readings, on a throwaway cluster.
 #   1. kettle seed DEVICES kettles × DAYS days at INTERVAL, ending on the 2nd
-#      of this month (so last month's partition is full);
+#      of this month (so last month's days are full);
 #   2. pgbench expire: WRITERS goroutines write batches of BATCH live
 #      readings of the seeded kettles (as kettle serve's batchers do) for
-#      WARMUP, then Store.Expire removes the months before this one; it
+#      WARMUP, then Store.Expire removes the days before this month; it
 #      prints how long that took, what it removed, the writers' commit
 #      latency before and while it ran, and checks the statistics' count
 #      and every kettle's count against the rows left.

@@ -128,7 +128,7 @@ for vc in $V1_CONNS; do
 			'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }')
 		echo "$v1cpu"
 		pg_sql postgres "CHECKPOINT" >/dev/null
-		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (monthly partitions, (device, t) primary key, each COPY into its month's partition); encoder raw (by hand), then pgx (CopyFrom) ---"
+		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (day partitions, (device, t) primary key, each COPY into its day's partition when it falls in one); encoder raw (by hand), then pgx (CopyFrom) ---"
 		c=$(ceiling raw "$sv"); echo "$c"
 		p=$(ceiling pgx "$sv"); echo "$p"
 		awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {

@@ -3,7 +3,7 @@
 #   1. `kettle seed` rows/s against the ceiling: a raw COPY of the identical
 #      rows (same generator, groups, chunks and streams) into a scratch table
 #      of the same shape (measurements' columns and primary key, partitioned
-#      by month, each chunk into its month's partition), all of them: the
+#      by UTC day, each chunk into its day's partition), all of them: the
 #      same row count as the seeding. Measured before and after the seeding
 #      in the same run;
 #   4. GET /v1/statistics p50/p99 on the seeded store (kettle serve --db
@@ -55,7 +55,7 @@ ceiling() {
 		--end "$END" --workers "$WORKERS" --chunk-rows "$CHUNK" | grep -E "RESULT|CPU|WAL"
 	pg_sql ceiling "CHECKPOINT" >/dev/null
 }
-echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table of the same shape (device, t primary key, month partitions), $WORKERS streams ---"
+echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table of the same shape (device, t primary key, day partitions), $WORKERS streams ---"
 c1=$(ceiling); echo "$c1"
 echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --workers $WORKERS --end $END ---"
 cpu_run seed "$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" \

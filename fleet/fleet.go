@@ -51,7 +51,7 @@ type Config struct {
 	Refresh time.Duration
 	// Retention, when > 0, is how long readings are kept, by device time:
 	// readings older than now − Retention are refused (kettle.Window), and
-	// every ExpireEvery the store expires the months wholly older than that
+	// every ExpireEvery the store expires the days wholly older than that
 	// (kettle.ExpireBefore). 0 keeps everything.
 	Retention time.Duration
 	// ExpireEvery is how often the expiry runs when Retention > 0, and

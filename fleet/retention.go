@@ -45,7 +45,7 @@ func (s *Service) ExpiryStats() ExpiryStats {
 	return s.expiry.st
 }
 
-// Expire removes the months of readings wholly older than the retention
+// Expire removes the days of readings wholly older than the retention
 // window now (Config.Retention must be > 0) and returns how many readings
 // went. The retention loop calls it every ExpireEvery.
 func (s *Service) Expire(ctx context.Context) (int64, error) {

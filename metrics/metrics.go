@@ -430,7 +430,7 @@ func (m *Server) RegisterFleet(f Fleet) {
 		}, func() float64 { return float64(f.ExpiryStats().Runs) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_expire_errors_total",
-			Help: "Runs of the retention loop that failed or left a month for the next run (the log says why).",
+			Help: "Runs of the retention loop that failed or left a partition for the next run (the log says why).",
 		}, func() float64 { return float64(f.ExpiryStats().Errors) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_expired_measurements_total",

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +11,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// expiredSuffix names a month's table between its detaching and its drop.
+// expiredSuffix names a partition's table between its detaching and its drop.
 const expiredSuffix = "_expired"
 
 // lockExpire serialises Expire across nodes (each node of a fleet may run
@@ -30,7 +29,8 @@ const (
 )
 
 // Expire removes every measurement whose device time is before before (the
-// first instant of a UTC month): it drops the month partitions before it,
+// first instant of a UTC day): it drops the partitions that end at or
+// before it (days; months whole, in a database made before day partitions),
 // oldest first, one transaction each, and in the same transaction takes
 // their readings out of every derived figure: each device's measurement
 // count (kept net of device_expired, migration 7) and the fleet's, the
@@ -38,23 +38,23 @@ const (
 // the rollups that remain). A device's latest state and capacity stay: they
 // are what the fleet knows of the kettle now, not history.
 //
-// Each month's transaction first counts the partition's readings per
-// device, holding the partition against inserts (SHARE) but nothing a
-// writer of newer data needs, however long the count takes, and adds the
-// counts to device_expired (no kettle's row is locked: writers lock theirs
-// first in every batch). Then it takes the measurements table (ACCESS
-// EXCLUSIVE: it waits for the writers inside their transaction, each of
-// which inserts before it touches rollups, hours of day and totals),
-// detaches the partition and adjusts the rollups, hours of day and fleet
-// count: from the table lock to the commit (milliseconds) writers wait. The
-// detached month is dropped after the commit, by itself (a detached month
-// left by a failure or crash is dropped by the next Expire). A writer that meanwhile tried to insert into the month being
-// expired (the API refuses readings older than the retention window, so
-// only another tool could) would wait for the SHARE lock while holding the
-// measurements table: Expire then rolls back, leaving the month for its
-// next round, instead of deadlocking with it.
+// Each partition's transaction first counts its readings per device,
+// holding the partition against inserts (SHARE) but nothing a writer of
+// newer data needs, however long the count takes, and adds the counts to
+// device_expired (no kettle's row is locked: writers lock theirs first in
+// every batch). Then it takes the measurements table (ACCESS EXCLUSIVE: it
+// waits for the writers inside their transaction, each of which inserts
+// before it touches rollups, hours of day and totals), detaches the
+// partition and adjusts the rollups, hours of day and fleet count: from the
+// table lock to the commit (milliseconds) writers wait. The detached
+// partition is dropped after the commit, by itself (one left by a failure
+// or crash is dropped by the next Expire). A writer that meanwhile tried to
+// insert into the partition being expired (the API refuses readings older
+// than the retention window, so only another tool could) would wait for the
+// SHARE lock while holding the measurements table: Expire then rolls back,
+// leaving the partition for its next round, instead of deadlocking with it.
 func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
-	if err := kettle.CheckMonthStart(before); err != nil {
+	if err := kettle.CheckDayStart(before); err != nil {
 		return 0, err
 	}
 	if err := s.dropDetached(ctx); err != nil {
@@ -62,11 +62,11 @@ func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 	}
 	var removed int64
 	for {
-		m, ok, err := s.oldestPartitionBefore(ctx, monthOf(before))
+		p, ok, err := s.oldestPartitionBefore(ctx, dayOf(before))
 		if err != nil || !ok {
 			return removed, err
 		}
-		n, err := s.expireMonth(ctx, m)
+		n, err := s.expirePartition(ctx, p)
 		removed += n
 		if err != nil {
 			return removed, err
@@ -74,34 +74,33 @@ func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
 	}
 }
 
-// oldestPartitionBefore returns the oldest month before month that has a
-// partition.
-func (s *Store) oldestPartitionBefore(ctx context.Context, month int) (int, bool, error) {
-	months, err := s.partitionMonths(ctx)
+// oldestPartitionBefore returns the oldest partition that ends at or before
+// day.
+func (s *Store) oldestPartitionBefore(ctx context.Context, day int) (partition, bool, error) {
+	parts, err := listPartitions(ctx, s.pool)
 	if err != nil {
-		return 0, false, unavailable("expire", err)
+		return partition{}, false, unavailable("expire", err)
 	}
-	months = slices.DeleteFunc(months, func(m int) bool { return m >= month })
-	if len(months) == 0 {
-		return 0, false, nil
+	if len(parts) == 0 || parts[0].to > day {
+		return partition{}, false, nil
 	}
-	return slices.Min(months), true, nil
+	return parts[0], true, nil
 }
 
-// expireCounted, when set (tests), runs after expireMonth counted the
+// expireCounted, when set (tests), runs after expirePartition counted the
 // partition, holding it against inserts.
 var expireCounted func()
 
-// errExpireWaiter: a writer waits to insert into the month being expired.
+// errExpireWaiter: a writer waits to insert into the partition being expired.
 var errExpireWaiter = errors.New("a writer waits to insert into the partition")
 
 // errExpireReader: a long transaction reads measurements (a pg_dump).
 var errExpireReader = errors.New("a long transaction reads measurements")
 
-// expireMonth drops month m's partition and takes its rows out of the
-// derived figures, in one transaction (see Expire).
-func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
-	part := partitionName(m)
+// expirePartition drops partition p and takes its rows out of the derived
+// figures, in one transaction (see Expire).
+func (s *Store) expirePartition(ctx context.Context, p partition) (int64, error) {
+	part := p.name
 	var removed int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		removed = 0
@@ -112,7 +111,7 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 		if !got {
 			return kettle.ErrExpiring
 		}
-		// The count may take minutes on a big month: no statement timeout.
+		// The count may take minutes on a big partition: no statement timeout.
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
 			return err
 		}
@@ -156,7 +155,7 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 			if _, err := tx.Exec(ctx, "SAVEPOINT kettle_expire"); err != nil {
 				return err
 			}
-			err := s.expireLocked(ctx, tx, m, removed)
+			err := s.expireLocked(ctx, tx, p, removed)
 			if err == nil {
 				return nil
 			}
@@ -183,7 +182,9 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 		return 0, unavailable("expire "+part, err)
 	}
 	s.partMu.Lock()
-	delete(s.parts, m)
+	for d := p.from; d < p.to; d++ {
+		delete(s.parts, d)
+	}
 	s.partMu.Unlock()
 	if _, err := s.pool.Exec(ctx, "DROP TABLE IF EXISTS "+part+expiredSuffix); err != nil {
 		return removed, unavailable(fmt.Sprintf("expire: drop the detached %s (its readings are expired; the next Expire drops it)", part), err)
@@ -191,15 +192,15 @@ func (s *Store) expireMonth(ctx context.Context, m int) (int64, error) {
 	return removed, nil
 }
 
-// dropDetached drops the month tables a previous Expire detached but did
-// not drop (it failed or the process died between the two).
+// dropDetached drops the partitions a previous Expire detached but did not
+// drop (it failed or the process died between the two).
 func (s *Store) dropDetached(ctx context.Context) error {
 	rows, _ := s.pool.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace
 		WHERE ns.nspname = current_schema() AND c.relkind = 'r' AND NOT c.relispartition
-		AND c.relname ~ '^measurements_y[0-9]{4}m[0-9]{2}_expired$'`)
+		AND c.relname ~ '^measurements_y[0-9]{4}m[0-9]{2}(d[0-9]{2})?_expired$'`)
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return unavailable("expire: list detached months", err)
+		return unavailable("expire: list detached partitions", err)
 	}
 	for _, n := range names {
 		if _, err := s.pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{n}.Sanitize()); err != nil {
@@ -209,9 +210,9 @@ func (s *Store) dropDetached(ctx context.Context) error {
 	return nil
 }
 
-// expireLocked is the last step of expireMonth: lock, drop, adjust.
-func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, removed int64) error {
-	part := partitionName(m)
+// expireLocked is the last step of expirePartition: lock, drop, adjust.
+func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, p partition, removed int64) error {
+	part := p.name
 	var waiting bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation'
 		AND relation = $1::regclass AND NOT granted)`, part).Scan(&waiting); err != nil {
@@ -223,7 +224,7 @@ func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, removed int6
 	// A transaction that has read measurements for longer than a lock wait
 	// (pg_dump holds ACCESS SHARE on it for its whole run) would hold the
 	// lock below for as long, each of our waits making every insert queue
-	// behind it: leave the month for the next round instead.
+	// behind it: leave the partition for the next round instead.
 	var reader string
 	if err := tx.QueryRow(ctx, `SELECT coalesce(min(a.application_name || ' (pid ' || a.pid || ', in a transaction for '
 			|| round(extract(epoch FROM clock_timestamp() - a.xact_start)) || ' s)'), '')
@@ -240,11 +241,11 @@ func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, removed int6
 	}
 	// From here no writer is inside its transaction: each inserts into
 	// measurements before it touches rollups, hours_of_day and totals.
-	// Detached and renamed here, dropped after the commit (expireMonth):
-	// dropping unlinks the month's files at commit, hundreds of milliseconds
-	// for a big month, with the table still locked. Renamed, so that a
+	// Detached and renamed here, dropped after the commit (expirePartition):
+	// dropping unlinks the partition's files at commit, hundreds of
+	// milliseconds for a big one, with the table still locked. Renamed, so that a
 	// writer whose cache still names the partition (a COPY straight into
-	// it) finds no such table and creates the month anew, instead of
+	// it) finds no such table and creates the partition anew, instead of
 	// writing into the table about to be dropped.
 	if _, err := tx.Exec(ctx, "ALTER TABLE measurements DETACH PARTITION "+part); err != nil {
 		return err
@@ -252,7 +253,7 @@ func (s *Store) expireLocked(ctx context.Context, tx pgx.Tx, m int, removed int6
 	if _, err := tx.Exec(ctx, "ALTER TABLE "+part+" RENAME TO "+part+expiredSuffix); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM rollups WHERE hour >= $1 AND hour < $2", monthStart(m), monthStart(m+1)); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM rollups WHERE hour >= $1 AND hour < $2", dayStart(p.from), dayStart(p.to)); err != nil {
 		return err
 	}
 	if err := rebuildHoursOfDay(ctx, tx); err != nil {

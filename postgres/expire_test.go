@@ -141,6 +141,7 @@ func TestExpireDropsLeftovers(t *testing.T) {
 	for _, q := range []string{
 		"CREATE TABLE measurements_y2024m03_expired (LIKE measurements)",
 		"CREATE TABLE measurements_y2024m03_keep (x int)",
+		"CREATE TABLE measurements_y2024m03d05_expired (LIKE measurements)",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)

@@ -1,10 +1,11 @@
 // Package postgres is kettlefleet's production store: kettle.Store on
 // PostgreSQL through pgx and its pool.
 //
-// Measurements live in a table partitioned by month of device time. A write
+// Measurements live in a table partitioned by UTC day of device time (see
+// partition.go; databases made before keep their month partitions). A write
 // batch locks its devices, then goes in optimistically: by a plain INSERT
 // from arrays in the same round trip (up to 1000 readings), or by binary COPY
-// straight into the month's partition; only if a row is already stored does
+// straight into the day's partition; only if a row is already stored does
 // it fall back (to a savepoint) to a per-connection staging table and
 // INSERT … ON CONFLICT DO NOTHING, so duplicates are detected and counted.
 // The devices' latest state, the hourly rollups and the fleet totals are
@@ -69,8 +70,9 @@ type Options struct {
 	StatementTimeout time.Duration
 	// ConnectTimeout bounds opening one connection. 0 means 10s.
 	ConnectTimeout time.Duration
-	// PartitionsAhead is how many months after the current one get their
-	// measurement partition at Open. Partitions for other months are created
+	// PartitionsAhead is how many days after the current one (UTC) have
+	// their measurement partition made ahead: at Open, and again each day
+	// by the store's background loop. Partitions for other days are created
 	// when a batch needs them. 0 means 2.
 	PartitionsAhead int
 	// Now is the clock used to choose the partitions created at Open; nil
@@ -91,7 +93,7 @@ type Store struct {
 	opts Options
 
 	partMu sync.Mutex
-	parts  map[int]bool // months (year*12+month-1) whose partition exists
+	parts  map[int]string // partition of each day (see dayOf) known to have one
 
 	// shard of the hot rows (migration 4) each open connection writes
 	shardMu    sync.Mutex
@@ -124,7 +126,7 @@ type Store struct {
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
 // string), applies the schema migrations the database lacks, and creates the
-// measurement partitions of this month and the next Options.PartitionsAhead.
+// measurement partitions of today and the next Options.PartitionsAhead days.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -159,7 +161,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
-	s := &Store{opts: opts, parts: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
+	s := &Store{opts: opts, parts: map[int]string{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
@@ -191,9 +193,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.pool.Close()
 		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
 	}
-	now := opts.Now().UTC()
-	first := monthOf(now)
-	if err := s.ensureSpan(ctx, first, first+opts.PartitionsAhead); err != nil {
+	if err := s.ensureAhead(ctx); err != nil {
 		s.pool.Close()
 		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
 	}
@@ -223,6 +223,7 @@ func (s *Store) compactor() {
 		case <-t.C:
 			s.compactSeen(ctx, false)
 			s.compactRollups(ctx, false)
+			s.ensureAhead(ctx) // a failure: again at the next tick, or by the first writer of the day
 		}
 	}
 }

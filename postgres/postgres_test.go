@@ -448,15 +448,15 @@ func TestSeedCopy(t *testing.T) {
 	if unfolded != 0 || moves != 0 {
 		t.Errorf("after SeedDone: %d rollup rows outside shard 0, %d last_seen_moves; want none", unfolded, moves)
 	}
-	// The seeded partition was vacuumed (its visibility map set) and
+	// The seeded day's partition was vacuumed (its visibility map set) and
 	// analyzed (planner statistics), not left to autovacuum.
 	var pages, visible, stats int64
-	if err := conn.QueryRow(ctx, `SELECT relpages, relallvisible, (SELECT count(*) FROM pg_stats WHERE tablename = 'measurements_y2023m05')
-		FROM pg_class WHERE relname = 'measurements_y2023m05'`).Scan(&pages, &visible, &stats); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT relpages, relallvisible, (SELECT count(*) FROM pg_stats WHERE tablename = 'measurements_y2023m05d01')
+		FROM pg_class WHERE relname = 'measurements_y2023m05d01'`).Scan(&pages, &visible, &stats); err != nil {
 		t.Fatal(err)
 	}
 	if pages == 0 || visible != pages || stats == 0 {
-		t.Errorf("after SeedDone: measurements_y2023m05 has %d of %d pages all-visible and %d pg_stats rows; want all pages and > 0 (VACUUM (ANALYZE))", visible, pages, stats)
+		t.Errorf("after SeedDone: measurements_y2023m05d01 has %d of %d pages all-visible and %d pg_stats rows; want all pages and > 0 (VACUUM (ANALYZE))", visible, pages, stats)
 	}
 	if after := checkExactOnce(t, s, dsn); after != before {
 		t.Errorf("SeedDone changed the statistics: %v, then %v", before, after)

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,7 +27,7 @@ import (
 // device time stored for it (history is taken to have arrived when it was
 // measured), not the time of seeding.
 //
-// Chunks of 50,000–500,000 rows within one calendar month (one partition)
+// Chunks of 50,000–500,000 rows within one UTC day (one partition)
 // are the sweet spot; run several SeedCopy calls in parallel for throughput.
 // Rows in (device, time) order that go on where the caller's previous chunk
 // of the same partition ended (seed.Chunks) append to the partition's index
@@ -90,8 +91,8 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 	}
 	if existing == 0 {
 		table := "measurements"
-		if monthOf(lo) == monthOf(hi) {
-			table = partitionName(monthOf(lo)) // skip tuple routing
+		if p, ok := s.partitionOf(lo, hi); ok {
+			table = p // skip tuple routing
 		}
 		if _, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY "+table+" "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
 			return fmt.Errorf("copy into %s: %w", table, err)
@@ -118,7 +119,7 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 // at most 1 s for it (a live writer's open transaction) and otherwise skips
 // that table: autovacuum still cleans it, only less compactly.
 //
-// Last, VACUUM (ANALYZE) of the measurement partitions of the months from
+// Last, VACUUM (ANALYZE) of the measurement partitions of the days from
 // from to to (the seeded span), as after any bulk load: their visibility
 // map and planner statistics are set in the seeding's time. Otherwise
 // autovacuum's first pass over the new rows (it starts on inserted rows
@@ -156,9 +157,9 @@ func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 		vacuums = append(vacuums, "VACUUM (FULL, ANALYZE) "+t)
 	}
 	s.partMu.Lock()
-	for m := monthOf(from); m <= monthOf(to); m++ {
-		if s.parts[m] {
-			vacuums = append(vacuums, "VACUUM (ANALYZE) "+partitionName(m))
+	for d := dayOf(from); d <= dayOf(to); d++ {
+		if p := s.parts[d]; p != "" && !slices.Contains(vacuums, "VACUUM (ANALYZE) "+p) {
+			vacuums = append(vacuums, "VACUUM (ANALYZE) "+p)
 		}
 	}
 	s.partMu.Unlock()

@@ -140,7 +140,7 @@ const (
 // id order, reading their state (so that two nodes writing overlapping
 // devices queue instead of deadlocking), a savepoint and the optimistic
 // plain INSERT of the rows from arrays (a larger batch goes by binary COPY
-// straight into the month's partition, in a round trip of its own); only if
+// straight into the day's partition, in a round trip of its own); only if
 // a row is already stored does the batch return to the savepoint and insert
 // through the staging table with INSERT … ON CONFLICT DO NOTHING RETURNING
 // the keys that were new. Last, aggregated in Go over the new rows, the
@@ -789,15 +789,15 @@ func (k *ksum) add(x float64) {
 // liveInsert is the insert step of Write for batches over plainBatchRows,
 // run with the devices locked and the savepoint kettle_insert set. Duplicates of stored rows are rare (a
 // kettle re-sending a reading it got no answer for), so it first tries the
-// fastest path: binary COPY straight into the measurements (into the month's
-// partition when the batch falls in one month, skipping tuple routing).
+// fastest path: binary COPY straight into the measurements (into the
+// partition when the batch falls in one, skipping tuple routing).
 // If a row is already stored, the COPY fails on the primary key; then it
 // goes the careful way (insertCareful).
 func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, lo, hi time.Time, inserted []bool) error {
 	conn := c.PgConn()
 	table := "measurements"
-	if monthOf(lo) == monthOf(hi) {
-		table = partitionName(monthOf(lo))
+	if p, ok := s.partitionOf(lo, hi); ok {
+		table = p
 	}
 	_, err := conn.CopyFrom(ctx, newCopyReader(rows), "COPY "+table+" "+copyColumns+" FROM STDIN (FORMAT binary)")
 	if err == nil {

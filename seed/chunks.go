@@ -13,9 +13,9 @@ import (
 // cut into contiguous ranges of equal size. A group's devices are simulated
 // by one writer from the first reading to the last (the physics is
 // continuous), and, with Chunks, the rows of a group come in (device id,
-// time) order within each calendar month, so that a store keyed by
-// (device, time) and partitioned by month appends each chunk to its index
-// instead of inserting into the middle of it.
+// time) order within each UTC day, so that a store keyed by (device, time)
+// and partitioned by day appends each chunk to its index instead of
+// inserting into the middle of it.
 func (f Fleet) Groups(n int) [][]int {
 	n = max(1, min(n, f.Devices))
 	ids := make([]kettle.DeviceID, f.Devices)
@@ -34,16 +34,16 @@ func (f Fleet) Groups(n int) [][]int {
 }
 
 // Chunks generates the rows of a group of devices (from Groups) in chunks:
-// one UTC calendar month at a time, the devices in the group's order, each
-// device's readings of the month in increasing time. A chunk holds at most
-// maxRows readings and never spans two months, so it falls in one month
-// partition; its rows are grouped by device in increasing time, devices in
-// increasing id order.
+// one UTC day at a time, the devices in the group's order, each device's
+// readings of the day in increasing time. A chunk holds at most maxRows
+// readings and never spans two days, so it falls in one day's partition;
+// its rows are grouped by device in increasing time, devices in increasing
+// id order.
 type Chunks struct {
 	kettles []*Kettle
-	month   time.Time // start of the month being generated
+	day     time.Time // start of the day being generated
 	end     time.Time
-	k       int // kettle being generated in month
+	k       int // kettle being generated in day
 	m       kettle.Measurement
 }
 
@@ -54,7 +54,7 @@ func (f Fleet) Chunks(devs []int) *Chunks {
 		c.kettles[i] = f.Kettle(d)
 	}
 	s := f.Start.UTC()
-	c.month = time.Date(s.Year(), s.Month(), 1, 0, 0, 0, 0, time.UTC)
+	c.day = time.Date(s.Year(), s.Month(), s.Day(), 0, 0, 0, 0, time.UTC)
 	return c
 }
 
@@ -62,8 +62,8 @@ func (f Fleet) Chunks(devs []int) *Chunks {
 // and reports whether there was one.
 func (c *Chunks) Next(buf []kettle.Measurement, maxRows int) ([]kettle.Measurement, bool) {
 	rows := buf[:0]
-	for c.month.Before(c.end) {
-		until := c.month.AddDate(0, 1, 0)
+	for c.day.Before(c.end) {
+		until := c.day.AddDate(0, 0, 1)
 		for ; c.k < len(c.kettles); c.k++ {
 			k := c.kettles[c.k]
 			for {
@@ -77,7 +77,7 @@ func (c *Chunks) Next(buf []kettle.Measurement, maxRows int) ([]kettle.Measureme
 			}
 		}
 		c.k = 0
-		c.month = until
+		c.day = until
 		if len(rows) > 0 {
 			return rows, true
 		}

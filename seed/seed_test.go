@@ -173,9 +173,9 @@ func BenchmarkNext(b *testing.B) {
 
 // TestChunks: the groups' chunks hold every reading of the fleet once, as
 // the device's own generation does; a chunk has at most maxRows readings, all
-// in one calendar month, grouped by device in increasing time with devices
-// in increasing id order, and a group's chunks of a month follow each other
-// in key order.
+// in one UTC day, grouped by device in increasing time with devices in
+// increasing id order, and a group's chunks of a day follow each other in
+// key order.
 func TestChunks(t *testing.T) {
 	f := seed.Fleet{Seed: 7, Devices: 23, Start: time.Date(2024, 5, 30, 13, 0, 0, 0, time.UTC), End: time.Date(2024, 6, 2, 0, 0, 0, 0, time.UTC), Interval: 10 * time.Minute}
 	f2 := func(groups, maxRows int) {
@@ -202,13 +202,13 @@ func TestChunks(t *testing.T) {
 				if len(rows) == 0 || len(rows) > maxRows {
 					t.Fatalf("chunk of %d rows, want 1…%d", len(rows), maxRows)
 				}
-				month := rows[0].Time.Month()
+				day := rows[0].Time.Truncate(24 * time.Hour)
 				for i := range rows {
 					m := rows[i]
-					if m.Time.Month() != month {
-						t.Fatalf("chunk spans %s and %s", month, m.Time.Month())
+					if d := m.Time.Truncate(24 * time.Hour); !d.Equal(day) {
+						t.Fatalf("chunk spans %s and %s", day.Format(time.DateOnly), d.Format(time.DateOnly))
 					}
-					if prev != nil && prev.Time.Month() == month {
+					if prev != nil && prev.Time.Truncate(24*time.Hour).Equal(day) {
 						if c := bytes.Compare(prev.Device[:], m.Device[:]); c > 0 || c == 0 && !m.Time.After(prev.Time) {
 							t.Fatalf("row %s %s after %s %s: not in key order", m.Device, m.Time, prev.Device, prev.Time)
 						}

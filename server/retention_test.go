@@ -13,7 +13,7 @@ import (
 )
 
 // TestRetention: a server started with --retention 30d removes, at start,
-// the months wholly older than 30 days (statistics and device counts follow;
+// the days wholly older than 30 days (statistics and device counts follow;
 // a kettle whose every reading went keeps its latest state), refuses
 // uploads older than the window naming the time field (v1, v1 batch, case
 // study), accepts one inside it, and says so on /metrics.
@@ -27,8 +27,8 @@ func testRetention(t *testing.T, dsn string) {
 	before := kettle.ExpireBefore(now, keep)
 	var (
 		old1  = before.AddDate(0, -2, 14).Add(7 * time.Hour) // two months before the bound
-		old2  = before.AddDate(0, -1, 2).Add(9 * time.Hour)  // the month before it
-		kept1 = before.Add(50 * time.Hour)                   // the bound's month: kept
+		old2  = before.AddDate(0, 0, -1).Add(9 * time.Hour)  // the day before it
+		kept1 = before.Add(50 * time.Hour)                   // after the bound: kept
 		kept2 = now.Add(-time.Hour)
 	)
 	a, b := uuid.New(), uuid.New()

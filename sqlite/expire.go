@@ -23,7 +23,7 @@ var errStagedAgain = errors.New("rows staged since the merge")
 const expireTxRows = 5_000
 
 // Expire removes every measurement whose device time is before before (the
-// first instant of a UTC month) and takes them out of the derived figures:
+// first instant of a UTC day) and takes them out of the derived figures:
 // each device's measurement count and the fleet's, the hours' rollups and
 // the all-history moments per hour of day. A device's latest state,
 // capacity and last-seen time stay.
@@ -44,7 +44,7 @@ const expireTxRows = 5_000
 // middle of it, until the next Expire, which kettle serve runs at start),
 // the by-hour moments are off by float rounding at most.
 func (s *Store) Expire(ctx context.Context, before time.Time) (int64, error) {
-	if err := kettle.CheckMonthStart(before); err != nil {
+	if err := kettle.CheckDayStart(before); err != nil {
 		return 0, err
 	}
 	n, _, err := s.expire(ctx, before.UnixMicro(), 1, expireTxRows)

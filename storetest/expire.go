@@ -12,7 +12,8 @@ import (
 )
 
 // The months of the expiry tests: t0 is 2024-03-01, so history runs March to
-// May and Expire(may) removes March and April.
+// May; Expire(april+10 days) removes March and ten days of April, then
+// Expire(may) the rest of April.
 var (
 	april = time.Date(2024, 4, 1, 0, 0, 0, 0, time.UTC)
 	may   = time.Date(2024, 5, 1, 0, 0, 0, 0, time.UTC)
@@ -27,6 +28,7 @@ var expireRanges = []kettle.StatsQuery{
 	{From: april.Add(-36 * time.Hour), To: may.Add(36 * time.Hour)},
 	{From: may},
 	{To: april.Add(5 * 24 * time.Hour)},
+	{From: april.AddDate(0, 0, 9), To: april.AddDate(0, 0, 12)},
 }
 
 // threeMonths writes random batches over March–May into s and m: live,
@@ -80,8 +82,9 @@ func expire(t *testing.T, s kettle.Store, before time.Time) int64 {
 // derived figure follows (counts, bounded and all-history by-hour moments),
 // while latest states and capacities stay; writes after it (a new month,
 // and a row back in an expired month) and a restart keep the store exact;
-// a second Expire removes what was written back; a bound that is not a
-// month start is refused.
+// a second Expire removes what was written back; a bound inside a month
+// removes the days before it and keeps the rest; a bound that is not a UTC
+// midnight is refused.
 func testExpire(t *testing.T, open Opener) {
 	s, reopen := open(t)
 	ctx := context.Background()
@@ -99,7 +102,17 @@ func testExpire(t *testing.T, open Opener) {
 			t.Errorf("Expire(%s): %v, want an EInvalid error", bad.Format(time.RFC3339Nano), err)
 		}
 	}
-	want := m.expire(may)
+	// A bound inside a month: the days before it go, the rest of April stays.
+	mid := april.AddDate(0, 0, 10)
+	want := m.expire(mid)
+	if want == 0 {
+		t.Fatalf("the test's history has no rows before %s", mid.Format(time.DateOnly))
+	}
+	if got := expire(t, s, mid); got != want {
+		t.Errorf("Expire(%s) removed %d, want %d", mid.Format(time.DateOnly), got, want)
+	}
+	check(t, s, m, expireRanges)
+	want = m.expire(may)
 	if want == 0 || len(m.rows) == 0 {
 		t.Fatalf("the test's history has %d rows before May and %d after: both must be some", want, len(m.rows))
 	}

@@ -30,7 +30,7 @@ func expire(args []string) error {
 	dsn := fs.String("dsn", "", "a seeded kettle store: PostgreSQL DSN, or sqlite:PATH")
 	devices := fs.Int("devices", 2000, "kettles kettle seed registered (--devices)")
 	seedN := fs.Uint64("seed", 42, "kettle seed's --seed (the kettles' ids)")
-	beforeS := fs.String("before", "", "expire the months before this month start, RFC 3339 (default: the start of this month)")
+	beforeS := fs.String("before", "", "expire the readings before this UTC midnight, RFC 3339 (default: the start of this month)")
 	writers := fs.Int("writers", 2, "concurrent writers of live readings")
 	batch := fs.Int("batch", 200, "readings per write")
 	warm := fs.Duration("warmup", 10*time.Second, "writing before the expiry")

@@ -5,7 +5,7 @@
 //	pgbench ingest  --url URL --data-dir DIR  POST /v1/measurements batches, acknowledged rows/s
 //	pgbench login   --url URL -n N            register N devices with POST /login, print their ids
 //	pgbench stats   --url URL --data-dir DIR  GET /v1/statistics latency; --dsn: the naive SQL beside it
-//	pgbench expire  --dsn DSN --devices N     Store.Expire of the months before --before while writers store live readings
+//	pgbench expire  --dsn DSN --devices N     Store.Expire of the partitions before --before while writers store live readings
 //
 // Every subcommand prints one RESULT line with what it measured.
 package main
@@ -68,10 +68,10 @@ func main() {
 // columns, same primary key), with nothing else: no staging, no devices, no
 // rollups. --rows seed generates exactly kettle seed's rows, in its groups
 // and chunks (seed.Fleet.Groups, seed.Chunks) and with its number of
-// parallel streams, into a scratch table partitioned by month like
-// measurements, each chunk straight into its month's partition as kettle
+// parallel streams, into a scratch table partitioned by UTC day like
+// measurements, each chunk straight into its day's partition as kettle
 // seed does; --rows ingest generates the rows pgbench ingest sends, into
-// the same monthly partitions, each chunk straight into its month's
+// the same day partitions, each chunk straight into its day's
 // partition when it falls in one (as kettle serve's COPY does), else into
 // the parent table.
 func ceiling(args []string) error {
@@ -123,7 +123,7 @@ func ceiling(args []string) error {
 		if err := f.Validate(); err != nil {
 			return err
 		}
-		// measurements' shape: partitioned by calendar month (UTC) of t
+		// measurements' shape: partitioned by UTC day of t
 		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
 			return err
 		}
@@ -156,8 +156,8 @@ func ceiling(args []string) error {
 						hi = t
 					}
 				}
-				if monthStart(lo).Equal(monthStart(hi)) {
-					return rows, scratchPartition(monthStart(lo)), true
+				if dayStart(lo).Equal(dayStart(hi)) {
+					return rows, scratchPartition(dayStart(lo)), true
 				}
 				return rows, "ceiling_scratch", true
 			}
@@ -228,25 +228,25 @@ func ceiling(args []string) error {
 	return nil
 }
 
-func monthStart(t time.Time) time.Time {
+func dayStart(t time.Time) time.Time {
 	t = t.UTC()
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
 }
 
-// scratchPartitions creates the month partitions of ceiling_scratch that
-// hold [from, to).
+// scratchPartitions creates the day partitions of ceiling_scratch that hold
+// [from, to), as kettle's store partitions measurements.
 func scratchPartitions(ctx context.Context, conn *pgx.Conn, from, to time.Time) error {
-	for m := monthStart(from); m.Before(to); m = m.AddDate(0, 1, 0) {
+	for d := dayStart(from); d.Before(to); d = d.AddDate(0, 0, 1) {
 		if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE %s PARTITION OF ceiling_scratch FOR VALUES FROM ('%s') TO ('%s')",
-			scratchPartition(m), m.Format(time.RFC3339), m.AddDate(0, 1, 0).Format(time.RFC3339))); err != nil {
+			scratchPartition(d), d.Format(time.RFC3339), d.AddDate(0, 0, 1).Format(time.RFC3339))); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func scratchPartition(month time.Time) string {
-	return fmt.Sprintf("ceiling_scratch_y%04dm%02d", month.Year(), int(month.Month()))
+func scratchPartition(day time.Time) string {
+	return day.Format("ceiling_scratch_y2006m01d02")
 }
 
 // seedSource hands out kettle seed's work: the same groups of devices
@@ -268,7 +268,7 @@ func seedSource(f seed.Fleet, chunkRows, workers int) func() func([]kettle.Measu
 				}
 				rows, ok := cur.Next(buf, chunkRows)
 				if ok {
-					return rows, scratchPartition(monthStart(rows[0].Time)), true
+					return rows, scratchPartition(dayStart(rows[0].Time)), true
 				}
 				cur = nil
 			}

@@ -13,18 +13,20 @@ import (
 )
 
 func init() {
-	register("expire", "remove old months of readings now (what kettle serve --retention does every --expire-every)", runExpire)
+	register("expire", "remove old days of readings now (what kettle serve --retention does every --expire-every)", runExpire)
 }
 
 const expireDoc = `
-Removes every reading whose device time is before a UTC month start, with
+Removes every reading whose device time is before a UTC midnight, with
 its share of the statistics: the measurement count, each kettle's count,
 the hourly rollups and the temperatures by hour of day (a kettle's latest
 state, capacity and last-seen time stay). --retention 90d removes the
-months wholly older than 90 days, as kettle serve --retention 90d does at
-start and every --expire-every; --before 2026-08-01 names the bound.
-PostgreSQL drops the months' partitions (their disk space is free at
-once), safely while servers run on the database. SQLite deletes the rows
+days wholly older than 90 days, as kettle serve --retention 90d does at
+start and every --expire-every; --before 2026-08-28 names the bound.
+PostgreSQL drops the days' partitions (their disk space is free at once;
+a database made before day partitions keeps its month partitions, each
+dropped whole once the bound has passed its end), safely while servers
+run on the database. SQLite deletes the rows
 (the file keeps its size and reuses the pages; VACUUM shrinks it); run it
 there with kettle serve stopped, or use kettle serve --retention instead:
 beside a running server the two processes take the file's write lock in
@@ -34,11 +36,11 @@ kettles every 2 s, nothing lost, upload p99 6.6 s; through kettle serve
 --retention the same expiry kept the uploads' p99 at 120 ms).`
 
 func runExpire(ctx context.Context, args []string) error {
-	fs := newFlagSet("expire", "--db DSN (--retention D | --before YYYY-MM-01)", expireDoc)
+	fs := newFlagSet("expire", "--db DSN (--retention D | --before YYYY-MM-DD)", expireDoc)
 	db := fs.String("db", "sqlite:kettle-data/kettle.db", "store: sqlite:PATH (embedded) or postgres://user@host:port/db")
 	var keep time.Duration
-	retentionVar(fs, &keep, "remove the months wholly older than this, e.g. 90d or 2160h")
-	beforeFlag := fs.String("before", "", "remove the readings before this UTC month start (YYYY-MM-01 or RFC 3339)")
+	retentionVar(fs, &keep, "remove the days wholly older than this, e.g. 90d or 2160h")
+	beforeFlag := fs.String("before", "", "remove the readings before this UTC midnight (YYYY-MM-DD or RFC 3339)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -51,8 +53,8 @@ func runExpire(ctx context.Context, args []string) error {
 		if before, err = parseTimeFlag("before", *beforeFlag); err != nil {
 			return err
 		}
-		if err := kettle.CheckMonthStart(before); err != nil {
-			return fmt.Errorf("--before %q: must be the first instant of a UTC month, e.g. %s", *beforeFlag, before.UTC().Format("2006-01")+"-01")
+		if err := kettle.CheckDayStart(before); err != nil {
+			return fmt.Errorf("--before %q: must be the first instant of a UTC day, e.g. %s", *beforeFlag, before.UTC().Format(time.DateOnly))
 		}
 	case keep > 0:
 		before = kettle.ExpireBefore(time.Now(), keep)

@@ -63,7 +63,7 @@ func TestExpireCommand(t *testing.T) {
 			args []string
 			want string
 		}{
-			{[]string{"--before", "2026-11-02"}, "--before"},
+			{[]string{"--before", "2026-11-02T06:00:00Z"}, "--before"},
 			{[]string{"--before", "soon"}, "--before"},
 			{[]string{"--retention", "5h"}, "retention"},
 			{[]string{"--retention", "90d", "--before", "2026-11-01"}, "give one"},

@@ -36,11 +36,11 @@ only the new part). Devices are registered (their tokens work: kettle token
 in the same transactions, so /v1/statistics and GET /command are right the
 moment seeding ends. A device's last-seen time is its last reading's time.
 
-PostgreSQL: binary COPY straight into the month partitions, --workers
-streams in parallel, each chunk a range of device ids × up to one calendar
-month in (device, time) order, so that every COPY appends to its partition's
+PostgreSQL: binary COPY straight into the day partitions, --workers
+streams in parallel, each chunk a range of device ids × up to one UTC day
+in (device, time) order, so that every COPY appends to its partition's
 index; at the end the rollups' per-connection shards are folded once and the
-small tables the statistics read are rewritten, and the seeded months'
+small tables the statistics read are rewritten, and the seeded days'
 partitions get VACUUM (ANALYZE), as after any bulk load, so that
 autovacuum's first pass over them does not land in live traffic (all in
 the run's time, shown as "finishing" in the summary).
@@ -55,7 +55,7 @@ func runSeed(ctx context.Context, args []string) error {
 	endFlag := fs.String("end", "", "end of history (RFC 3339 or YYYY-MM-DD, UTC; empty: the current hour, so re-runs within the hour are identical)")
 	seedFlag := fs.Uint64("seed", 42, "random seed: same seed, same fleet and readings")
 	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite)")
-	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk never spans two UTC calendar months)")
+	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk never spans two UTC days)")
 	pool := fs.Int("pg-pool", 0, "PostgreSQL: connections in the pool (0: --workers + 2)")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	if err := parseFlags(fs, args); err != nil {
@@ -194,8 +194,8 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	}
 
 	// Work unit: a group of devices (a range of device ids), all its
-	// months in order (the physics is continuous); one transaction per chunk
-	// of about --chunk-rows readings within one month, device by device in
+	// days in order (the physics is continuous); one transaction per chunk
+	// of about --chunk-rows readings within one day, device by device in
 	// id order, so each COPY appends to its partition's index (seed.Chunks).
 	// Four groups per worker keep the workers busy to the end.
 	groupList := f.Groups(4 * r.workers)
