@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# What many partitions cost. kettle partitions measurements by UTC day, so
+# a store that keeps everything (the default) holds a partition for every
+# day of its history: ~365 a year. One throwaway cluster, two databases
+# with the same rows (kettle seed: DEVICES kettles × DAYS days at INTERVAL,
+# ending at today's 00:00 UTC):
+#   days:   kettle's own day partitions (DAYS of them, and today's ahead);
+#   months: the same history in month partitions, attached before the
+#           seeding (as a database made before day partitions holds them;
+#           kettle uses them as they are): ~DAYS/30 partitions.
+# Then, ROUNDS times (each side first in half of them), against kettle serve
+# on each database in turn:
+#   single:  acknowledged case-study POST /measurement req/s (wrk +
+#            bench/measurement.lua, CONNS connections, readings of now);
+#   v1:      acknowledged rows/s of POST /v1/measurements, batches of 500
+#            (pgbench ingest, V1_CONNS connections; its readings start 40
+#            days ago, inside the seeded history);
+#   history: GET /v1/devices/{id}/measurements p50/p99, sequential, one
+#            kettle: the oldest 100 (no bound: every partition is a
+#            candidate) and the last day's (from=yesterday);
+# with CPU µs of kettle serve and PostgreSQL a request or reading, and the
+# median ratio days / months of each figure.
+#
+#   bench/pg-partitions.sh                           # 2,000 kettles × 1,000 days at 24h (2M rows; 1,000 against 34 partitions)
+#   DAYS=365 ROUNDS=2 DURATION=10s bench/pg-partitions.sh   # a quicker run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NDEV=${DEVICES:-2000}
+DAYS=${DAYS:-1000}
+INTERVAL=${INTERVAL:-24h}
+DURATION=${DURATION:-20s}
+CONNS=${CONNS:-256}
+V1_CONNS=${V1_CONNS:-16}
+HISTORY_N=${HISTORY_N:-500}
+WORKERS=${WORKERS:-3}
+ROUNDS=${ROUNDS:-4}
+command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+. bench/pg-cluster.sh
+PORT_K=$(free_port)
+END=$(date -u +%Y-%m-%dT00:00:00Z)
+work=$(mktemp -d /tmp/kettle-pgparts-XXXXXX)
+kpid=
+cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
+trap cleanup EXIT
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS bench/pg-partitions.sh"
+machine_line
+build_kettle "$work"
+go build -o "$work/pgbench" ./bench/pgbench
+pg_start
+pg_settings
+dsn_of() { echo "postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable"; }
+parts() { pg_sql "$1" "SELECT count(*) FROM pg_inherits WHERE inhparent = 'measurements'::regclass"; }
+
+for db in days months; do
+	pg_db "$db" >/dev/null
+	if [ "$db" = months ]; then
+		# kettle's schema first (kettle expire opens the store, which
+		# migrates it, and finds nothing to expire), then a partition a
+		# month from the history's first day to END's month
+		"$work/kettle" expire --db "$(dsn_of months)" --before 2000-01-01 >/dev/null
+		m=$(date -u -d "$END - $DAYS days" +%Y-%m-01)
+		last=$(date -u -d "$END" +%Y-%m-01)
+		while [[ "$m" < "$last" || "$m" == "$last" ]]; do
+			next=$(date -u -d "$m + 1 month" +%Y-%m-01)
+			name="measurements_y$(date -u -d "$m" +%Ym%m)"
+			# the day partitions kettle made ahead inside this month go first (empty)
+			for p in $(pg_sql months "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass AND c.relname LIKE '${name}d%'"); do
+				pg_sql months "DROP TABLE $p" >/dev/null
+			done
+			pg_sql months "CREATE TABLE $name (LIKE measurements INCLUDING DEFAULTS)" >/dev/null
+			pg_sql months "ALTER TABLE measurements ATTACH PARTITION $name FOR VALUES FROM ('${m}T00:00:00Z') TO ('${next}T00:00:00Z')" >/dev/null
+			m=$next
+		done
+	fi
+	t0=$(date +%s.%N)
+	"$work/kettle" seed --db "$(dsn_of "$db")" --devices "$NDEV" --days "$DAYS" --interval "$INTERVAL" --end "$END" --workers "$WORKERS" --quiet | tail -1
+	t1=$(date +%s.%N)
+	pg_sql "$db" "VACUUM (ANALYZE) measurements" >/dev/null
+	echo "SEED $db seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') partitions=$(parts "$db") rows=$(pg_sql "$db" "SELECT count(*) FROM measurements")"
+done
+
+serve() { # serve DB
+	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$(dsn_of "$1")" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
+	kpid=$!
+	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	echo "not up"; cat "$work/serve-$1.log"; exit 1
+}
+stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
+count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
+
+# measure DB ROUND: the three phases against kettle serve on DB
+measure() {
+	local db=$1 r=$2 n0 n1 k0 k1 s0 s1 out dev
+	pg_sql "$db" "CHECKPOINT" >/dev/null
+	serve "$db"
+	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
+	dev=$(head -1 "$work/devices.txt")
+	# single readings of now, a new second for each round (no duplicates)
+	export DEVICES="$work/devices.txt" BASE_EPOCH=$(($(date -u +%s) + r * 100))
+	n0=$(count "$db"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
+	out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
+	n1=$(count "$db"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+	echo "$out" | awk -v s="$db-$r" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" '
+		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+		  printf "RUN %s single req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f\n",
+		    s, x["rps"], x["p99_ms"], x["errors_status"], n, k / n * 1e6, p / n * 1e6 }'
+	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
+	out=$("$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --devices 2000 --batch 500 \
+		--conns "$V1_CONNS" --duration "$DURATION" --warmup 0s --shift "$((r * 3600))s" | grep RESULT)
+	k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+	echo "$out" | awk -v s="$db-$r" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" '
+		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
+		  n = x["stored"]
+		  printf "RUN %s v1 rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f\n",
+		    s, x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6 }'
+	out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" --query "limit=100" | grep RESULT)
+	echo "RUN $db-$r history_oldest $(echo "$out" | grep -o 'bytes=.*')"
+	out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" \
+		--query "from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100" | grep RESULT)
+	echo "RUN $db-$r history_lastday $(echo "$out" | grep -o 'bytes=.*')"
+	stop
+}
+
+for r in $(seq "$ROUNDS"); do
+	echo "--- round $r of $ROUNDS: $([ $((r % 2)) = 1 ] && echo "days, then months" || echo "months, then days") ---"
+	if ((r % 2)); then order="days months"; else order="months days"; fi
+	for db in $order; do measure "$db" "$r" | tee -a "$work/runs.txt"; done
+done
+# the median over the rounds of days / months, per phase and figure
+ratio() { # PHASE FIGURE
+	for r in $(seq "$ROUNDS"); do
+		a=$(grep "^RUN days-$r $1 " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p")
+		b=$(grep "^RUN months-$r $1 " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p")
+		awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f\n", a / b }'
+	done >"$work/r.txt"
+	echo "RATIO days/months $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+}
+echo "--- $(parts days) partitions against $(parts months), the same $(pg_sql days "SELECT count(*) FROM measurements") rows and more ---"
+ratio single req_per_s; ratio single kettle_cpu_us; ratio single postgres_cpu_us
+ratio v1 rows_per_s; ratio v1 kettle_cpu_us; ratio v1 postgres_cpu_us
+ratio history_oldest p50_ms; ratio history_oldest p99_ms
+ratio history_lastday p50_ms; ratio history_lastday p99_ms
+echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
