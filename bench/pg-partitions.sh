@@ -135,7 +135,7 @@ ratio() { # PHASE FIGURE
 	done >"$work/r.txt"
 	echo "RATIO days/months $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
 }
-echo "--- $(parts days) partitions against $(parts months), the same $(pg_sql days "SELECT count(*) FROM measurements") rows and more ---"
+echo "--- $(parts days) partitions against $(parts months): the same seeded history, then each round's live writes in both ---"
 ratio single req_per_s; ratio single kettle_cpu_us; ratio single postgres_cpu_us
 ratio v1 rows_per_s; ratio v1 kettle_cpu_us; ratio v1 postgres_cpu_us
 ratio history_oldest p50_ms; ratio history_oldest p99_ms

@@ -33,23 +33,32 @@ func (f Fleet) Groups(n int) [][]int {
 	return groups
 }
 
-// Chunks generates the rows of a group of devices (from Groups) in chunks:
-// one UTC day at a time, the devices in the group's order, each device's
-// readings of the day in increasing time. A chunk holds at most maxRows
-// readings and never spans two days, so it falls in one day's partition;
-// its rows are grouped by device in increasing time, devices in increasing
-// id order.
+// Chunks generates the rows of a group of devices (from Groups) in chunks,
+// window by window: a window is one UTC day, or several whole days when a
+// day of the group's readings is fewer than a chunk holds (a sparse
+// history: 2,000 kettles at 24 h would otherwise make a transaction of a
+// few hundred readings a day). In a window the devices come in the group's
+// order, each with its readings of the window in increasing time. A chunk
+// holds at most maxRows readings and never spans two windows; its rows are
+// grouped by device in increasing time, devices in increasing id order, so
+// the readings of each day reach that day's partition in (device, time)
+// order, and a chunk of a one-day window falls in one day's partition.
 type Chunks struct {
-	kettles []*Kettle
-	day     time.Time // start of the day being generated
-	end     time.Time
-	k       int // kettle being generated in day
-	m       kettle.Measurement
+	kettles  []*Kettle
+	interval time.Duration
+	day      time.Time // start of the window being generated
+	until    time.Time // its end; zero until the window is chosen
+	end      time.Time
+	k        int // kettle being generated in the window
+	m        kettle.Measurement
 }
+
+// maxWindowDays bounds a window (a year).
+const maxWindowDays = 366
 
 // Chunks returns the chunk generator of the group of device indices devs.
 func (f Fleet) Chunks(devs []int) *Chunks {
-	c := &Chunks{kettles: make([]*Kettle, len(devs)), end: f.End}
+	c := &Chunks{kettles: make([]*Kettle, len(devs)), interval: f.Interval, end: f.End}
 	for i, d := range devs {
 		c.kettles[i] = f.Kettle(d)
 	}
@@ -58,26 +67,40 @@ func (f Fleet) Chunks(devs []int) *Chunks {
 	return c
 }
 
+// WindowDays is how many days a window spans for chunks of maxRows: one
+// when a day of the group's readings (at the fleet's interval, offline
+// spells not counted) fills a chunk, else as many as fill one, at most a
+// year.
+func (c *Chunks) WindowDays(maxRows int) int {
+	perDay := int64(len(c.kettles)) * int64(24*time.Hour/max(c.interval, time.Second))
+	if perDay >= int64(maxRows) {
+		return 1
+	}
+	return int(min(int64(maxRows)/max(perDay, 1), maxWindowDays))
+}
+
 // Next fills buf[:0] with the next chunk of at most maxRows (≥ 1) readings
 // and reports whether there was one.
 func (c *Chunks) Next(buf []kettle.Measurement, maxRows int) ([]kettle.Measurement, bool) {
 	rows := buf[:0]
 	for c.day.Before(c.end) {
-		until := c.day.AddDate(0, 0, 1)
+		if c.until.IsZero() {
+			c.until = c.day.AddDate(0, 0, c.WindowDays(maxRows))
+		}
 		for ; c.k < len(c.kettles); c.k++ {
 			k := c.kettles[c.k]
 			for {
 				if len(rows) >= maxRows {
 					return rows, true
 				}
-				if !k.Next(until, &c.m) {
+				if !k.Next(c.until, &c.m) {
 					break
 				}
 				rows = append(rows, c.m)
 			}
 		}
 		c.k = 0
-		c.day = until
+		c.day, c.until = c.until, time.Time{}
 		if len(rows) > 0 {
 			return rows, true
 		}

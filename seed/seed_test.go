@@ -172,10 +172,12 @@ func BenchmarkNext(b *testing.B) {
 }
 
 // TestChunks: the groups' chunks hold every reading of the fleet once, as
-// the device's own generation does; a chunk has at most maxRows readings, all
-// in one UTC day, grouped by device in increasing time with devices in
-// increasing id order, and a group's chunks of a day follow each other in
-// key order.
+// the device's own generation does; a chunk has at most maxRows readings,
+// grouped by device in increasing time with devices in increasing id order;
+// the readings of each day arrive, over a group's chunks, in key order (so
+// each day's partition is appended to); a chunk spans one day when a day of
+// the group's readings fills one (dense histories: one partition, COPYed
+// straight into it), and several otherwise, but never more than the window.
 func TestChunks(t *testing.T) {
 	f := seed.Fleet{Seed: 7, Devices: 23, Start: time.Date(2024, 5, 30, 13, 0, 0, 0, time.UTC), End: time.Date(2024, 6, 2, 0, 0, 0, 0, time.UTC), Interval: 10 * time.Minute}
 	f2 := func(groups, maxRows int) {
@@ -192,7 +194,12 @@ func TestChunks(t *testing.T) {
 		var buf []kettle.Measurement
 		for _, g := range gs {
 			c := f.Chunks(g)
-			var prev *kettle.Measurement
+			window := c.WindowDays(maxRows)
+			perDay := len(g) * int(24*time.Hour/f.Interval)
+			if perDay >= maxRows && window != 1 || perDay < maxRows && (window*perDay > maxRows || (window+1)*perDay <= maxRows) {
+				t.Fatalf("%d kettles at %s (%d readings a day), chunks of %d: a window of %d days", len(g), f.Interval, perDay, maxRows, window)
+			}
+			last := map[time.Time]kettle.Measurement{} // per day, the last reading of its chunks so far
 			for {
 				rows, ok := c.Next(buf, maxRows)
 				if !ok {
@@ -202,19 +209,34 @@ func TestChunks(t *testing.T) {
 				if len(rows) == 0 || len(rows) > maxRows {
 					t.Fatalf("chunk of %d rows, want 1…%d", len(rows), maxRows)
 				}
-				day := rows[0].Time.Truncate(24 * time.Hour)
+				lo, hi := rows[0].Time, rows[0].Time
+				for _, m := range rows {
+					if m.Time.Before(lo) {
+						lo = m.Time
+					}
+					if m.Time.After(hi) {
+						hi = m.Time
+					}
+				}
+				if span := int(hi.Truncate(24*time.Hour).Sub(lo.Truncate(24*time.Hour))/(24*time.Hour)) + 1; span > window {
+					t.Fatalf("chunk spans %s to %s, over its window of %d days", lo.Format(time.DateOnly), hi.Format(time.DateOnly), window)
+				}
 				for i := range rows {
 					m := rows[i]
-					if d := m.Time.Truncate(24 * time.Hour); !d.Equal(day) {
-						t.Fatalf("chunk spans %s and %s", day.Format(time.DateOnly), d.Format(time.DateOnly))
-					}
-					if prev != nil && prev.Time.Truncate(24*time.Hour).Equal(day) {
-						if c := bytes.Compare(prev.Device[:], m.Device[:]); c > 0 || c == 0 && !m.Time.After(prev.Time) {
-							t.Fatalf("row %s %s after %s %s: not in key order", m.Device, m.Time, prev.Device, prev.Time)
+					day := m.Time.Truncate(24 * time.Hour)
+					if i > 0 {
+						p := rows[i-1]
+						if c := bytes.Compare(p.Device[:], m.Device[:]); c > 0 || c == 0 && !m.Time.After(p.Time) {
+							t.Fatalf("row %s %s after %s %s in a chunk: not grouped by device in key order", m.Device, m.Time, p.Device, p.Time)
 						}
 					}
+					if p, ok := last[day]; ok {
+						if c := bytes.Compare(p.Device[:], m.Device[:]); c > 0 || c == 0 && !m.Time.After(p.Time) {
+							t.Fatalf("day %s: row %s %s after %s %s: not in key order", day.Format(time.DateOnly), m.Device, m.Time, p.Device, p.Time)
+						}
+					}
+					last[day] = m
 					got[m.Device] = append(got[m.Device], m)
-					prev = &m
 				}
 			}
 		}
@@ -230,4 +252,5 @@ func TestChunks(t *testing.T) {
 	f2(3, 100)
 	f2(4, 1)
 	f2(100, 77)
+	f2(2, 5000) // windows of two days
 }

@@ -268,7 +268,16 @@ func seedSource(f seed.Fleet, chunkRows, workers int) func() func([]kettle.Measu
 				}
 				rows, ok := cur.Next(buf, chunkRows)
 				if ok {
-					return rows, scratchPartition(dayStart(rows[0].Time)), true
+					// straight into the day's partition, as kettle seed
+					// does, when the chunk falls in one day (a dense
+					// history), else through the parent
+					day := dayStart(rows[0].Time)
+					for i := range rows {
+						if !dayStart(rows[i].Time).Equal(day) {
+							return rows, "ceiling_scratch", true
+						}
+					}
+					return rows, scratchPartition(day), true
 				}
 				cur = nil
 			}

@@ -39,7 +39,9 @@ moment seeding ends. A device's last-seen time is its last reading's time.
 PostgreSQL: binary COPY straight into the day partitions, --workers
 streams in parallel, each chunk a range of device ids × up to one UTC day
 in (device, time) order, so that every COPY appends to its partition's
-index; at the end the rollups' per-connection shards are folded once and the
+index (a sparse history, whose day of a worker's kettles is fewer than
+--chunk-rows readings, goes several days a chunk through the parent
+table); at the end the rollups' per-connection shards are folded once and the
 small tables the statistics read are rewritten, and the seeded days'
 partitions get VACUUM (ANALYZE), as after any bulk load, so that
 autovacuum's first pass over them does not land in live traffic (all in
@@ -55,7 +57,7 @@ func runSeed(ctx context.Context, args []string) error {
 	endFlag := fs.String("end", "", "end of history (RFC 3339 or YYYY-MM-DD, UTC; empty: the current hour, so re-runs within the hour are identical)")
 	seedFlag := fs.Uint64("seed", 42, "random seed: same seed, same fleet and readings")
 	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite)")
-	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk never spans two UTC days)")
+	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk spans one UTC day, or several whole days when a day of a worker's kettles is fewer readings)")
 	pool := fs.Int("pg-pool", 0, "PostgreSQL: connections in the pool (0: --workers + 2)")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	if err := parseFlags(fs, args); err != nil {
@@ -195,7 +197,8 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 
 	// Work unit: a group of devices (a range of device ids), all its
 	// days in order (the physics is continuous); one transaction per chunk
-	// of about --chunk-rows readings within one day, device by device in
+	// of about --chunk-rows readings within one day (or a window of days,
+	// seed.Chunks), device by device in
 	// id order, so each COPY appends to its partition's index (seed.Chunks).
 	// Four groups per worker keep the workers busy to the end.
 	groupList := f.Groups(4 * r.workers)
