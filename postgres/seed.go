@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/kettlefleet/kettlefleet"
+	"golang.org/x/sync/errgroup"
 )
 
 // SeedCopy stores rows, a bulk of generated history, in one transaction, and
@@ -143,32 +144,66 @@ func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 			break
 		}
 	}
-	c, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("postgres seed: %w", err)
+	small := []string{"rollups", "hours_of_day", "last_seen_counts", "last_seen_moves"}
+	for i := range small {
+		small[i] = "VACUUM (FULL, ANALYZE) " + small[i]
 	}
-	defer c.Release()
-	if _, err := c.Exec(ctx, "SET lock_timeout = '1s'"); err != nil {
-		return fmt.Errorf("postgres seed: %w", err)
+	if err := s.seedVacuum(ctx, small, 1); err != nil {
+		return err
 	}
-	defer c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
-	var vacuums []string
-	for _, t := range []string{"rollups", "hours_of_day", "last_seen_counts", "last_seen_moves"} {
-		vacuums = append(vacuums, "VACUUM (FULL, ANALYZE) "+t)
-	}
+	var parts []string
 	s.partMu.Lock()
 	for d := dayOf(from); d <= dayOf(to); d++ {
-		if p := s.parts[d]; p != "" && !slices.Contains(vacuums, "VACUUM (ANALYZE) "+p) {
-			vacuums = append(vacuums, "VACUUM (ANALYZE) "+p)
+		if p := s.parts[d]; p != "" && !slices.Contains(parts, "VACUUM (ANALYZE) "+p) {
+			parts = append(parts, "VACUUM (ANALYZE) "+p)
 		}
 	}
 	s.partMu.Unlock()
+	// The partitions several at once: a VACUUM runs on one core, and a
+	// month of day partitions one after the other took 23 s of a 2m53s
+	// seeding (20,000 kettles × 29 days at 15 min, 2 cores).
+	return s.seedVacuum(ctx, parts, seedVacuumStreams)
+}
+
+// seedVacuumStreams is how many connections SeedDone vacuums partitions on
+// at once (at most the pool's size).
+const seedVacuumStreams = 3
+
+// seedVacuum runs the VACUUM statements over up to streams connections of
+// the pool, each waiting at most 1 s for a table's lock (a live writer's
+// open transaction, or autovacuum already at it: that table is left to
+// autovacuum).
+func (s *Store) seedVacuum(ctx context.Context, vacuums []string, streams int) error {
+	streams = min(streams, len(vacuums), int(s.pool.Config().MaxConns))
+	g, gctx := errgroup.WithContext(ctx)
+	next := make(chan string)
+	for range streams {
+		g.Go(func() error {
+			c, err := s.pool.Acquire(gctx)
+			if err != nil {
+				return fmt.Errorf("postgres seed: %w", err)
+			}
+			defer c.Release()
+			if _, err := c.Exec(gctx, "SET lock_timeout = '1s'"); err != nil {
+				return fmt.Errorf("postgres seed: %w", err)
+			}
+			defer c.Exec(context.WithoutCancel(gctx), "RESET lock_timeout")
+			for v := range next {
+				if _, err := c.Exec(gctx, v); err != nil && !isLockNotAvailable(err) {
+					return fmt.Errorf("postgres seed: %s: %w", v, err)
+				}
+			}
+			return nil
+		})
+	}
+feed:
 	for _, v := range vacuums {
-		// Not waiting longer than 1 s for a table's lock: a live
-		// writer's open transaction, or autovacuum already at it.
-		if _, err := c.Exec(ctx, v); err != nil && !isLockNotAvailable(err) {
-			return fmt.Errorf("postgres seed: %s: %w", v, err)
+		select {
+		case next <- v:
+		case <-gctx.Done():
+			break feed
 		}
 	}
-	return nil
+	close(next)
+	return g.Wait()
 }
