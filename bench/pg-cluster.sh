@@ -180,3 +180,39 @@ ab_ratios() {
 		for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2]; if ($i == sel) ok = 1 }
 		if (ok) { x[kv["round"], kv["bin"]] = kv[f]; n = kv["round"] > n ? kv["round"] : n } }
 		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$1"; }
+
+# work_start NAME: a work dir (work) for a script that runs kettle serve
+# ($kpid, killed at exit with the cluster stopped and the work dir removed).
+work_start() {
+	work=$(mktemp -d "/tmp/kettle-$1-XXXXXX")
+	kpid=
+	trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
+}
+# kettle_serve NAME DSN: $work/kettle serve on DSN at 127.0.0.1:$PORT_K,
+# its data dir $work/data-NAME, its log $work/serve-NAME.log; waits until
+# ready. kettle_stop stops it; kettle_count NAME prints its statistics'
+# measurement_count.
+kettle_serve() {
+	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$2" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
+	kpid=$!
+	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+	echo "not up"; cat "$work/serve-$1.log"; exit 1
+}
+kettle_stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
+kettle_count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
+# pg_attach_month DB YYYY-MM-01: that month attached to DB's measurements
+# as one partition, as a database made before day partitions holds them
+# (kettle uses such a month as it is); kettle's schema is made first
+# ($work/kettle expire opens the store, which migrates it, and finds
+# nothing to expire), and the empty day partitions kettle made ahead
+# inside the month are dropped.
+pg_attach_month() {
+	local name p next
+	"$work/kettle" expire --db "postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable" --before 2000-01-01 >/dev/null
+	name="measurements_y$(date -u -d "$2" +%Ym%m)"; next=$(date -u -d "$2 + 1 month" +%Y-%m-%d)
+	for p in $(pg_sql "$1" "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass AND c.relname LIKE '${name}d%'"); do
+		pg_sql "$1" "DROP TABLE $p" >/dev/null
+	done
+	pg_sql "$1" "CREATE TABLE $name (LIKE measurements INCLUDING DEFAULTS)" >/dev/null
+	pg_sql "$1" "ALTER TABLE measurements ATTACH PARTITION $name FOR VALUES FROM ('${2}T00:00:00Z') TO ('${next}T00:00:00Z')" >/dev/null
+}

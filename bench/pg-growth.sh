@@ -69,10 +69,7 @@ END=${END:-$(date -u -d "$(date -u +%Y-%m-01) - 1 month + 19 days" +%Y-%m-%dT00:
 end_s=$(date -u -d "$END" +%s)
 for d in $STEPS; do ((d < 20)) || { echo "STEPS: at most 19 days (the history must stay in END's month)"; exit 2; }; done
 . bench/pg-cluster.sh
-work=$(mktemp -d /tmp/kettle-pggrowth-XXXXXX)
-kpid=
-cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
-trap cleanup EXIT
+work_start pggrowth
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
 machine_line
 build_kettle "$work"
@@ -81,20 +78,12 @@ pg_start
 pg_settings
 part="measurements_y$(date -u -d "$END" +%Ym%m)"
 
-serve() { # serve DB: kettle serve on database DB at PORT_K
-	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$2" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
-	kpid=$!
-	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
-	echo "not up"; cat "$work/serve-$1.log"; exit 1
-}
-stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
 # blocks: blocks read into shared_buffers and found there, database $1
 blocks() { pg_sql "$1" "SELECT blks_read || ' ' || blks_hit FROM pg_stat_database WHERE datname = '$1'"; }
 # wal: WAL records, full-page images and bytes written so far (the cluster)
 wal() { pg_sql postgres "SELECT wal_records || ' ' || wal_fpi || ' ' || wal_bytes FROM pg_stat_wal"; }
 # autovac DB: autovacuum and autoanalyze runs finished so far in DB
 autovac() { pg_sql "$1" "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables"; }
-count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
 
 # measure NAME DB STEP: one single-readings and one v1 run against kettle
 # serve on DB; STEP (0, 1, …) places its device times after END
@@ -102,12 +91,12 @@ measure() {
 	local name=$1 db=$2 step=$3 dsn k0 k1 s0 s1 b0 b1 n0 n1 a0 a1 w0 w1 out
 	dsn="postgres://postgres@/$db?host=$PG_DIR&port=$PG_PORT&sslmode=disable"
 	pg_sql "$db" "CHECKPOINT" >/dev/null
-	serve "$name" "$dsn"
+	kettle_serve "$name" "$dsn"
 	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
 	export DEVICES="$work/devices.txt" BASE_EPOCH=$((end_s + 3600 + step * 4 * 3600))
-	n0=$(count "$name"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db"); a0=$(autovac "$db"); w0=$(wal)
+	n0=$(kettle_count "$name"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu); b0=$(blocks "$db"); a0=$(autovac "$db"); w0=$(wal)
 	out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
-	n1=$(count "$name"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db"); a1=$(autovac "$db"); w1=$(wal)
+	n1=$(kettle_count "$name"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu); b1=$(blocks "$db"); a1=$(autovac "$db"); w1=$(wal)
 	echo "$out" | awk -v s="$name" -v av=$((a1 - a0)) -v w0="$w0" -v w1="$w1" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" -v b0="$b0" -v b1="$b1" '
 		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
 		  split(b0, p0, " "); split(b1, q1, " "); split(w0, v0, " "); split(w1, v1, " ")
@@ -125,19 +114,8 @@ measure() {
 		  n = x["stored"]; split(b0, p0, " "); split(b1, q1, " "); split(w0, v0, " "); split(w1, v1, " ")
 		  printf "STEP %s v1 conns=%s rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f blocks_read=%.4f blocks_hit=%.1f wal_bytes=%.0f wal_fpi=%.4f (per reading) autovac=%d\n",
 		    s, '"$V1_CONNS"', x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6, (q1[1] - p0[1]) / n, (q1[2] - p0[2]) / n, (v1[3] - v0[3]) / n, (v1[2] - v0[2]) / n, av }'
-	echo "STEP $name size: $(count "$name") measurements stored; $(pg_sql "$db" "SELECT 'partition $part ' || pg_size_pretty(pg_table_size('$part')) || ' table + ' || pg_size_pretty(pg_indexes_size('$part')) || ' index; all measurements ' || pg_size_pretty(pg_total_relation_size('measurements'::regclass) + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = 'measurements'::regclass), 0))")"
-	stop
-}
-
-# month_partition DB: kettle's schema in DB (kettle expire opens the store,
-# which migrates it, and finds nothing to expire), then END's month attached
-# as one partition of measurements
-month_partition() {
-	local dsn="postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable" from to
-	"$work/kettle" expire --db "$dsn" --before 2000-01-01 >/dev/null
-	from=$(date -u -d "$END" +%Y-%m-01T00:00:00Z); to=$(date -u -d "$from + 1 month" +%Y-%m-%dT00:00:00Z)
-	pg_sql "$1" "CREATE TABLE $part (LIKE measurements INCLUDING DEFAULTS)" >/dev/null
-	pg_sql "$1" "ALTER TABLE measurements ATTACH PARTITION $part FOR VALUES FROM ('$from') TO ('$to')" >/dev/null
+	echo "STEP $name size: $(kettle_count "$name") measurements stored; $(pg_sql "$db" "SELECT 'partition $part ' || pg_size_pretty(pg_table_size('$part')) || ' table + ' || pg_size_pretty(pg_indexes_size('$part')) || ' index; all measurements ' || pg_size_pretty(pg_total_relation_size('measurements'::regclass) + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits WHERE inhparent = 'measurements'::regclass), 0))")"
+	kettle_stop
 }
 
 # seed DB DAYS: kettle seed's fleet with DAYS of history ending at END (0: one
@@ -154,7 +132,7 @@ seed() {
 }
 
 pg_db kettle >/dev/null
-month_partition kettle
+pg_attach_month kettle "$(date -u -d "$END" +%Y-%m-01)"
 step=0
 for d in $STEPS; do
 	echo "--- step $step: kettle seed --devices $NDEV --days $d --end $END, then single readings ($CONNS connections) and v1 batches ($V1_CONNS connections), $DURATION each, into $part ---"
@@ -165,7 +143,7 @@ done
 echo "--- grown ($STEPS days seeded) against small (a new database each round: the same $NDEV kettles, $REF_DAYS days of history), $ROUNDS rounds ---"
 small() {
 	pg_db "small$1" >/dev/null
-	month_partition "small$1"
+	pg_attach_month "small$1" "$(date -u -d "$END" +%Y-%m-01)"
 	seed "small$1" "$REF_DAYS"
 	measure "small-$1" "small$1" 0 >"$work/m.txt"; tee -a "$work/ab.txt" <"$work/m.txt"
 	pg_sql postgres "DROP DATABASE small$1"

@@ -38,10 +38,7 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 
 . bench/pg-cluster.sh
 PORT_K=$(free_port)
 END=$(date -u +%Y-%m-%dT00:00:00Z)
-work=$(mktemp -d /tmp/kettle-pgparts-XXXXXX)
-kpid=
-cleanup() { [ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
-trap cleanup EXIT
+work_start pgparts
 echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS bench/pg-partitions.sh"
 machine_line
 build_kettle "$work"
@@ -54,22 +51,12 @@ parts() { pg_sql "$1" "SELECT count(*) FROM pg_inherits WHERE inhparent = 'measu
 for db in days months; do
 	pg_db "$db" >/dev/null
 	if [ "$db" = months ]; then
-		# kettle's schema first (kettle expire opens the store, which
-		# migrates it, and finds nothing to expire), then a partition a
-		# month from the history's first day to END's month
-		"$work/kettle" expire --db "$(dsn_of months)" --before 2000-01-01 >/dev/null
+		# a partition a month from the history's first day to END's month
 		m=$(date -u -d "$END - $DAYS days" +%Y-%m-01)
 		last=$(date -u -d "$END" +%Y-%m-01)
 		while [[ "$m" < "$last" || "$m" == "$last" ]]; do
-			next=$(date -u -d "$m + 1 month" +%Y-%m-01)
-			name="measurements_y$(date -u -d "$m" +%Ym%m)"
-			# the day partitions kettle made ahead inside this month go first (empty)
-			for p in $(pg_sql months "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass AND c.relname LIKE '${name}d%'"); do
-				pg_sql months "DROP TABLE $p" >/dev/null
-			done
-			pg_sql months "CREATE TABLE $name (LIKE measurements INCLUDING DEFAULTS)" >/dev/null
-			pg_sql months "ALTER TABLE measurements ATTACH PARTITION $name FOR VALUES FROM ('${m}T00:00:00Z') TO ('${next}T00:00:00Z')" >/dev/null
-			m=$next
+			pg_attach_month months "$m"
+			m=$(date -u -d "$m + 1 month" +%Y-%m-01)
 		done
 	fi
 	t0=$(date +%s.%N)
@@ -79,27 +66,19 @@ for db in days months; do
 	echo "SEED $db seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') partitions=$(parts "$db") rows=$(pg_sql "$db" "SELECT count(*) FROM measurements")"
 done
 
-serve() { # serve DB
-	"$work/kettle" serve --addr 127.0.0.1:$PORT_K --db "$(dsn_of "$1")" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
-	kpid=$!
-	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
-	echo "not up"; cat "$work/serve-$1.log"; exit 1
-}
-stop() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
-count() { curl -s -H "Authorization: Bearer $(cat "$work/data-$1/operator-token")" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }
 
 # measure DB ROUND: the three phases against kettle serve on DB
 measure() {
 	local db=$1 r=$2 n0 n1 k0 k1 s0 s1 out dev
 	pg_sql "$db" "CHECKPOINT" >/dev/null
-	serve "$db"
+	kettle_serve "$db" "$(dsn_of "$db")"
 	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
 	dev=$(head -1 "$work/devices.txt")
 	# single readings of now, a new second for each round (no duplicates)
 	export DEVICES="$work/devices.txt" BASE_EPOCH=$(($(date -u +%s) + r * 100))
-	n0=$(count "$db"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
+	n0=$(kettle_count "$db"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
 	out=$(wrk -t2 -c"$CONNS" -d"$DURATION" -s bench/measurement.lua "http://127.0.0.1:$PORT_K" | grep RESULT)
-	n1=$(count "$db"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
+	n1=$(kettle_count "$db"); k1=$(proc_cpu "$kpid"); s1=$(pg_cpu)
 	echo "$out" | awk -v s="$db-$r" -v n=$((n1 - n0)) -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v p="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" '
 		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
 		  printf "RUN %s single req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f\n",
@@ -118,7 +97,7 @@ measure() {
 	out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" \
 		--query "from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100" | grep RESULT)
 	echo "RUN $db-$r history_lastday $(echo "$out" | grep -o 'bytes=.*')"
-	stop
+	kettle_stop
 }
 
 for r in $(seq "$ROUNDS"); do
