@@ -16,13 +16,22 @@
 #            (pgbench ingest, V1_CONNS connections; its readings start 40
 #            days ago, inside the seeded history);
 #   history: GET /v1/devices/{id}/measurements p50/p99, sequential, one
-#            kettle: the oldest 100 (no bound: every partition is a
-#            candidate) and the last day's (from=yesterday);
+#            kettle: the oldest 100 (history_oldest: no bound, every
+#            partition a candidate), a page of 100 after a cursor in the
+#            middle of the history (history_after) and the last day's
+#            (history_lastday: from=yesterday);
 # with CPU µs of kettle serve and PostgreSQL a request or reading, and the
 # median ratio days / months of each figure.
 #
 #   bench/pg-partitions.sh                           # 2,000 kettles × 1,000 days at 24h (2M rows; 1,000 against 34 partitions)
 #   DAYS=365 ROUNDS=2 DURATION=10s bench/pg-partitions.sh   # a quicker run
+#
+# PHASES (default "single v1 history") picks the phases. OLD_BIN=path: each
+# round also runs the history phase against that kettle binary (right after
+# the one under test, on the same database), and the median ratio new / old
+# of each history figure on each database is printed: an A/B of a change to
+# the read path in one run.
+#   PHASES=history OLD_BIN=/tmp/kettle.old bench/pg-partitions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NDEV=${DEVICES:-2000}
@@ -34,14 +43,17 @@ V1_CONNS=${V1_CONNS:-16}
 HISTORY_N=${HISTORY_N:-500}
 WORKERS=${WORKERS:-3}
 ROUNDS=${ROUNDS:-4}
+PHASES=${PHASES:-single v1 history}
+OLD_BIN=${OLD_BIN:-}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
 . bench/pg-cluster.sh
 PORT_K=$(free_port)
 END=$(date -u +%Y-%m-%dT00:00:00Z)
 work_start pgparts
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS bench/pg-partitions.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS PHASES=\"$PHASES\"${OLD_BIN:+ OLD_BIN=$OLD_BIN} bench/pg-partitions.sh"
 machine_line
 build_kettle "$work"
+[ -z "$OLD_BIN" ] || cp "$OLD_BIN" "$work/kettle-old"
 go build -o "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
@@ -67,13 +79,25 @@ for db in days months; do
 done
 
 
-# measure DB ROUND: the three phases against kettle serve on DB
+# history DB ROUND SUFFIX: the history phase's three figures against the
+# kettle serve running (RUN lines named history_oldest$SUFFIX and so on)
+history() {
+	local db=$1 r=$2 out dev mid
+	dev=$(head -1 "$work/devices.txt")
+	mid=$(date -u -d "$END - $((DAYS / 2)) days" +%Y-%m-%dT%H:%M:%SZ)
+	for h in "oldest|limit=100" "after|after=$mid&limit=100" "lastday|from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100"; do
+		out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" --query "${h#*|}" | grep RESULT)
+		echo "RUN $db-$r history_${h%%|*}$3 $(echo "$out" | grep -o 'bytes=.*')"
+	done
+}
+
+# measure DB ROUND: the phases against kettle serve on DB
 measure() {
-	local db=$1 r=$2 n0 n1 k0 k1 s0 s1 out dev
+	local db=$1 r=$2 n0 n1 k0 k1 s0 s1 out
 	pg_sql "$db" "CHECKPOINT" >/dev/null
 	kettle_serve "$db" "$(dsn_of "$db")"
 	pg_sql "$db" "SELECT id FROM devices ORDER BY id" >"$work/devices.txt"
-	dev=$(head -1 "$work/devices.txt")
+	if [[ " $PHASES " == *" single "* ]]; then
 	# single readings of now, a new second for each round (no duplicates)
 	export DEVICES="$work/devices.txt" BASE_EPOCH=$(($(date -u +%s) + r * 100))
 	n0=$(kettle_count "$db"); k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
@@ -83,6 +107,8 @@ measure() {
 		{ for (i = 1; i <= NF; i++) { split($i, kv, "="); x[kv[1]] = kv[2] }
 		  printf "RUN %s single req_per_s=%s p99_ms=%s non2xx=%s stored=%d kettle_cpu_us=%.1f postgres_cpu_us=%.1f\n",
 		    s, x["rps"], x["p99_ms"], x["errors_status"], n, k / n * 1e6, p / n * 1e6 }'
+	fi
+	if [[ " $PHASES " == *" v1 "* ]]; then
 	k0=$(proc_cpu "$kpid"); s0=$(pg_cpu)
 	out=$("$work/pgbench" ingest --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --devices 2000 --batch 500 \
 		--conns "$V1_CONNS" --duration "$DURATION" --warmup 0s --shift "$((r * 3600))s" | grep RESULT)
@@ -92,11 +118,15 @@ measure() {
 		  n = x["stored"]
 		  printf "RUN %s v1 rows_per_s=%s p99_ms=%s errors=%s duplicates=%s kettle_cpu_us=%.2f postgres_cpu_us=%.2f\n",
 		    s, x["rows_per_s"], x["p99_ms"], x["errors"], x["duplicates"], k / n * 1e6, p / n * 1e6 }'
-	out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" --query "limit=100" | grep RESULT)
-	echo "RUN $db-$r history_oldest $(echo "$out" | grep -o 'bytes=.*')"
-	out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" \
-		--query "from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100" | grep RESULT)
-	echo "RUN $db-$r history_lastday $(echo "$out" | grep -o 'bytes=.*')"
+	fi
+	if [[ " $PHASES " == *" history "* ]]; then
+		history "$db" "$r" ""
+		if [ -n "$OLD_BIN" ]; then
+			kettle_stop
+			KETTLE="$work/kettle-old" kettle_serve "$db" "$(dsn_of "$db")"
+			history "$db" "$r" _old
+		fi
+	fi
 	kettle_stop
 }
 
@@ -106,17 +136,25 @@ for r in $(seq "$ROUNDS"); do
 	for db in $order; do measure "$db" "$r" | tee -a "$work/runs.txt"; done
 done
 # the median over the rounds of days / months, per phase and figure
-ratio() { # PHASE FIGURE
+ratio() { # PHASE FIGURE [DB_A DB_B PHASE_B]: A's PHASE / B's PHASE_B (days/months, PHASE, by default)
+	local da=${3:-days} db=${4:-months} pb=${5:-$1}
 	for r in $(seq "$ROUNDS"); do
-		a=$(grep "^RUN days-$r $1 " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p")
-		b=$(grep "^RUN months-$r $1 " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p")
-		awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f\n", a / b }'
+		a=$(grep "^RUN $da-$r $1 " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p") || true
+		b=$(grep "^RUN $db-$r $pb " "$work/runs.txt" | sed -n "s/.* $2=\([0-9.]*\).*/\1/p") || true
+		awk -v a="$a" -v b="$b" 'BEGIN { if (a != "" && b > 0) printf "%.3f\n", a / b }'
 	done >"$work/r.txt"
-	echo "RATIO days/months $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+	[ -s "$work/r.txt" ] || return 0
+	if [ -n "${3:-}" ]; then
+		echo "RATIO new/old ($da) $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+	else
+		echo "RATIO days/months $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+	fi
 }
 echo "--- $(parts days) partitions against $(parts months): the same seeded history, then each round's live writes in both ---"
 ratio single req_per_s; ratio single kettle_cpu_us; ratio single postgres_cpu_us
 ratio v1 rows_per_s; ratio v1 kettle_cpu_us; ratio v1 postgres_cpu_us
-ratio history_oldest p50_ms; ratio history_oldest p99_ms
-ratio history_lastday p50_ms; ratio history_lastday p99_ms
+for h in oldest after lastday; do
+	ratio "history_$h" p50_ms; ratio "history_$h" p99_ms
+	for db in days months; do ratio "history_$h" p50_ms "$db" "$db" "history_${h}_old"; done
+done
 echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"

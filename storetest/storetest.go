@@ -48,6 +48,7 @@ func Run(t *testing.T, open Opener) {
 		{"Scan", testScan},
 		{"Write", testWrite},
 		{"History", testHistory},
+		{"HistoryAcrossDays", testHistoryAcrossDays},
 		{"Overrides", testOverrides},
 		{"Revoke", testRevoke},
 		{"Prune", testPrune},
@@ -485,6 +486,90 @@ func testHistory(t *testing.T, open Opener) {
 	if err != nil || !slices.Equal(got, want[11:12]) {
 		t.Errorf("History(after 10m+0.5µs) = minutes %v, %v; want [11]", minutes(got), err)
 	}
+}
+
+// testHistoryAcrossDays: a history spread over four months with gaps of
+// days between readings, read with bounds and limits drawn at random (a
+// PostgreSQL store reads it in windows of its day partitions, which must
+// not show): every answer is the stored rows in the bounds, in order, up
+// to the limit.
+func testHistoryAcrossDays(t *testing.T, open Opener) {
+	s, _ := open(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(8, 8))
+	v := ids(8, 2)
+	dev, other := v[0], v[1]
+	var want []kettle.Measurement
+	for d := 0; d < 120; d++ {
+		if rng.IntN(3) > 0 {
+			continue // a day without readings
+		}
+		day := at(time.Duration(d) * 24 * time.Hour)
+		times := []time.Time{day.Add(time.Duration(rng.Int64N(int64(24 * time.Hour))))}
+		switch rng.IntN(4) {
+		case 0:
+			times = append(times, day) // midnight: a partition's first instant
+		case 1:
+			times = append(times, day.Add(24*time.Hour-time.Microsecond)) // its last
+		}
+		for _, tm := range times {
+			want = append(want, reading(rng, dev, tm))
+		}
+	}
+	slices.SortFunc(want, func(a, b kettle.Measurement) int { return a.Time.Compare(b.Time) })
+	want = slices.CompactFunc(want, func(a, b kettle.Measurement) bool { return a.Time.Equal(b.Time) })
+	shuffled := slices.Clone(want)
+	rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	for i := 0; i < len(shuffled); i += 10 {
+		batch := slices.Clone(shuffled[i:min(i+10, len(shuffled))])
+		for _, x := range batch {
+			batch = append(batch, reading(rng, other, x.Time))
+		}
+		write(t, s, batch, at(200*24*time.Hour))
+	}
+	if got := allHistory(t, s, dev); !slices.Equal(got, want) {
+		t.Fatalf("paged history: %d rows, want %d", len(got), len(want))
+	}
+	// bound returns no bound, a stored time (or a µs either side), a
+	// midnight, or any µs from two days before the first day to two after
+	// the last.
+	bound := func() time.Time {
+		switch rng.IntN(5) {
+		case 0:
+			return time.Time{}
+		case 1:
+			return want[rng.IntN(len(want))].Time.Add(time.Duration(rng.IntN(3)-1) * time.Microsecond)
+		case 2:
+			return at(time.Duration(rng.IntN(124)-2) * 24 * time.Hour)
+		}
+		return at(time.Duration(rng.Int64N(int64(124*24*time.Hour))) - 2*24*time.Hour).Truncate(time.Microsecond)
+	}
+	for range 300 {
+		q := kettle.HistoryQuery{Device: dev, From: bound(), To: bound(), After: bound(), Limit: []int{0, 1, 2, 3, 7, 40, 1000}[rng.IntN(7)]}
+		var exp []kettle.Measurement
+		for _, m := range want {
+			if (q.From.IsZero() || !m.Time.Before(q.From)) && (q.To.IsZero() || m.Time.Before(q.To)) &&
+				(q.After.IsZero() || m.Time.After(q.After)) && (q.Limit <= 0 || len(exp) < q.Limit) {
+				exp = append(exp, m)
+			}
+		}
+		got, err := s.History(ctx, q)
+		if err != nil {
+			t.Fatalf("History(%+v): %v", q, err)
+		}
+		if !slices.Equal(got, exp) {
+			t.Fatalf("History(from %v, to %v, after %v, limit %d): %d rows %v, want %d %v",
+				q.From, q.To, q.After, q.Limit, len(got), times(got), len(exp), times(exp))
+		}
+	}
+}
+
+func times(v []kettle.Measurement) []string {
+	out := make([]string, len(v))
+	for i, m := range v {
+		out[i] = m.Time.Format(time.RFC3339Nano)
+	}
+	return out
 }
 
 func minutes(v []kettle.Measurement) []int {
