@@ -199,3 +199,49 @@ func TestMomentsWithout(t *testing.T) {
 		t.Errorf("nothing removed: %+v", got)
 	}
 }
+
+// FuzzValid: Valid says yes exactly when Validate finds nothing wrong.
+func FuzzValid(f *testing.F) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	type seed struct {
+		ns                                        int64
+		charge, full, rate, ambient, water, level float64
+		retention                                 int64
+	}
+	good := seed{now.UnixNano(), 57, 100, -2.5, 21.5, 88.25, 750, int64(time.Hour)}
+	// the good reading, the edges it may touch, and one fault at a time
+	for _, change := range []func(*seed){
+		func(*seed) {},
+		func(s *seed) { s.ns, s.retention = kettle.MinTime.UnixNano(), 0 },
+		func(s *seed) { s.ns = now.Add(kettle.MaxAhead).UnixNano() },
+		func(s *seed) { s.ns = now.Add(-time.Hour).UnixNano() },
+		func(s *seed) {
+			s.charge, s.full, s.level, s.ambient, s.water = 0, math.MaxFloat64, 0, kettle.MinTempC, kettle.MaxTempC
+		},
+		func(s *seed) { s.ns, s.retention = kettle.MinTime.UnixNano()-1, 0 },
+		func(s *seed) { s.ns = now.Add(-time.Hour).UnixNano() - 1 },
+		func(s *seed) { s.ns = now.Add(kettle.MaxAhead).UnixNano() + 1 },
+		func(s *seed) { s.charge = -1 }, func(s *seed) { s.charge = math.Inf(1) }, func(s *seed) { s.charge = math.NaN() },
+		func(s *seed) { s.full = -1e-300 }, func(s *seed) { s.full = math.Inf(1) }, func(s *seed) { s.full = math.NaN() },
+		func(s *seed) { s.rate = math.Inf(-1) }, func(s *seed) { s.rate = math.Inf(1) }, func(s *seed) { s.rate = math.NaN() },
+		func(s *seed) { s.ambient = kettle.MinTempC - 0.1 }, func(s *seed) { s.ambient = kettle.MaxTempC + 0.1 }, func(s *seed) { s.ambient = math.NaN() },
+		func(s *seed) { s.water = kettle.MinTempC - 0.1 }, func(s *seed) { s.water = kettle.MaxTempC + 0.1 }, func(s *seed) { s.water = math.NaN() },
+		func(s *seed) { s.level = -1 }, func(s *seed) { s.level = math.Inf(1) }, func(s *seed) { s.level = math.NaN() },
+	} {
+		s := good
+		change(&s)
+		f.Add(s.ns, s.charge, s.full, s.rate, s.ambient, s.water, s.level, s.retention)
+	}
+	f.Fuzz(func(t *testing.T, ns int64, charge, full, rate, ambient, water, level float64, retention int64) {
+		w := kettle.Window{Now: now}
+		if retention > 0 {
+			w.Oldest = now.Add(-time.Duration(retention))
+		}
+		m := kettle.Measurement{Time: time.Unix(0, ns).UTC(), ChargeMWh: charge, FullMWh: full, RateMW: rate,
+			AmbientC: ambient, WaterC: water, LevelML: level}
+		errs := m.Validate(w, &kettle.V1Names, "", nil)
+		if got := m.Valid(w); got != (len(errs) == 0) {
+			t.Fatalf("Valid(%+v, %+v) = %v, Validate: %v", m, w, got, errs)
+		}
+	})
+}

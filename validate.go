@@ -82,4 +82,18 @@ func (m *Measurement) Validate(w Window, names *FieldNames, prefix string, errs 
 	return errs
 }
 
+// Valid reports whether Validate would find nothing wrong with m, without
+// building a message: what a decoder that only needs yes or no calls for
+// every reading of an upload (FuzzValid holds the two to the same answer).
+func (m *Measurement) Valid(w Window) bool {
+	// A comparison with NaN is false, and ±Inf is outside every range below.
+	return !m.Time.Before(MinTime) && !m.Time.Before(w.Oldest) && !m.Time.After(w.Now.Add(MaxAhead)) &&
+		m.ChargeMWh >= 0 && m.ChargeMWh <= math.MaxFloat64 &&
+		m.FullMWh >= 0 && m.FullMWh <= math.MaxFloat64 &&
+		m.RateMW >= -math.MaxFloat64 && m.RateMW <= math.MaxFloat64 &&
+		m.AmbientC >= MinTempC && m.AmbientC <= MaxTempC &&
+		m.WaterC >= MinTempC && m.WaterC <= MaxTempC &&
+		m.LevelML >= 0 && m.LevelML <= math.MaxFloat64
+}
+
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

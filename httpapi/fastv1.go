@@ -178,7 +178,7 @@ func (p *fastParser) reading(m *kettle.Measurement, win kettle.Window) bool {
 	if !normal {
 		m.Normalize()
 	}
-	return len(m.Validate(win, &kettle.V1Names, "", nil)) == 0
+	return m.Valid(win)
 }
 
 // v1Keys are kettle.V1Names quoted, in the documented order.
