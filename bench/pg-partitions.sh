@@ -18,8 +18,9 @@
 #   history: GET /v1/devices/{id}/measurements p50/p99, sequential, one
 #            kettle: the oldest 100 (history_oldest: no bound, every
 #            partition a candidate), a page of 100 after a cursor in the
-#            middle of the history (history_after) and the last day's
-#            (history_lastday: from=yesterday);
+#            middle of the history (history_after), the last day's
+#            (history_lastday: from=yesterday) and those of a kettle that
+#            never reported (history_none: registered by POST /login);
 # with CPU µs of kettle serve and PostgreSQL a request or reading, and the
 # median ratio days / months of each figure.
 #
@@ -85,8 +86,11 @@ history() {
 	local db=$1 r=$2 out dev mid
 	dev=$(head -1 "$work/devices.txt")
 	mid=$(date -u -d "$END - $((DAYS / 2)) days" +%Y-%m-%dT%H:%M:%SZ)
-	for h in "oldest|limit=100" "after|after=$mid&limit=100" "lastday|from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100"; do
-		out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$dev/measurements" --query "${h#*|}" | grep RESULT)
+	# a kettle registered (POST /login) that never reported, one per database
+	[ -s "$work/nodev-$db" ] || "$work/pgbench" login --url "http://127.0.0.1:$PORT_K" -n 1 >"$work/nodev-$db"
+	for h in "oldest|$dev|limit=100" "after|$dev|after=$mid&limit=100" "lastday|$dev|from=$(date -u -d "$END - 1 day" +%Y-%m-%dT%H:%M:%SZ)&limit=100" \
+		"none|$(cat "$work/nodev-$db")|limit=100"; do
+		out=$("$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data-$db" --n "$HISTORY_N" --path "/v1/devices/$(echo "$h" | cut -d'|' -f2)/measurements" --query "${h##*|}" | grep RESULT)
 		echo "RUN $db-$r history_${h%%|*}$3 $(echo "$out" | grep -o 'bytes=.*')"
 	done
 }
@@ -153,7 +157,7 @@ ratio() { # PHASE FIGURE [DB_A DB_B PHASE_B]: A's PHASE / B's PHASE_B (days/mont
 echo "--- $(parts days) partitions against $(parts months): the same seeded history, then each round's live writes in both ---"
 ratio single req_per_s; ratio single kettle_cpu_us; ratio single postgres_cpu_us
 ratio v1 rows_per_s; ratio v1 kettle_cpu_us; ratio v1 postgres_cpu_us
-for h in oldest after lastday; do
+for h in oldest after lastday none; do
 	ratio "history_$h" p50_ms; ratio "history_$h" p99_ms
 	for db in days months; do ratio "history_$h" p50_ms "$db" "$db" "history_${h}_old"; done
 done

@@ -225,7 +225,8 @@ func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) err
 // lower bound, any older one this store does not know of); each next one as
 // many as the rows still wanted take at the density read so far (twice the
 // last when it found none), within historyMinWindow and historyMaxWindow;
-// the last is open above. The windows cover q's range whatever the cache of
+// the last is open above. A walk past the first window reads the kettle's
+// newest reading time (devices.latest_t) and ends there. The windows cover q's range whatever the cache of
 // partitions holds (empty: one window, the whole range); the cache only
 // decides where they meet.
 func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Measurement, error) {
@@ -234,7 +235,8 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 		return s.historyWindow(ctx, q, time.Time{}, time.Time{}, out)
 	}
 	starts, bounded := s.historyStarts(q)
-	var lo time.Time
+	var lo, latest time.Time // latest: the kettle's newest reading, once read
+	latestRead := false
 	width, read := historyMinWindow, 0
 	k := width // index in starts of the first window's end
 	if bounded {
@@ -251,8 +253,25 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 		if out, err = s.historyWindow(ctx, wq, lo, hi, out); err != nil {
 			return nil, err
 		}
-		if len(out) >= q.Limit || hi.IsZero() {
+		if len(out) >= q.Limit || hi.IsZero() || !latest.IsZero() && hi.After(latest) {
 			return out, nil
+		}
+		if !latestRead {
+			// The page is not full after the first window: the kettle's
+			// newest reading bounds the walk (a kettle that never reported,
+			// or went quiet long ago, does not walk to today).
+			latestRead = true
+			var lt *time.Time
+			err := s.pool.QueryRow(ctx, `SELECT latest_t FROM devices WHERE id = $1`, q.Device).Scan(&lt)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows) || err == nil && lt == nil:
+				return out, nil // no device, or no reading
+			case err != nil:
+				return nil, unavailable(fmt.Sprintf("postgres history of %s", q.Device), err)
+			}
+			if latest = *lt; hi.After(latest) {
+				return out, nil
+			}
 		}
 		read += width
 		if len(out) == 0 {
