@@ -185,6 +185,7 @@ func (s *Store) expirePartition(ctx context.Context, p partition) (int64, error)
 	for d := p.from; d < p.to; d++ {
 		delete(s.parts, d)
 	}
+	s.partStarts = nil
 	s.partMu.Unlock()
 	if _, err := s.pool.Exec(ctx, "DROP TABLE IF EXISTS "+part+expiredSuffix); err != nil {
 		return removed, unavailable(fmt.Sprintf("expire: drop the detached %s (its readings are expired; the next Expire drops it)", part), err)

@@ -91,6 +91,9 @@ func listPartitions(ctx context.Context, q interface {
 
 // cachePartitions records parts in the cache (s.partMu held).
 func (s *Store) cachePartitions(parts []partition) {
+	if len(parts) > 0 {
+		s.partStarts = nil
+	}
 	for _, p := range parts {
 		for d := p.from; d < p.to; d++ {
 			s.parts[d] = p.name
@@ -227,6 +230,7 @@ func (s *Store) ensureDays(ctx context.Context, days []int) error {
 func (s *Store) forgetPartitions() {
 	s.partMu.Lock()
 	clear(s.parts)
+	s.partStarts = nil
 	s.partMu.Unlock()
 }
 

@@ -94,6 +94,9 @@ type Store struct {
 
 	partMu sync.Mutex
 	parts  map[int]string // partition of each day (see dayOf) known to have one
+	// the first days of the partitions in parts, in order (History's
+	// windows); nil when parts changed since it was made
+	partStarts []int
 
 	// shard of the hot rows (migration 4) each open connection writes
 	shardMu    sync.Mutex

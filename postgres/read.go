@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -245,7 +246,7 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 	for {
 		var hi time.Time // the last window is open above
 		if k < len(starts) {
-			hi = starts[k]
+			hi = dayStart(starts[k])
 		}
 		wq := q
 		wq.Limit = q.Limit - len(out)
@@ -290,9 +291,10 @@ const (
 	historyMaxWindow = 256
 )
 
-// historyStarts returns the starts of the cached partitions strictly inside
-// q's bounds, in order, and whether q has a lower bound.
-func (s *Store) historyStarts(q kettle.HistoryQuery) (starts []time.Time, bounded bool) {
+// historyStarts returns the first days of the cached partitions that start
+// strictly inside q's bounds, in order (not to be changed), and whether q
+// has a lower bound.
+func (s *Store) historyStarts(q kettle.HistoryQuery) (starts []int, bounded bool) {
 	bounded = !q.From.IsZero() || !q.After.IsZero()
 	var lower, upper int64 // unix µs
 	if !q.From.IsZero() {
@@ -304,23 +306,27 @@ func (s *Store) historyStarts(q kettle.HistoryQuery) (starts []time.Time, bounde
 	if !q.To.IsZero() {
 		upper = ceilMicro(q.To).UnixMicro()
 	}
-	var us []int64
 	s.partMu.Lock()
-	for d, name := range s.parts {
-		if s.parts[d-1] == name { // not its partition's first day
-			continue
+	if s.partStarts == nil {
+		s.partStarts = make([]int, 0, len(s.parts))
+		for d, name := range s.parts {
+			if s.parts[d-1] != name { // its partition's first day
+				s.partStarts = append(s.partStarts, d)
+			}
 		}
-		at := dayStart(d).UnixMicro()
-		if (!bounded || at > lower) && (q.To.IsZero() || at < upper) {
-			us = append(us, at)
-		}
+		slices.Sort(s.partStarts)
 	}
+	// the days starting strictly after lower and before upper
+	first, last := 0, len(s.partStarts)
+	if bounded {
+		first = sort.Search(last, func(i int) bool { return dayStart(s.partStarts[i]).UnixMicro() > lower })
+	}
+	if !q.To.IsZero() {
+		last = sort.Search(last, func(i int) bool { return dayStart(s.partStarts[i]).UnixMicro() >= upper })
+	}
+	// not copied: a change to the cache makes a new slice
+	starts = s.partStarts[first:max(first, last)]
 	s.partMu.Unlock()
-	slices.Sort(us)
-	starts = make([]time.Time, len(us))
-	for i, u := range us {
-		starts[i] = time.UnixMicro(u).UTC()
-	}
 	return starts, bounded
 }
 
