@@ -188,12 +188,12 @@ work_start() {
 	kpid=
 	trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
 }
-# kettle_serve NAME DSN: $work/kettle (or $KETTLE) serve on DSN at 127.0.0.1:$PORT_K,
+# kettle_serve NAME DSN: $work/kettle (or $SERVE_BIN) serve on DSN at 127.0.0.1:$PORT_K,
 # its data dir $work/data-NAME, its log $work/serve-NAME.log; waits until
 # ready. kettle_stop stops it; kettle_count NAME prints its statistics'
 # measurement_count.
 kettle_serve() {
-	"${KETTLE:-$work/kettle}" serve --addr 127.0.0.1:$PORT_K --db "$2" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
+	"${SERVE_BIN:-$work/kettle}" serve --addr 127.0.0.1:$PORT_K --db "$2" --data-dir "$work/data-$1" --log-level warn 2>"$work/serve-$1.log" &
 	kpid=$!
 	for _ in $(seq 600); do curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
 	echo "not up"; cat "$work/serve-$1.log"; exit 1

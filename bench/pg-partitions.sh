@@ -127,7 +127,7 @@ measure() {
 		history "$db" "$r" ""
 		if [ -n "$OLD_BIN" ]; then
 			kettle_stop
-			KETTLE="$work/kettle-old" kettle_serve "$db" "$(dsn_of "$db")"
+			SERVE_BIN="$work/kettle-old" kettle_serve "$db" "$(dsn_of "$db")"
 			history "$db" "$r" _old
 		fi
 	fi

@@ -227,9 +227,9 @@ func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) err
 // many as the rows still wanted take at the density read so far (twice the
 // last when it found none), within historyMinWindow and historyMaxWindow;
 // the last is open above. A walk past the first window reads the kettle's
-// newest reading time (devices.latest_t) and ends there. The windows cover q's range whatever the cache of
-// partitions holds (empty: one window, the whole range); the cache only
-// decides where they meet.
+// newest reading time (devices.latest_t) and ends there. The windows cover
+// q's range whatever the cache of partitions holds (empty: one window, the
+// whole range); the cache only decides where they meet.
 func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Measurement, error) {
 	out := []kettle.Measurement{}
 	if q.Limit <= 0 {
