@@ -12,7 +12,8 @@ import (
 
 // fuzzTargets are every decoder's fuzz target: case-study JSON, v1 JSON,
 // query parameters and request bodies through the real handlers, MQTT
-// payloads and raw MQTT packets through the real embedded listener.
+// payloads and raw MQTT packets through the real embedded listener; and the
+// v1 decoder's fast paths held to the general ones they stand in for.
 var fuzzTargets = []struct{ pkg, name, what string }{
 	{"./httpapi", "FuzzDecodeV0", "case-study POST /measurement JSON (DecodeV0)"},
 	{"./httpapi", "FuzzDecodeV1", "v1 JSON, one reading or a batch (DecodeV1)"},
@@ -20,6 +21,9 @@ var fuzzTargets = []struct{ pkg, name, what string }{
 	{"./httpapi", "FuzzRequestBodies", "every request body (login, v0/v1 readings, provisioning, override), through the handler"},
 	{"./mqttapi", "FuzzMQTTPayload", "MQTT 5 / 3.1.1 QoS 1 measurement payloads, through the embedded listener"},
 	{"./mqttapi", "FuzzMQTTPacket", "raw bytes after a valid CONNECT, through the embedded listener"},
+	{"./httpapi", "FuzzDecodeV1Fast", "v1 JSON: whatever the fast path takes, the general decoder takes as the same readings"},
+	{"./httpapi", "FuzzParseUTC", "device times: whatever the fast parser takes, time.Parse returns as the identical time"},
+	{".", "FuzzValid", "readings: Measurement.Valid says yes exactly when Validate names no field"},
 }
 
 var (
