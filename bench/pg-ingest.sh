@@ -25,6 +25,10 @@
 #   bench/pg-ingest.sh
 #   DURATION=30s CONNS="256" V1_CONNS="64" DEVICES=4000 SERVE_ARGS="--writers 3" bench/pg-ingest.sh
 #
+# WARM_ROWS (default 12000000): rows of the warm-up COPY before everything,
+# not counted; it leaves the cluster's WAL files made and recycled and its
+# shared_buffers touched, as in a server in service (see the warm-up below).
+#
 # WAIT=1: after each kettle serve run, the bare handler once more with
 # --delay set to that run's median latency (bare-wait): a handler that only
 # waits as long as kettle serve's requests wait for their commit, no store.
@@ -48,6 +52,7 @@ THREADS=${THREADS:-2}
 V1_CONNS=${V1_CONNS-16 64}   # pgbench ingest connections (benchmark 2); "" skips it
 V1_ROUNDS=${V1_ROUNDS:-1}     # batched: runs (ingest, then its ceiling) at each of V1_CONNS, and their median
 V1_DEVICES=${V1_DEVICES:-2000}
+CEIL_STREAMS=${CEIL_STREAMS:-4} # the ceiling's parallel COPY streams (kettle serve writes with 2)
 PORT_K=${PORT_K:-$(free_port)}
 PORT_B=${PORT_B:-$(free_port)}
 ROUNDS=${ROUNDS:-3}   # single readings: rounds of (bare, kettle serve) at each of CONNS
@@ -62,7 +67,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM_ROWS:+WARM_ROWS=$WARM_ROWS }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES CEIL_STREAMS=$CEIL_STREAMS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
 machine_line
 build_kettle "$work"
 go build -o "$work/bare" ./bench/bare
@@ -85,7 +90,7 @@ serve() {
 ceiling() {
 	local s0 s1 out; s0=$(pg_cpu)
 	out=$( { /usr/bin/time -f "__CPU %U %S" "$work/pgbench" ceiling --dsn "$ceil_dsn" --rows ingest --devices "$V1_DEVICES" --batch 500 \
-		--total "$2" --chunk-rows 20000 --workers 3 --encoder "$1"; } 2>&1 ); sleep 1; s1=$(pg_cpu)
+		--total "$2" --chunk-rows 20000 --workers "$CEIL_STREAMS" --encoder "$1"; } 2>&1 ); sleep 1; s1=$(pg_cpu)
 	echo "$out" | grep RESULT
 	echo "$out" | awk -v s0="$s0" -v s1="$s1" -v r="$2" '/^__CPU/ { printf "CPU ceiling client_s=%.2f postgres_s=%.2f µs_per_row=%.2f\n", $2+$3, s1-s0, ($2+$3+s1-s0)/r*1e6 }'
 	pg_sql ceiling "CHECKPOINT" >/dev/null
@@ -99,10 +104,19 @@ batch_line() { awk -v a="$1" -v b="$2" 'BEGIN { split(a, p); split(b, q); r = q[
 	printf "kettle serve batches: %d, %.1f readings each, commit %.2f ms each (means)\n", c, r / c, s / c * 1000 }'; }
 cpurow() { sed -n 's/.*µs_per_row=\([0-9.]*\).*/\1/p'; }
 # Warm-up, not counted: the first heavy write into a fresh cluster also
-# creates its WAL segment files (later ones recycle them). Without it the
-# first ceiling was sometimes far slower than the same COPY after the ingest
-# (350,346 vs 484,933 rows/s); with it 414,613 vs 407,231.
-ceiling raw 2000000 >/dev/null
+# creates its WAL segment files (later ones recycle them) and is the first
+# to touch shared_buffers' memory. Without it the first ceiling was
+# sometimes far slower than the same COPY after the ingest (350,346 vs
+# 484,933 rows/s); with it 414,613 vs 407,231. It must be as large as what
+# one ingest writes (up to ~12 million rows, ~3 GB of WAL): with 2,000,000
+# rows the first round's ingest still paid for creating and zero-filling
+# most of its WAL files, where the ceiling after it (and every later round)
+# found them recycled: PostgreSQL 3.09 µs a row in round 1 against 2.19 and
+# 2.23 in rounds 2 and 3 (2026-11-26 22:00 UTC; the ceiling 2.56, 2.58,
+# 2.51), ratios 0.657 0.936 0.871. Two checkpoints after it recycle its
+# files (as pg_warm_wal's do).
+ceiling raw "${WARM_ROWS:-12000000}" >/dev/null
+pg_sql postgres CHECKPOINT >/dev/null
 
 # Each concurrency: kettle serve on a fresh database, the ingest, then the
 # ceiling COPYing as many of the same rows (the count the ingest stored) into
@@ -127,14 +141,19 @@ for vc in $V1_CONNS; do
 		v1cpu=$(echo "$v1out" | awk -v vc="$vc" -v rv="$rv" -v sv="$sv" -v k="$(awk -v a=$k0 -v b=$k1 'BEGIN{print b-a}')" -v pg="$(awk -v a=$s0 -v b=$s1 'BEGIN{print b-a}')" \
 			'/^__CPU/ { cl = $2 + $3; printf "v1 conns=%d rows_per_s=%d CPU µs/row %.2f = pgbench client %.2f + kettle serve %.2f + postgres %.2f\n", vc, rv, (cl + k + pg) / sv * 1e6, cl / sv * 1e6, k / sv * 1e6, pg / sv * 1e6 }')
 		echo "$v1cpu"
+		# The ingest's database goes before the ceiling runs, so that the
+		# COPY, like the ingest, starts with shared_buffers free: with the
+		# ingest's ~2 GB of (clean) pages still in them, the COPY spent
+		# PostgreSQL 2.40–2.44 µs a row evicting them, against 2.02–2.15 with
+		# free buffers (2026-11-26 22:10–22:20 UTC).
+		pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
 		pg_sql postgres "CHECKPOINT" >/dev/null
-		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, 3 streams) into a fresh scratch table of measurements' shape (day partitions, (device, t) primary key, each COPY into its day's partition when it falls in one); encoder raw (by hand), then pgx (CopyFrom) ---"
+		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, $CEIL_STREAMS streams) into a fresh scratch table of measurements' shape (day partitions, (device, t) primary key, each COPY into its day's partition when it falls in one); encoder raw (by hand), then pgx (CopyFrom) ---"
 		c=$(ceiling raw "$sv"); echo "$c"
 		p=$(ceiling pgx "$sv"); echo "$p"
 		awk -v vc="$vc" -v s="$rv" -v c="$(echo "$c" | rate)" -v p="$(echo "$p" | rate)" -v cu="$(echo "$c" | cpurow)" -v iu="$(echo "$v1cpu" | awk '{ print $6 }')" 'BEGIN {
 			printf "RATIO v1 ingest/ceiling = %.3f at %d connections (ingest %d rows/s acknowledged; raw-encoded COPY of as many rows %d rows/s); against pgx CopyFrom (%d rows/s): %.3f; at equal CPU (%.2f µs/row for the COPY, %.2f for ingest): %.3f; goal >= 0.75\n", s/c, vc, s, c, p, s/p, cu, iu, cu/iu }'
 		v1ratios+=("$(awk -v s="$rv" -v c="$(echo "$c" | rate)" 'BEGIN { printf "%.3f", s/c }')")
-		pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
 	done
 	v1summary+=("RATIO v1 ingest/ceiling at $vc connections: median $(printf '%s\n' "${v1ratios[@]}" | median) of $V1_ROUNDS rounds (${v1ratios[*]}); goal >= 0.75")
 done
