@@ -24,8 +24,11 @@ CONNS=${CONNS:-64}
 V1_CONNS=${V1_CONNS-16}   # "" skips the v1 phase
 NDEV=${DEVICES:-2000}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
+# The fresh cluster's WAL files made and recycled first (pg_warm_wal), so
+# that round 1's first side does not pay alone for creating them.
+export PG_WARM_WAL=${PG_WARM_WAL:-4096}
 . bench/pg-cluster.sh
-echo "rerun: ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
+echo "rerun: PG_WARM_WAL=$PG_WARM_WAL ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
 ab_start pgab "$1" "$2"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 go build -o "$work/pgbench" ./bench/pgbench

@@ -49,7 +49,7 @@ NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-20s}
 CONNS=${CONNS-64 256 1024}   # wrk connections (benchmark 3), one run each
 THREADS=${THREADS:-2}
-V1_CONNS=${V1_CONNS-16 64}   # pgbench ingest connections (benchmark 2); "" skips it
+V1_CONNS=${V1_CONNS-64 128}  # pgbench ingest connections (benchmark 2; 128 = 64,000 readings in flight, under the ingest queue); "" skips it
 V1_ROUNDS=${V1_ROUNDS:-1}     # batched: runs (ingest, then its ceiling) at each of V1_CONNS, and their median
 V1_DEVICES=${V1_DEVICES:-2000}
 CEIL_STREAMS=${CEIL_STREAMS:-4} # the ceiling's parallel COPY streams (kettle serve writes with 2)

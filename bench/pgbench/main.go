@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -459,6 +460,7 @@ func ingest(args []string) error {
 	dur := fs.Duration("duration", 20*time.Second, "how long to send")
 	warm := fs.Duration("warmup", 3*time.Second, "sent first, not counted")
 	shift := fs.Duration("shift", 0, "add this to every reading's time: a later run in one database sends new readings, not duplicates of the earlier run's (each run starts its devices' readings anew, 40 days ago)")
+	cpuProfile := fs.String("cpuprofile", "", "write this client's CPU profile of the counted part to this file")
 	fs.Parse(args)
 	sec, err := server.ReadSecret(*dataDir, "secret")
 	if err != nil {
@@ -527,10 +529,21 @@ func ingest(args []string) error {
 		})
 	}
 	time.Sleep(*warm)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	counting.Store(true)
 	start := time.Now()
 	time.Sleep(*dur)
 	counting.Store(false)
+	pprof.StopCPUProfile()
 	el := time.Since(start)
 	stop.Store(true)
 	wg.Wait()
