@@ -144,7 +144,7 @@ for vc in $V1_CONNS; do
 		# The ingest's database goes before the ceiling runs, so that the
 		# COPY, like the ingest, starts with shared_buffers free: with the
 		# ingest's ~2 GB of (clean) pages still in them, the COPY spent
-		# PostgreSQL 2.40–2.44 µs a row evicting them, against 2.02–2.24 with
+		# PostgreSQL 2.40–2.43 µs a row evicting them, against 2.02–2.24 with
 		# free buffers (2026-11-26 22:10–22:20 UTC; the latter an ad-hoc script).
 		pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
 		pg_sql postgres "CHECKPOINT" >/dev/null
