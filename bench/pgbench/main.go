@@ -443,17 +443,17 @@ func nextSecond(ts *[27]byte) bool {
 	if string(ts[11:19]) == "23:59:59" {
 		return false
 	}
-	for _, i := range [...]int{18, 17, 15, 14, 12, 11} { // s, 10 s, min, 10 min, h, 10 h
-		limit := byte('9')
-		switch i {
-		case 17, 14:
-			limit = '5'
-		}
-		if ts[i] < limit { // 23:59:59, the one carry out of the hours, is ruled out above
-			ts[i]++
+	// each clock digit from the seconds up, and its largest value (23:59:59,
+	// the one carry out of the hours, is ruled out above)
+	for _, d := range [...]struct {
+		i   int
+		max byte
+	}{{18, '9'}, {17, '5'}, {15, '9'}, {14, '5'}, {12, '9'}, {11, '2'}} {
+		if ts[d.i] < d.max {
+			ts[d.i]++
 			return true
 		}
-		ts[i] = '0'
+		ts[d.i] = '0'
 	}
 	return true
 }
