@@ -97,6 +97,9 @@ type Store struct {
 	// the first days of the partitions in parts, in order (History's
 	// windows); nil when parts changed since it was made
 	partStarts []int
+	// days whose partition a DayLoad made (frozen and analyzed: SeedDone
+	// does not vacuum them)
+	loadedDays map[int]bool
 
 	// shard of the hot rows (migration 4) each open connection writes
 	shardMu    sync.Mutex
@@ -164,7 +167,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
-	s := &Store{opts: opts, parts: map[int]string{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
+	s := &Store{opts: opts, parts: map[int]string{}, loadedDays: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {

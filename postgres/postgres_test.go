@@ -894,3 +894,102 @@ func BenchmarkPrune(b *testing.B) {
 	defer s.Close()
 	storetest.PruneBenchmark(b, s, 100_000)
 }
+
+// TestDayLoad loads days of history whose partitions do not exist yet
+// (BeginDay … Copy … Commit): the day becomes a partition of its own,
+// frozen and analyzed, and every derived figure equals the recompute; a
+// partition that appears during the load (a live kettle's back-dated
+// reading) takes the rows that are new; a rolled-back load leaves nothing.
+func TestDayLoad(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	conn := connect(t, dsn)
+	base := time.Date(2023, 5, 1, 0, 0, 0, 0, time.UTC)
+	day := func(d, first, devices, from, n int) []kettle.Measurement {
+		var rows []kettle.Measurement
+		for dev := first; dev < first+devices; dev++ {
+			for i := from; i < from+n; i++ {
+				rows = append(rows, rowAt(rand.New(rand.NewPCG(uint64(dev), uint64(d*10000+i))), devID(dev), base.AddDate(0, 0, d).Add(time.Duration(i)*time.Minute)))
+			}
+		}
+		return rows
+	}
+	load := func(d int, during func(), chunks ...[]kettle.Measurement) int64 {
+		t.Helper()
+		l, err := s.BeginDay(ctx, base.AddDate(0, 0, d), base)
+		if err != nil || l == nil {
+			t.Fatalf("BeginDay %d: %v, %v", d, l, err)
+		}
+		for _, c := range chunks {
+			if err := l.Copy(ctx, c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if during != nil {
+			during()
+		}
+		n, err := l.Commit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Device 5's readings split over two COPYs.
+	if n := load(0, nil, append(day(0, 0, 5, 0, 1440), day(0, 5, 1, 0, 700)...), append(day(0, 5, 1, 700, 740), day(0, 6, 4, 0, 1440)...)); n != 14400 {
+		t.Errorf("day 0: %d rows new, want 14400", n)
+	}
+	checkExact(t, s, dsn)
+	var pages, visible, stats int64
+	var index string
+	if err := conn.QueryRow(ctx, `SELECT relpages, relallvisible, (SELECT count(*) FROM pg_stats WHERE tablename = 'measurements_y2023m05d01'),
+		(SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'measurements_y2023m05d01'::regclass)
+		FROM pg_class WHERE oid = 'measurements_y2023m05d01'::regclass AND relispartition`).Scan(&pages, &visible, &stats, &index); err != nil {
+		t.Fatal(err)
+	}
+	if pages == 0 || visible != pages || stats == 0 || index != "measurements_y2023m05d01_pkey" {
+		t.Errorf("loaded day: %d of %d pages all-visible, %d pg_stats rows, index %s; want all pages, > 0, measurements_y2023m05d01_pkey", visible, pages, stats, index)
+	}
+	if l, err := s.BeginDay(ctx, base.Add(5*time.Hour), base); l != nil || err != nil {
+		t.Errorf("BeginDay of a day that has a partition: %v, %v; want nil, nil", l, err)
+	}
+	// Day 1: a live kettle stores one of the day's readings meanwhile, and
+	// a device of its own; the partition exists by Commit.
+	rows1 := day(1, 0, 3, 0, 100)
+	live := func() {
+		if _, err := s.Write(ctx, []kettle.Measurement{rows1[150], day(1, 40, 1, 0, 1)[0]}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := load(1, live, rows1); n != 299 {
+		t.Errorf("day 1 with a partition made meanwhile: %d rows new, want 299", n)
+	}
+	checkExact(t, s, dsn)
+	// A rolled-back day leaves no table and no figure.
+	before := naive(t, dsn)
+	l, err := s.BeginDay(ctx, base.AddDate(0, 0, 2), base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Copy(ctx, day(2, 0, 2, 0, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Copy(ctx, day(3, 0, 1, 0, 1)); kettle.ErrorCode(err) != kettle.EInvalid {
+		t.Errorf("Copy of a row of another day: %v, want EInvalid", err)
+	}
+	l.Rollback()
+	var tables int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE '%y2023m05d03%'`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if after := naive(t, dsn); tables != 0 || after != before {
+		t.Errorf("after a rolled-back day: %d tables of it, statistics %v (were %v)", tables, after, before)
+	}
+	checkExact(t, s, dsn)
+	for dev, want := range map[int]int64{0: 1540, 5: 1440, 9: 1440, 40: 1} {
+		if d, err := s.Device(ctx, devID(dev)); err != nil || d.Measurements != want {
+			t.Errorf("device %d: %d measurements (%v), want %d", dev, d.Measurements, err, want)
+		}
+	}
+}

@@ -37,19 +37,8 @@ func (s *Store) SeedCopy(ctx context.Context, rows []kettle.Measurement, registe
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	seen := map[kettle.DeviceID]bool{}
-	for i := range rows {
-		rows[i].Normalize()
-		if i > 0 && rows[i].Device == rows[i-1].Device {
-			if !rows[i].Time.After(rows[i-1].Time) {
-				return 0, kettle.Errorf(kettle.EInvalid, "postgres seed: row %d of device %s is not after the one before it (%s ≤ %s); rows must be grouped by device in increasing time", i, rows[i].Device, rows[i].Time.Format(time.RFC3339Nano), rows[i-1].Time.Format(time.RFC3339Nano))
-			}
-			continue
-		}
-		if seen[rows[i].Device] {
-			return 0, kettle.Errorf(kettle.EInvalid, "postgres seed: device %s appears in two runs (again at row %d); rows must be grouped by device", rows[i].Device, i)
-		}
-		seen[rows[i].Device] = true
+	if err := checkRuns(rows); err != nil {
+		return 0, err
 	}
 	res, err := s.write(ctx, rows, nil, registeredAt.UTC(), true)
 	if err != nil {
@@ -154,7 +143,7 @@ func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 	var parts []string
 	s.partMu.Lock()
 	for d := dayOf(from); d <= dayOf(to); d++ {
-		if p := s.parts[d]; p != "" && !slices.Contains(parts, "VACUUM (ANALYZE) "+p) {
+		if p := s.parts[d]; p != "" && !s.loadedDays[d] && !slices.Contains(parts, "VACUUM (ANALYZE) "+p) {
 			parts = append(parts, "VACUUM (ANALYZE) "+p)
 		}
 	}

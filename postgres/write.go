@@ -303,8 +303,10 @@ type devState struct {
 	// changed by this batch
 	touched bool
 	newest  int // index in rows of the newest inserted row
-	last    int // index in rows of the last inserted row seen
-	seenMax time.Time
+	// newestRow is the newest inserted row, for queueDerived
+	newestRow *kettle.Measurement
+	last      int // index in rows of the last inserted row seen
+	seenMax   time.Time
 }
 
 func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx map[key]int, at time.Time, bulk bool, lo, hi time.Time) (res writeResult, err error) {
@@ -503,89 +505,15 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		hod.ambient.Add(m.AmbientC)
 	}
 
-	// Last round trip: the devices' new state, the moves of their last_seen
-	// (appended to last_seen_moves), the hourly and hour-of-day rollups, the
-	// totals row (hot rows last, so they stay locked only until the commit
-	// that follows in the same round trip; and in the connection's shard,
-	// so that other writers do not wait for that commit) and COMMIT. Rows of
-	// each table are locked in key order, tables in this order, by every
-	// writer.
+	// Last round trip: the derived figures (queueDerived) and COMMIT.
 	var b pgconn.Batch
 	if res.n > 0 || newDevs > 0 {
-		shardBin := binary.BigEndian.AppendUint16(nil, uint16(s.shard(pg)))
-		var u devUpdate
-		u.grow(len(ids))
-		var sums [3]ksum                      // charge, level, potential: −old, +new per changed latest
-		seenDelta := make(map[int64]int64, 4) // last_seen (unix µs) → change in its device count
-		for _, id := range ids {
-			d := devs[id]
-			if !d.touched {
-				continue
-			}
-			latest := d.latest
-			if newest := &rows[d.newest]; latest == nil || newest.Time.After(latest.Time) {
-				if latest != nil {
-					sums[0].add(-latest.ChargeMWh)
-					sums[1].add(-latest.LevelML)
-					sums[2].add(-latest.PotentialCmL())
-				}
-				sums[0].add(newest.ChargeMWh)
-				sums[1].add(newest.LevelML)
-				sums[2].add(newest.PotentialCmL())
-				latest = newest
-			}
-			seen := at
-			if bulk {
-				seen = d.seenMax
-				if d.lastSeen != nil && d.lastSeen.After(seen) {
-					seen = *d.lastSeen
-				}
-			}
-			u.add(d.tid, d.n, d.capML, seen, latest)
-			// last_seen_counts + last_seen_moves follow the devices'
-			// last_seen exactly: the
-			// same µs values that go into (and came from) the devices rows.
-			if d.lastSeen == nil || d.lastSeen.UnixMicro() != seen.UnixMicro() {
-				if d.lastSeen != nil {
-					seenDelta[d.lastSeen.UnixMicro()]--
-				}
-				seenDelta[seen.UnixMicro()]++
+		for _, d := range devs {
+			if d.touched {
+				d.newestRow = &rows[d.newest]
 			}
 		}
-		if len(u.tid) > 0 {
-			b.ExecPrepared("kettle_devs", [][]byte{tidArray(u.tid), int8Array(u.n), float8Array(u.capML),
-				timestamptzArray(u.seen), timestamptzArray(u.t), float8Array(u.c), float8Array(u.f),
-				float8Array(u.r), float8Array(u.a), float8Array(u.w), float8Array(u.l)}, bin(11), nil)
-		}
-		if len(seenDelta) > 0 {
-			if ats, ns := seenChanges(seenDelta); len(ats) > 0 {
-				b.ExecPrepared("kettle_seen", [][]byte{timestampsMicroArray(ats), int8Array(ns)}, bin(2), nil)
-			}
-		}
-		if len(hours) > 0 {
-			slices.SortFunc(hours, func(a, b hourAgg) int { return int(a.hour - b.hour) })
-			hourTimes := make([]time.Time, len(hours))
-			for i, h := range hours {
-				hourTimes[i] = time.UnixMicro(h.hour * int64(time.Hour/time.Microsecond)).UTC()
-			}
-			b.ExecPrepared("kettle_rollups", append(momentParams(timestamptzArray(hourTimes), hours), shardBin), bin(7), nil)
-		}
-		var hodList []hourAgg
-		for _, h := range hods {
-			if h.water.N > 0 {
-				hodList = append(hodList, h)
-			}
-		}
-		if len(hodList) > 0 {
-			hodNums := make([]int16, len(hodList))
-			for i, h := range hodList {
-				hodNums[i] = int16(h.hour)
-			}
-			b.ExecPrepared("kettle_hods", append(momentParams(int2Array(hodNums), hodList), shardBin), bin(7), nil)
-		}
-		b.ExecPrepared("kettle_totals", [][]byte{int8Bin(res.n), int8Bin(newDevs),
-			float8Bin(sums[0].s), float8Bin(sums[0].c), float8Bin(sums[1].s), float8Bin(sums[1].c),
-			float8Bin(sums[2].s), float8Bin(sums[2].c), shardBin}, bin(9), nil)
+		s.queueDerived(&b, pg, ids, devs, hours, hods, res.n, newDevs, at, bulk)
 	}
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
 	if err := execBatch(ctx, pg, &b, nil); err != nil {
@@ -596,6 +524,94 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	}
 	s.markKnown(ids)
 	return res, nil
+}
+
+// queueDerived queues in b the statements that keep the derived figures
+// exact after a write that stored n new rows (hours and hods: their
+// moments) and registered newDevs devices, for the devices ids locked in
+// devs (each touched one with its new count, capacity, greatest time and
+// newest new row): the devices' new state, the moves of their last_seen
+// (appended to last_seen_moves), the hourly and hour-of-day rollups, the
+// totals row (hot rows last, so they stay locked only until the commit that
+// follows in the same round trip; and in the connection's shard, so that
+// other writers do not wait for that commit). Rows of each table are locked
+// in key order, tables in this order, by every writer. A live write's
+// devices count as seen at at, a bulk (seeding) write's at their newest
+// reading.
+func (s *Store) queueDerived(b *pgconn.Batch, pg *pgconn.PgConn, ids []kettle.DeviceID, devs map[kettle.DeviceID]*devState, hours []hourAgg, hods [24]hourAgg, n, newDevs int64, at time.Time, bulk bool) {
+	shardBin := binary.BigEndian.AppendUint16(nil, uint16(s.shard(pg)))
+	var u devUpdate
+	u.grow(len(ids))
+	var sums [3]ksum                      // charge, level, potential: −old, +new per changed latest
+	seenDelta := make(map[int64]int64, 4) // last_seen (unix µs) → change in its device count
+	for _, id := range ids {
+		d := devs[id]
+		if !d.touched {
+			continue
+		}
+		latest := d.latest
+		if newest := d.newestRow; latest == nil || newest.Time.After(latest.Time) {
+			if latest != nil {
+				sums[0].add(-latest.ChargeMWh)
+				sums[1].add(-latest.LevelML)
+				sums[2].add(-latest.PotentialCmL())
+			}
+			sums[0].add(newest.ChargeMWh)
+			sums[1].add(newest.LevelML)
+			sums[2].add(newest.PotentialCmL())
+			latest = newest
+		}
+		seen := at
+		if bulk {
+			seen = d.seenMax
+			if d.lastSeen != nil && d.lastSeen.After(seen) {
+				seen = *d.lastSeen
+			}
+		}
+		u.add(d.tid, d.n, d.capML, seen, latest)
+		// last_seen_counts + last_seen_moves follow the devices'
+		// last_seen exactly: the same µs values that go into (and came from) the devices rows.
+		if d.lastSeen == nil || d.lastSeen.UnixMicro() != seen.UnixMicro() {
+			if d.lastSeen != nil {
+				seenDelta[d.lastSeen.UnixMicro()]--
+			}
+			seenDelta[seen.UnixMicro()]++
+		}
+	}
+	if len(u.tid) > 0 {
+		b.ExecPrepared("kettle_devs", [][]byte{tidArray(u.tid), int8Array(u.n), float8Array(u.capML),
+			timestamptzArray(u.seen), timestamptzArray(u.t), float8Array(u.c), float8Array(u.f),
+			float8Array(u.r), float8Array(u.a), float8Array(u.w), float8Array(u.l)}, bin(11), nil)
+	}
+	if len(seenDelta) > 0 {
+		if ats, ns := seenChanges(seenDelta); len(ats) > 0 {
+			b.ExecPrepared("kettle_seen", [][]byte{timestampsMicroArray(ats), int8Array(ns)}, bin(2), nil)
+		}
+	}
+	if len(hours) > 0 {
+		slices.SortFunc(hours, func(a, b hourAgg) int { return int(a.hour - b.hour) })
+		hourTimes := make([]time.Time, len(hours))
+		for i, h := range hours {
+			hourTimes[i] = time.UnixMicro(h.hour * int64(time.Hour/time.Microsecond)).UTC()
+		}
+		b.ExecPrepared("kettle_rollups", append(momentParams(timestamptzArray(hourTimes), hours), shardBin), bin(7), nil)
+	}
+	var hodList []hourAgg
+	for _, h := range hods {
+		if h.water.N > 0 {
+			hodList = append(hodList, h)
+		}
+	}
+	if len(hodList) > 0 {
+		hodNums := make([]int16, len(hodList))
+		for i, h := range hodList {
+			hodNums[i] = int16(h.hour)
+		}
+		b.ExecPrepared("kettle_hods", append(momentParams(int2Array(hodNums), hodList), shardBin), bin(7), nil)
+	}
+	b.ExecPrepared("kettle_totals", [][]byte{int8Bin(n), int8Bin(newDevs),
+		float8Bin(sums[0].s), float8Bin(sums[0].c), float8Bin(sums[1].s), float8Bin(sums[1].c),
+		float8Bin(sums[2].s), float8Bin(sums[2].c), shardBin}, bin(9), nil)
 }
 
 // maxKnown caps the devices Store remembers as registered (16 bytes and

@@ -51,6 +51,7 @@ type Chunks struct {
 	end      time.Time
 	k        int // kettle being generated in the window
 	m        kettle.Measurement
+	oneDay   bool // windows of one day, however sparse (DayChunks)
 }
 
 // maxWindowDays bounds a window (a year).
@@ -67,11 +68,22 @@ func (f Fleet) Chunks(devs []int) *Chunks {
 	return c
 }
 
+// DayChunks is Chunks with every window one UTC day, however few readings
+// a day holds: for a store that loads a day at a time.
+func (f Fleet) DayChunks(devs []int) *Chunks {
+	c := f.Chunks(devs)
+	c.oneDay = true
+	return c
+}
+
 // WindowDays is how many days a window spans for chunks of maxRows: one
 // when a day of the group's readings (at the fleet's interval, offline
 // spells not counted) fills a chunk, else as many as fill one, at most a
 // year.
 func (c *Chunks) WindowDays(maxRows int) int {
+	if c.oneDay {
+		return 1
+	}
 	perDay := int64(len(c.kettles)) * int64(24*time.Hour/max(c.interval, time.Second))
 	if perDay >= int64(maxRows) {
 		return 1

@@ -138,11 +138,34 @@ type seedSink interface {
 	done(ctx context.Context, from, to time.Time) (string, error)
 }
 
+// dayLoader is a sink that loads a day at a time (PostgreSQL: a day whose
+// partition does not exist yet, postgres.DayLoad); a nil dayLoad means
+// that day goes chunk by chunk through put.
+type dayLoader interface {
+	beginDay(ctx context.Context, day, registeredAt time.Time) (dayLoad, error)
+}
+
+// dayLoad is one day being loaded: rows of the day grouped by device, in
+// increasing time, then Commit, which returns how many were new.
+type dayLoad interface {
+	Copy(ctx context.Context, rows []kettle.Measurement) error
+	Commit(ctx context.Context) (int64, error)
+	Rollback()
+}
+
 // copySink seeds PostgreSQL with SeedCopy (binary COPY into the partition).
 type copySink struct{ *postgres.Store }
 
 func (s copySink) put(ctx context.Context, rows []kettle.Measurement, reg time.Time) (int64, error) {
 	return s.SeedCopy(ctx, rows, reg)
+}
+
+func (s copySink) beginDay(ctx context.Context, day, reg time.Time) (dayLoad, error) {
+	l, err := s.BeginDay(ctx, day, reg)
+	if l == nil {
+		return nil, err
+	}
+	return l, err
 }
 
 func (s copySink) done(ctx context.Context, from, to time.Time) (string, error) {
@@ -195,6 +218,43 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 		}
 	}
 
+	var err error
+	if dl, ok := r.sink.(dayLoader); ok {
+		err = r.runDays(ctx, start, dl)
+	} else {
+		err = r.runGroups(ctx, start)
+	}
+	if err != nil {
+		return err
+	}
+	finish := time.Now()
+	finishing, err := r.sink.done(ctx, f.Start, f.End)
+	if err != nil {
+		return err
+	}
+	el := time.Since(start)
+	finished := time.Since(finish)
+	gen, st := r.generated.Load(), r.stored.Load()
+	fmt.Fprintf(out, "seeded %d devices × %s at %s (%s … %s, seed %d)\n", f.Devices, f.End.Sub(f.Start), f.Interval,
+		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
+	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
+	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
+	if finishing != "" {
+		fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), finishing)
+	}
+	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
+	if err != nil {
+		return fmt.Errorf("read statistics: %w", err)
+	}
+	fmt.Fprintf(out, "  store now: %d measurements, %d devices registered, %d reported in the last 5 min of history, Σ charge %.0f mWh, Σ water %.0f mL, potential %.0f J\n",
+		stats.MeasurementCount, stats.DevicesRegistered, stats.DevicesReporting, stats.TotalChargeMWh, stats.TotalWaterML, stats.TotalPotentialJ())
+	return nil
+}
+
+// runGroups seeds group by group: each of the workers takes a group of
+// devices (a range of device ids) through all its days.
+func (r *seedRun) runGroups(ctx context.Context, start time.Time) error {
+	f := r.fleet
 	// Work unit: a group of devices (a range of device ids), all its
 	// days in order (the physics is continuous); one transaction per chunk
 	// of about --chunk-rows readings within one day (or a window of days,
@@ -240,30 +300,160 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	if firstErr != nil {
 		return firstErr
 	}
-	if err := ctx.Err(); err != nil {
+	return ctx.Err()
+}
+
+// runDays seeds day by day, for a sink that loads a day at a time
+// (dayLoader). The fleet is cut into --workers groups of devices, each
+// simulated by a generator goroutine from the first day to the last (the
+// physics is continuous) in chunks of one UTC day; --workers loaders take
+// the days in order, each day's chunks from every generator into one
+// dayLoad (or, for a day the sink does not load whole, chunk by chunk
+// through put). Generators run ahead of the loaders as far as their
+// buffers (genBuffers chunks each) allow, so several days are loaded at
+// once; memory stays within workers × genBuffers chunks.
+func (r *seedRun) runDays(ctx context.Context, start time.Time, dl dayLoader) error {
+	f := r.fleet
+	first := f.Start.UTC().Truncate(24 * time.Hour)
+	days := int((f.End.Add(-time.Nanosecond).Sub(first))/(24*time.Hour)) + 1
+	groups := f.Groups(r.workers)
+	feeds := make([]chan dayChunk, days) // a nil rows: a generator's end of the day
+	for i := range feeds {
+		feeds[i] = make(chan dayChunk, len(groups))
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	send := func(c chan dayChunk, m dayChunk) bool {
+		select {
+		case c <- m:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() {
+			free := make(chan []kettle.Measurement, genBuffers)
+			for range genBuffers {
+				free <- nil
+			}
+			c := f.DayChunks(g)
+			day := 0 // the first day whose end this generator has not sent
+			for {
+				var buf []kettle.Measurement
+				select {
+				case buf = <-free:
+				case <-ctx.Done():
+					return
+				}
+				rows, ok := c.Next(buf, r.chunkRows)
+				if !ok {
+					break
+				}
+				d := int(rows[0].Time.Sub(first) / (24 * time.Hour))
+				for ; day < d; day++ {
+					if !send(feeds[day], dayChunk{}) {
+						return
+					}
+				}
+				if !send(feeds[d], dayChunk{rows, free}) {
+					return
+				}
+			}
+			for ; day < days; day++ {
+				if !send(feeds[day], dayChunk{}) {
+					return
+				}
+			}
+		})
+	}
+	var mu sync.Mutex
+	next := 0
+	stopProgress := r.showProgress(start, int64(f.Devices)*f.RowsPerDevice())
+	for range r.workers {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				d := next
+				next++
+				mu.Unlock()
+				if d >= days {
+					return
+				}
+				if err := r.loadDay(ctx, dl, first.AddDate(0, 0, d), feeds[d], len(groups)); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stopProgress()
+	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	finish := time.Now()
-	finishing, err := r.sink.done(ctx, f.Start, f.End)
+	return nil
+}
+
+// dayChunk is a chunk of a day's rows from a generator of runDays, and
+// where its buffer goes back once stored; nil rows: the generator's end of
+// the day.
+type dayChunk struct {
+	rows []kettle.Measurement
+	back chan<- []kettle.Measurement
+}
+
+// genBuffers is how many chunks each generator of runDays has in flight.
+const genBuffers = 3
+
+// loadDay stores the chunks of day from feed until each of the generators
+// has ended the day: into one dayLoad if the sink loads the day whole,
+// else chunk by chunk.
+func (r *seedRun) loadDay(ctx context.Context, dl dayLoader, day time.Time, feed <-chan dayChunk, generators int) (err error) {
+	l, err := dl.beginDay(ctx, day, r.fleet.Start)
 	if err != nil {
-		return err
+		return fmt.Errorf("seed %s: %w", day.Format(time.DateOnly), err)
 	}
-	el := time.Since(start)
-	finished := time.Since(finish)
-	gen, st := r.generated.Load(), r.stored.Load()
-	fmt.Fprintf(out, "seeded %d devices × %s at %s (%s … %s, seed %d)\n", f.Devices, f.End.Sub(f.Start), f.Interval,
-		f.Start.Format(time.RFC3339), f.End.Format(time.RFC3339), f.Seed)
-	fmt.Fprintf(out, "  %d readings generated, %d stored, %d already there (skipped)\n", gen, st, gen-st)
-	fmt.Fprintf(out, "  %s, %.0f rows/s stored (%d streams)\n", el.Round(time.Millisecond), float64(st)/el.Seconds(), r.workers)
-	if finishing != "" {
-		fmt.Fprintf(out, "  of which %s finishing (%s)\n", finished.Round(time.Millisecond), finishing)
+	if l != nil {
+		defer func() {
+			if err != nil {
+				l.Rollback()
+			}
+		}()
 	}
-	stats, err := r.sink.Statistics(context.Background(), kettle.StatsQuery{ReportingSince: f.End.Add(-5 * time.Minute)})
-	if err != nil {
-		return fmt.Errorf("read statistics: %w", err)
+	for ended := 0; ended < generators; {
+		var c dayChunk
+		select {
+		case c = <-feed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		if c.rows == nil {
+			ended++
+			continue
+		}
+		var n int64
+		if l != nil {
+			err = l.Copy(ctx, c.rows)
+		} else {
+			n, err = r.sink.put(ctx, c.rows, r.fleet.Start)
+		}
+		if err != nil {
+			first, last := c.rows[0], c.rows[len(c.rows)-1]
+			return fmt.Errorf("seed %s %s … %s %s: %w", first.Device, first.Time.Format(time.RFC3339), last.Device, last.Time.Format(time.RFC3339), err)
+		}
+		r.generated.Add(int64(len(c.rows)))
+		r.stored.Add(n)
+		c.back <- c.rows
 	}
-	fmt.Fprintf(out, "  store now: %d measurements, %d devices registered, %d reported in the last 5 min of history, Σ charge %.0f mWh, Σ water %.0f mL, potential %.0f J\n",
-		stats.MeasurementCount, stats.DevicesRegistered, stats.DevicesReporting, stats.TotalChargeMWh, stats.TotalWaterML, stats.TotalPotentialJ())
+	if l != nil {
+		n, err := l.Commit(ctx)
+		if err != nil {
+			return fmt.Errorf("seed %s: %w", day.Format(time.DateOnly), err)
+		}
+		r.stored.Add(n)
+	}
 	return nil
 }
 
