@@ -110,8 +110,9 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 // that table: autovacuum still cleans it, only less compactly.
 //
 // Last, VACUUM (ANALYZE) of the measurement partitions of the days from
-// from to to (the seeded span), as after any bulk load: their visibility
-// map and planner statistics are set in the seeding's time. Otherwise
+// from to to (the seeded span) that SeedCopy filled (a DayLoad's partition
+// is written frozen and analyzed already), as after any bulk load: their
+// visibility map and planner statistics are set in the seeding's time. Otherwise
 // autovacuum's first pass over the new rows (it starts on inserted rows
 // alone) reads every seeded page in the first minutes of live traffic.
 // VACUUM takes no lock that blocks writers; a partition autovacuum holds

@@ -36,16 +36,22 @@ only the new part). Devices are registered (their tokens work: kettle token
 in the same transactions, so /v1/statistics and GET /command are right the
 moment seeding ends. A device's last-seen time is its last reading's time.
 
-PostgreSQL: binary COPY straight into the day partitions, --workers
-streams in parallel, each chunk a range of device ids × up to one UTC day
-in (device, time) order, so that every COPY appends to its partition's
-index (a sparse history, whose day of a worker's kettles is fewer than
---chunk-rows readings, goes several days a chunk through the parent
-table); at the end the rollups' per-connection shards are folded once and the
-small tables the statistics read are rewritten, and the seeded days'
-partitions get VACUUM (ANALYZE), as after any bulk load, so that
-autovacuum's first pass over them does not land in live traffic (all in
-the run's time, shown as "finishing" in the summary).
+PostgreSQL: day by day, --workers days at once. A day whose partition
+does not exist yet (a first seeding) is loaded whole in one transaction,
+as bulk loads go fastest: binary COPY with FREEZE into a table of its own
+(no index to update row by row; rows written frozen, so no VACUUM has to
+visit them), then its primary key built in one sort, ANALYZE, the table
+attached as the day's partition, and the devices, rollups and totals
+updated from the day's rows before the commit. A day that has a partition
+already (today's, made ahead; a re-run; a later --end) goes in chunks of
+--chunk-rows readings, each its own transaction: binary COPY straight
+into the partition, or through the staging table and INSERT … ON
+CONFLICT when some of its rows are already stored. At the end the
+rollups' per-connection shards are folded once, the small tables the
+statistics read are rewritten, and the partitions filled chunk by chunk
+get VACUUM (ANALYZE), as after any bulk load (shown as "finishing" in the
+summary). An interrupted seeding keeps the days it committed; run it
+again to finish.
 SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
@@ -56,8 +62,8 @@ func runSeed(ctx context.Context, args []string) error {
 	interval := fs.Duration("interval", 30*time.Second, "time between two readings of a kettle")
 	endFlag := fs.String("end", "", "end of history (RFC 3339 or YYYY-MM-DD, UTC; empty: the current hour, so re-runs within the hour are identical)")
 	seedFlag := fs.Uint64("seed", 42, "random seed: same seed, same fleet and readings")
-	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite)")
-	chunk := fs.Int("chunk-rows", 200_000, "readings per transaction (at most; a chunk spans one UTC day, or several whole days when a day of a worker's kettles is fewer readings)")
+	workers := fs.Int("workers", 0, "parallel streams (0: 3 for PostgreSQL, 2 for SQLite); PostgreSQL: days loaded at once, and generator goroutines")
+	chunk := fs.Int("chunk-rows", 200_000, "readings per COPY (at most; PostgreSQL: a chunk is within one UTC day, a transaction unless its day is loaded whole; SQLite: a transaction, one UTC day or several whole days when a day of a worker's kettles is fewer readings)")
 	pool := fs.Int("pg-pool", 0, "PostgreSQL: connections in the pool (0: --workers + 2)")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	if err := parseFlags(fs, args); err != nil {
@@ -169,7 +175,7 @@ func (s copySink) beginDay(ctx context.Context, day, reg time.Time) (dayLoad, er
 }
 
 func (s copySink) done(ctx context.Context, from, to time.Time) (string, error) {
-	return "rollup shards folded, small tables rewritten, seeded partitions VACUUM (ANALYZE)d", s.SeedDone(ctx, from, to)
+	return "rollup shards folded, small tables rewritten, partitions filled chunk by chunk VACUUM (ANALYZE)d", s.SeedDone(ctx, from, to)
 }
 
 // sqliteSink seeds SQLite through SeedWrite, one transaction per chunk:

@@ -21,8 +21,8 @@ func TestSeedCommand(t *testing.T) {
 	args := []string{"seed", "--devices", "30", "--days", "2", "--interval", "10m", "--end", "2026-11-01T06:00:00Z", "--seed", "7", "--quiet", "--chunk-rows", "1000"}
 	got := map[string]map[string]any{}
 	storesUnderTest(t, func(t *testing.T, db string) {
-		run := func() (gen, stored, skipped string) {
-			out, err := exec.Command(kettleBin, append(args, "--db", db)...).CombinedOutput()
+		run := func(more ...string) (gen, stored, skipped string) {
+			out, err := exec.Command(kettleBin, append(append(args, "--db", db), more...)...).CombinedOutput()
 			if err != nil {
 				t.Fatalf("kettle seed: %v\n%s", err, out)
 			}
@@ -44,13 +44,22 @@ func TestSeedCommand(t *testing.T) {
 		if gen2 != gen || stored2 != "0" || skipped2 != gen {
 			t.Fatalf("re-run: %s generated, %s stored, %s skipped; want %s, 0, %s", gen2, stored2, skipped2, gen, gen)
 		}
+		// A day later: the two days already there are skipped, the new
+		// one stored (on PostgreSQL, days with a partition go chunk by
+		// chunk, a new day is loaded whole).
+		gen3, stored3, skipped3 := run("--days", "3", "--end", "2026-11-02T06:00:00Z")
+		n3, _ := strconv.Atoi(gen3)
+		if s3, _ := strconv.Atoi(stored3); skipped3 != gen || s3 == 0 || s3+want != n3 {
+			t.Fatalf("a day later: %s generated, %s stored, %s skipped; want %s skipped and the rest stored", gen3, stored3, skipped3, gen)
+		}
+		want = n3
 
 		dir := t.TempDir()
 		p := serve(t, dir, db)
 		op := operatorToken(dir)
 		s := stats(t, p, op)
 		if n := s["measurement_count"].(float64); n != float64(want) {
-			t.Errorf("statistics measurement_count %v, seeded %s", n, gen)
+			t.Errorf("statistics measurement_count %v, seeded %d", n, want)
 		}
 		if n := s["devices_registered"].(float64); n != 30 {
 			t.Errorf("devices_registered %v, want 30", n)
@@ -79,7 +88,7 @@ func TestSeedCommand(t *testing.T) {
 			}
 		}
 		if sum != want {
-			t.Errorf("devices' measurements add up to %d, seeded %s", sum, gen)
+			t.Errorf("devices' measurements add up to %d, seeded %d", sum, want)
 		}
 		id := list.Devices[len(list.Devices)/2].ID
 		out, err := exec.Command(kettleBin, "token", "--data-dir", dir, "--device", id).Output()
