@@ -309,114 +309,21 @@ func (r *seedRun) runGroups(ctx context.Context, start time.Time) error {
 	return ctx.Err()
 }
 
-// runDays seeds day by day, for a sink that loads a day at a time
-// (dayLoader). The fleet is cut into --workers groups of devices, each
-// simulated by a generator goroutine from the first day to the last (the
-// physics is continuous) in chunks of one UTC day; --workers loaders take
-// the days in order, each day's chunks from every generator into one
-// dayLoad (or, for a day the sink does not load whole, chunk by chunk
-// through put). Generators run ahead of the loaders as far as their
-// buffers (genBuffers chunks each) allow, so several days are loaded at
-// once; memory stays within workers × genBuffers chunks.
+// runDays seeds day by day (seed.Fleet.Days), for a sink that loads a day
+// at a time (dayLoader): --workers days at once, each day's chunks into one
+// dayLoad or, for a day the sink does not load whole, chunk by chunk
+// through put.
 func (r *seedRun) runDays(ctx context.Context, start time.Time, dl dayLoader) error {
-	f := r.fleet
-	first := f.Start.UTC().Truncate(24 * time.Hour)
-	days := int((f.End.Add(-time.Nanosecond).Sub(first))/(24*time.Hour)) + 1
-	groups := f.Groups(r.workers)
-	feeds := make([]chan dayChunk, days) // a nil rows: a generator's end of the day
-	for i := range feeds {
-		feeds[i] = make(chan dayChunk, len(groups))
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	send := func(c chan dayChunk, m dayChunk) bool {
-		select {
-		case c <- m:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	var wg sync.WaitGroup
-	for _, g := range groups {
-		wg.Go(func() {
-			free := make(chan []kettle.Measurement, genBuffers)
-			for range genBuffers {
-				free <- nil
-			}
-			c := f.DayChunks(g)
-			day := 0 // the first day whose end this generator has not sent
-			for {
-				var buf []kettle.Measurement
-				select {
-				case buf = <-free:
-				case <-ctx.Done():
-					return
-				}
-				rows, ok := c.Next(buf, r.chunkRows)
-				if !ok {
-					break
-				}
-				d := int(rows[0].Time.Sub(first) / (24 * time.Hour))
-				for ; day < d; day++ {
-					if !send(feeds[day], dayChunk{}) {
-						return
-					}
-				}
-				if !send(feeds[d], dayChunk{rows, free}) {
-					return
-				}
-			}
-			for ; day < days; day++ {
-				if !send(feeds[day], dayChunk{}) {
-					return
-				}
-			}
-		})
-	}
-	var mu sync.Mutex
-	next := 0
-	stopProgress := r.showProgress(start, int64(f.Devices)*f.RowsPerDevice())
-	for range r.workers {
-		wg.Go(func() {
-			for {
-				mu.Lock()
-				d := next
-				next++
-				mu.Unlock()
-				if d >= days {
-					return
-				}
-				if err := r.loadDay(ctx, dl, first.AddDate(0, 0, d), feeds[d], len(groups)); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	stopProgress()
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	return nil
+	stopProgress := r.showProgress(start, int64(r.fleet.Devices)*r.fleet.RowsPerDevice())
+	defer stopProgress()
+	return r.fleet.Days(ctx, r.workers, r.chunkRows, func(ctx context.Context, day time.Time, feed *seed.DayFeed) error {
+		return r.loadDay(ctx, dl, day, feed)
+	})
 }
 
-// dayChunk is a chunk of a day's rows from a generator of runDays, and
-// where its buffer goes back once stored; nil rows: the generator's end of
-// the day.
-type dayChunk struct {
-	rows []kettle.Measurement
-	back chan<- []kettle.Measurement
-}
-
-// genBuffers is how many chunks each generator of runDays has in flight.
-const genBuffers = 3
-
-// loadDay stores the chunks of day from feed until each of the generators
-// has ended the day: into one dayLoad if the sink loads the day whole,
-// else chunk by chunk.
-func (r *seedRun) loadDay(ctx context.Context, dl dayLoader, day time.Time, feed <-chan dayChunk, generators int) (err error) {
+// loadDay stores the chunks of day: into one dayLoad if the sink loads the
+// day whole, else chunk by chunk.
+func (r *seedRun) loadDay(ctx context.Context, dl dayLoader, day time.Time, feed *seed.DayFeed) (err error) {
 	l, err := dl.beginDay(ctx, day, r.fleet.Start)
 	if err != nil {
 		return fmt.Errorf("seed %s: %w", day.Format(time.DateOnly), err)
@@ -428,30 +335,26 @@ func (r *seedRun) loadDay(ctx context.Context, dl dayLoader, day time.Time, feed
 			}
 		}()
 	}
-	for ended := 0; ended < generators; {
-		var c dayChunk
-		select {
-		case c = <-feed:
-		case <-ctx.Done():
-			return context.Cause(ctx)
+	for {
+		rows, ok, err := feed.Next()
+		if err != nil {
+			return err
 		}
-		if c.rows == nil {
-			ended++
-			continue
+		if !ok {
+			break
 		}
 		var n int64
 		if l != nil {
-			err = l.Copy(ctx, c.rows)
+			err = l.Copy(ctx, rows)
 		} else {
-			n, err = r.sink.put(ctx, c.rows, r.fleet.Start)
+			n, err = r.sink.put(ctx, rows, r.fleet.Start)
 		}
 		if err != nil {
-			first, last := c.rows[0], c.rows[len(c.rows)-1]
+			first, last := rows[0], rows[len(rows)-1]
 			return fmt.Errorf("seed %s %s … %s %s: %w", first.Device, first.Time.Format(time.RFC3339), last.Device, last.Time.Format(time.RFC3339), err)
 		}
-		r.generated.Add(int64(len(c.rows)))
+		r.generated.Add(int64(len(rows)))
 		r.stored.Add(n)
-		c.back <- c.rows
 	}
 	if l != nil {
 		n, err := l.Commit(ctx)
