@@ -6,6 +6,11 @@
 #      by UTC day, each chunk into its day's partition), all of them: the
 #      same row count as the seeding. Measured before and after the seeding
 #      in the same run;
+#      Also, unless DAY_CEIL=0, a second ceiling before and after: the same
+#      rows loaded the way kettle seed loads a new day (COPY FREEZE into a
+#      table of its own, primary key built after, attached; pgbench ceiling
+#      --load day), without the devices and rollups: the seeder against the
+#      best raw load of its technique;
 #   4. GET /v1/statistics p50/p99 on the seeded store (kettle serve --db
 #      postgres://…), beside the naive GROUP BY over every stored row;
 #   and table + index bytes per stored measurement.
@@ -69,12 +74,25 @@ if [ "${WARM:-1}" != 0 ]; then
 fi
 echo "--- ceiling (before): raw binary COPY of the same rows into a scratch table of the same shape (device, t primary key, day partitions), $WORKERS streams ---"
 c1=$(ceiling); echo "$c1"
+ceiling_day() {
+	cpu_run ceiling_day "$work/pgbench" ceiling --load day --dsn "$ceil_dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" \
+		--end "$END" --workers "$WORKERS" --chunk-rows "$CHUNK" | grep -E "RESULT|CPU|WAL"
+	pg_sql ceiling "CHECKPOINT" >/dev/null
+}
+if [ "${DAY_CEIL:-1}" != 0 ]; then
+	echo "--- day-load ceiling (before): the same rows as kettle seed loads a new day (COPY FREEZE into a table of its own, primary key after, attached), no devices or rollups, $WORKERS days at once ---"
+	d1=$(ceiling_day); echo "$d1"
+fi
 echo "--- kettle seed --devices $DEVICES --days $DAYS --interval $INTERVAL --workers $WORKERS --end $END ---"
 cpu_run seed "$work/kettle" seed --db "$dsn" --devices "$DEVICES" --days "$DAYS" --interval "$INTERVAL" --workers "$WORKERS" \
 	--chunk-rows "$CHUNK" --end "$END" --quiet | tee "$work/seed.out"
 pg_sql kettle "CHECKPOINT" >/dev/null
 echo "--- ceiling (after) ---"
 c2=$(ceiling); echo "$c2"
+if [ "${DAY_CEIL:-1}" != 0 ]; then
+	echo "--- day-load ceiling (after) ---"
+	d2=$(ceiling_day); echo "$d2"
+fi
 seed_rate=$(sed -n 's/.*, \([0-9]*\) rows\/s stored.*/\1/p' "$work/seed.out")
 r1=$(echo "$c1" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'); r2=$(echo "$c2" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p')
 awk -v s="$seed_rate" -v a="$r1" -v b="$r2" 'BEGIN { c=(a+b)/2; printf "RATIO seed/ceiling = %.3f (seed %d rows/s; ceiling %d / %d rows/s before / after, mean %.0f); goal >= 0.90\n", s/c, s, a, b, c }'
@@ -97,6 +115,15 @@ ceil_rows=$(echo "$c1" | sed -n 's/.*RESULT ceiling rows=\([0-9]*\).*/\1/p')
 	END { cu = cc / cn / cr * 1e6; su = sc / sr * 1e6
 		printf "RATIO (CPU) seed/ceiling throughput at equal CPU = %.3f (ceiling %.2f µs CPU/row, mean of 2; seed %.2f µs CPU/row: kettle seed %.2f + postgres %.2f)\n", cu / su, cu, su, scl / sr * 1e6, spg / sr * 1e6 }'
 
+if [ "${DAY_CEIL:-1}" != 0 ]; then
+	q1=$(echo "$d1" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'); q2=$(echo "$d2" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p')
+	awk -v s="$seed_rate" -v a="$q1" -v b="$q2" 'BEGIN { c=(a+b)/2; printf "RATIO seed/day-load ceiling = %.3f (seed %d rows/s; day-load ceiling %d / %d rows/s before / after, mean %.0f): what keeping devices, rollups and totals exact costs\n", s/c, s, a, b, c }'
+	{ echo "$d1" | grep '^CPU'; echo "$d2" | grep '^CPU'; grep '^CPU' "$work/seed.out"; } | awk -v sr="$seed_rows" -v cr="$ceil_rows" '
+		/^CPU ceiling_day/ { split($3, a, "="); split($4, b, "="); cc += a[2] + b[2]; cn++ }
+		/^CPU seed/ { split($3, a, "="); split($4, b, "="); sc = a[2] + b[2] }
+		END { cu = cc / cn / cr * 1e6; su = sc / sr * 1e6
+			printf "RATIO (CPU) seed/day-load ceiling throughput at equal CPU = %.3f (day-load ceiling %.2f µs CPU/row, mean of 2; seed %.2f)\n", cu / su, cu, su }'
+fi
 echo "ceiling and seed done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "--- storage ---"
 pg_sql kettle "SELECT 'STORAGE rows=' || sum(c.reltuples)::bigint || ' partitions=' || count(*) || ' table_bytes=' || sum(pg_table_size(c.oid)) || ' index_bytes=' || sum(pg_indexes_size(c.oid)) ||

@@ -90,6 +90,7 @@ func ceiling(args []string) error {
 	batch := fs.Int("batch", 500, "ingest: rows per device request (the COPY chunk is --chunk-rows)")
 	encoder := fs.String("encoder", "raw", "raw: binary rows encoded by hand (pgconn.CopyFrom, no allocation per row); pgx: pgx.Conn.CopyFrom with CopyFromSlice")
 	keep := fs.Bool("keep", false, "keep the scratch table")
+	load := fs.String("load", "copy", "seed: copy (each chunk COPYed into its day's partition, primary key in place) or day (each day as kettle seed loads a new day: COPY FREEZE into a table of its own, primary key and ANALYZE after, then attached; seed.Fleet.Days)")
 	fs.Parse(args)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, *dsn)
@@ -127,6 +128,13 @@ func ceiling(args []string) error {
 		// measurements' shape: partitioned by UTC day of t
 		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
 			return err
+		}
+		switch *load {
+		case "day":
+			return dayCeiling(ctx, *dsn, f, *workers, *chunkRows)
+		case "copy":
+		default:
+			return fmt.Errorf("--load %q: want copy or day", *load)
 		}
 		if err := scratchPartitions(ctx, conn, f.Start, f.End); err != nil {
 			return err
@@ -226,6 +234,69 @@ func ceiling(args []string) error {
 	n := copied.Load()
 	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s partitions=%d bytes_per_row=%.1f\n",
 		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, parts, float64(bytes)/float64(max(n, 1)))
+	return nil
+}
+
+// dayCeiling loads f's rows into ceiling_scratch the way kettle seed loads
+// a day that has no partition yet (postgres.DayLoad), with nothing else
+// (no devices, no rollups): for each day, in one transaction, a table of
+// its own made, the day's chunks COPYed into it with FREEZE, its primary
+// key built and ANALYZE run, then attached as the day's partition; workers
+// days at once, generated as kettle seed generates them (seed.Fleet.Days).
+func dayCeiling(ctx context.Context, dsn string, f seed.Fleet, workers, chunkRows int) error {
+	conns := make(chan *pgx.Conn, workers)
+	for range workers {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		conns <- c
+	}
+	var copied atomic.Int64
+	start := time.Now()
+	err := f.Days(ctx, workers, chunkRows, func(ctx context.Context, day time.Time, feed *seed.DayFeed) (err error) {
+		c := <-conns
+		defer func() { conns <- c }()
+		table := day.Format("ceiling_load_y2006m01d02")
+		lo, hi := day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)
+		if _, err := c.Exec(ctx, fmt.Sprintf(`BEGIN; CREATE TABLE %s (LIKE ceiling_scratch, CHECK (t >= '%s' AND t < '%s'))`, table, lo, hi)); err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				c.Exec(context.Background(), "ROLLBACK")
+			}
+		}()
+		for {
+			rows, ok, err := feed.Next()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+			tag, err := c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY "+table+" FROM STDIN (FORMAT binary, FREEZE)")
+			if err != nil {
+				return err
+			}
+			copied.Add(tag.RowsAffected())
+		}
+		_, err = c.Exec(ctx, fmt.Sprintf(`ALTER TABLE %[1]s ADD PRIMARY KEY (device, t); ANALYZE %[1]s;
+			ALTER TABLE ceiling_scratch ATTACH PARTITION %[1]s FOR VALUES FROM ('%[2]s') TO ('%[3]s'); COMMIT`, table, lo, hi))
+		return err
+	})
+	el := time.Since(start)
+	if err != nil {
+		return err
+	}
+	var bytes, parts int64
+	conn := <-conns
+	conns <- conn
+	conn.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0), count(*) FROM pg_inherits i WHERE i.inhparent = 'ceiling_scratch'::regclass`).Scan(&bytes, &parts)
+	n := copied.Load()
+	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=raw load=day partitions=%d bytes_per_row=%.1f\n",
+		n, el.Seconds(), float64(n)/el.Seconds(), workers, parts, float64(bytes)/float64(max(n, 1)))
 	return nil
 }
 
