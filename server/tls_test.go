@@ -108,7 +108,11 @@ func TestTLS(t *testing.T) {
 	msg := fmt.Sprintf(`{"time":%q,"battery_charge_mwh":5,"battery_full_mwh":10,"battery_rate_mw":1,"ambient_temp_c":20,"water_temp_c":70,"water_level_ml":500}`, ts.Format(time.RFC3339))
 	pr, err := cl.Publish(ctx, &paho.Publish{Topic: "kettles/" + id.String() + "/measurements", QoS: 1, Payload: []byte(msg)})
 	if err != nil || pr.ReasonCode != 0 {
-		t.Fatalf("MQTT publish over TLS: %v %+v", err, pr)
+		reason := ""
+		if pr != nil && pr.Properties != nil {
+			reason = pr.Properties.ReasonString
+		}
+		t.Fatalf("MQTT publish over TLS: %v, PUBACK %+v, reason %q, payload %s", err, pr, reason, msg)
 	}
 	cl.Disconnect(&paho.Disconnect{})
 	c.do("GET", "/v1/devices/"+id.String(), op, "").json(t, &d)
