@@ -58,6 +58,9 @@ func (f Fleet) Validate() error {
 // devices produce fewer).
 func (f Fleet) RowsPerDevice() int64 { return int64(f.End.Sub(f.Start) / f.Interval) }
 
+// RowsPerDay is about how many readings a day of the whole fleet holds.
+func (f Fleet) RowsPerDay() int64 { return int64(f.Devices) * int64(24*time.Hour/f.Interval) }
+
 // namespace of the device ids' name-based UUIDs.
 var namespace = uuid.MustParse("6b657474-6c65-666c-6565-74736565640a")
 
