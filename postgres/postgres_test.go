@@ -966,6 +966,52 @@ func TestDayLoad(t *testing.T) {
 		t.Errorf("day 1 with a partition made meanwhile: %d rows new, want 299", n)
 	}
 	checkExact(t, s, dsn)
+	// Two seeders load day 4 at once: the second's table waits for the
+	// first's commit (same name), then finds the partition there and adds
+	// only what is new.
+	l1, err := s.BeginDay(ctx, base.AddDate(0, 0, 4), base)
+	if err != nil || l1 == nil {
+		t.Fatalf("BeginDay 4: %v, %v", l1, err)
+	}
+	if err := l1.Copy(ctx, day(4, 0, 4, 0, 200)); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan int64, 1)
+	go func() {
+		s2 := open(t, dsn)
+		defer s2.Close()
+		l2, err := s2.BeginDay(ctx, base.AddDate(0, 0, 4), base)
+		if err != nil || l2 == nil {
+			t.Errorf("second BeginDay 4: %v, %v", l2, err)
+			second <- -1
+			return
+		}
+		if err := l2.Copy(ctx, day(4, 2, 4, 0, 200)); err != nil { // devices 2, 3 stored by the first
+			t.Error(err)
+		}
+		n, err := l2.Commit(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		second <- n
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := false; !waiting; time.Sleep(10 * time.Millisecond) { // until the second waits for the first's table name
+		if time.Now().After(deadline) {
+			t.Fatal("the second load of day 4 never waited for the first")
+		}
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%CREATE TABLE kettle_load_%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := l1.Commit(ctx); err != nil || n != 800 {
+		t.Errorf("first load of day 4: %d new, %v; want 800", n, err)
+	}
+	if n := <-second; n != 400 {
+		t.Errorf("second load of day 4: %d new, want 400", n)
+	}
+	checkExact(t, s, dsn)
+
 	// A rolled-back day leaves no table and no figure.
 	before := naive(t, dsn)
 	l, err := s.BeginDay(ctx, base.AddDate(0, 0, 2), base)
@@ -987,7 +1033,7 @@ func TestDayLoad(t *testing.T) {
 		t.Errorf("after a rolled-back day: %d tables of it, statistics %v (were %v)", tables, after, before)
 	}
 	checkExact(t, s, dsn)
-	for dev, want := range map[int]int64{0: 1540, 5: 1440, 9: 1440, 40: 1} {
+	for dev, want := range map[int]int64{0: 1740, 5: 1640, 9: 1440, 40: 1} {
 		if d, err := s.Device(ctx, devID(dev)); err != nil || d.Measurements != want {
 			t.Errorf("device %d: %d measurements (%v), want %d", dev, d.Measurements, err, want)
 		}
