@@ -2,6 +2,7 @@ package seed
 
 import (
 	"context"
+	"iter"
 	"sync"
 	"time"
 
@@ -139,6 +140,23 @@ func (f *DayFeed) Next() (rows []kettle.Measurement, ok bool, err error) {
 		}
 	}
 	return nil, false, nil
+}
+
+// All ranges over the day's chunks (Next until the day's end), and yields
+// the error that stops the seeding, if one does, as its last element.
+func (f *DayFeed) All() iter.Seq2[[]kettle.Measurement, error] {
+	return func(yield func([]kettle.Measurement, error) bool) {
+		for {
+			rows, ok, err := f.Next()
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			if !ok || !yield(rows, nil) {
+				return
+			}
+		}
+	}
 }
 
 // release hands the current chunk's buffer back (there is room: a

@@ -44,9 +44,8 @@ func TestDays(t *testing.T) {
 		maxInFlight = max(maxInFlight, inFlight)
 		mu.Unlock()
 		defer func() { mu.Lock(); inFlight--; mu.Unlock() }()
-		for {
-			rows, ok, err := feed.Next()
-			if err != nil || !ok {
+		for rows, err := range feed.All() {
+			if err != nil {
 				return err
 			}
 			if len(rows) > 500 {
@@ -66,6 +65,7 @@ func TestDays(t *testing.T) {
 			}
 			mu.Unlock()
 		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)

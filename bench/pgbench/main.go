@@ -268,13 +268,9 @@ func dayCeiling(ctx context.Context, dsn string, f seed.Fleet, workers, chunkRow
 				c.Exec(context.Background(), "ROLLBACK")
 			}
 		}()
-		for {
-			rows, ok, err := feed.Next()
+		for rows, err := range feed.All() {
 			if err != nil {
 				return err
-			}
-			if !ok {
-				break
 			}
 			tag, err := c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY "+table+" FROM STDIN (FORMAT binary, FREEZE)")
 			if err != nil {

@@ -342,13 +342,9 @@ func (r *seedRun) loadDay(ctx context.Context, dl dayLoader, day time.Time, feed
 			}
 		}()
 	}
-	for {
-		rows, ok, err := feed.Next()
+	for rows, err := range feed.All() {
 		if err != nil {
 			return err
-		}
-		if !ok {
-			break
 		}
 		var n int64
 		if l != nil {
