@@ -55,7 +55,7 @@ summary). A sparse history, whose day of the whole fleet is fewer than
 kettles over as many whole days as fill it. An interrupted seeding keeps
 what it committed; run it again to finish. Seeding a store that is
 serving kettles: --workers 1 leaves them more of the CPU (on 2 cores,
-live p99 37–48 ms against 50–180 ms with 3, at ~800,000 rows/s either
+live p99 37–48 ms against 50–182 ms with 3, at ~800,000 rows/s either
 way).
 SQLite: large transactions through the store's Write.`
 
