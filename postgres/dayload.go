@@ -85,10 +85,6 @@ func (s *Store) BeginDay(ctx context.Context, day, registeredAt time.Time) (*Day
 	return l, nil
 }
 
-func covered(parts []partition, d int) bool {
-	return slices.ContainsFunc(parts, func(p partition) bool { return p.from <= d && d < p.to })
-}
-
 // Copy adds rows to the day: grouped by device, in strictly increasing time
 // within each device, all within the day. A device may come again in a
 // later Copy with later readings.
@@ -115,6 +111,7 @@ func (l *DayLoad) Copy(ctx context.Context, rows []kettle.Measurement) error {
 // add aggregates new rows of the day.
 func (l *DayLoad) add(rows []kettle.Measurement) {
 	var d *dayDev
+	start := dayStart(l.part.from)
 	for i := range rows {
 		m := &rows[i]
 		if d == nil || m.Device != rows[i-1].Device {
@@ -128,7 +125,7 @@ func (l *DayLoad) add(rows []kettle.Measurement) {
 		if d.n == 1 || m.Time.After(d.newest.Time) {
 			d.newest = *m
 		}
-		h := &l.hours[int(m.Time.Sub(dayStart(l.part.from))/time.Hour)]
+		h := &l.hours[int(m.Time.Sub(start)/time.Hour)]
 		h.water.Add(m.WaterC)
 		h.ambient.Add(m.AmbientC)
 	}

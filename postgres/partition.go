@@ -193,7 +193,7 @@ func (s *Store) ensureDays(ctx context.Context, days []int) error {
 			return err
 		}
 		for _, d := range missing {
-			if slices.ContainsFunc(existing, func(p partition) bool { return p.from <= d && d < p.to }) {
+			if covered(existing, d) {
 				continue
 			}
 			p := dayPartition(d)
@@ -223,6 +223,11 @@ func (s *Store) ensureDays(ctx context.Context, days []int) error {
 	s.cachePartitions(created)
 	s.partMu.Unlock()
 	return nil
+}
+
+// covered reports whether one of parts holds day d.
+func covered(parts []partition, d int) bool {
+	return slices.ContainsFunc(parts, func(p partition) bool { return p.from <= d && d < p.to })
 }
 
 // forgetPartitions empties the cache after the database reported a missing
