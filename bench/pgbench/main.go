@@ -13,7 +13,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/seed"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -208,7 +208,7 @@ func ceiling(args []string) error {
 						}))
 				} else {
 					var tag interface{ RowsAffected() int64 }
-					tag, err = c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY "+table+" FROM STDIN (FORMAT binary)")
+					tag, err = c.PgConn().CopyFrom(ctx, postgres.NewCopyReader(rows), "COPY "+table+" "+postgres.CopyColumns+" FROM STDIN (FORMAT binary)")
 					if err == nil {
 						n = tag.RowsAffected()
 					}
@@ -272,7 +272,7 @@ func dayCeiling(ctx context.Context, dsn string, f seed.Fleet, workers, chunkRow
 			if err != nil {
 				return err
 			}
-			tag, err := c.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, "COPY "+table+" FROM STDIN (FORMAT binary, FREEZE)")
+			tag, err := c.PgConn().CopyFrom(ctx, postgres.NewCopyReader(rows), "COPY "+table+" "+postgres.CopyColumns+" FROM STDIN (FORMAT binary, FREEZE)")
 			if err != nil {
 				return err
 			}
@@ -407,52 +407,6 @@ func ingestChunks(devices, batch, total, chunkRows int) func([]kettle.Measuremen
 		}
 		return rows, true
 	}
-}
-
-// copyReader streams rows in PostgreSQL's binary COPY format (as the store's).
-type copyReader struct {
-	rows          []kettle.Measurement
-	i             int
-	header, trail bool
-}
-
-const copyHeader = "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"
-const rowSize = 2 + (4 + 16) + (4 + 8) + 6*(4+8)
-
-var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
-
-func (r *copyReader) Read(p []byte) (int, error) {
-	n := 0
-	if !r.header {
-		n += copy(p, copyHeader)
-		r.header = true
-	}
-	be := binary.BigEndian
-	for r.i < len(r.rows) && len(p)-n >= rowSize {
-		b, m := p[n:n+rowSize], &r.rows[r.i]
-		be.PutUint16(b[0:], 8)
-		be.PutUint32(b[2:], 16)
-		copy(b[6:22], m.Device[:])
-		be.PutUint32(b[22:], 8)
-		be.PutUint64(b[26:], uint64(m.Time.UnixMicro()-pgEpoch))
-		o := 34
-		for _, v := range [6]float64{m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML} {
-			be.PutUint32(b[o:], 8)
-			be.PutUint64(b[o+4:], math.Float64bits(v))
-			o += 12
-		}
-		n += rowSize
-		r.i++
-	}
-	if r.i == len(r.rows) && !r.trail && len(p)-n >= 2 {
-		be.PutUint16(p[n:], 0xffff)
-		n += 2
-		r.trail = true
-	}
-	if r.trail {
-		return n, io.EOF
-	}
-	return n, nil
 }
 
 // ---- ingest ----
