@@ -147,140 +147,18 @@ type finding struct {
 
 // Judge is the verdict: the first resource that saturated, in the USE
 // method's sense, explained with numbers. It is a pure function of tl.
+//
+// Each bottleneck class has its own detector (see detectors); Judge ranks
+// what they found: the earliest first, a root cause over the symptom it
+// explains.
 func Judge(tl *Timeline) Verdict {
-	n := len(tl.T)
+	j := newJudging(tl)
 	var fs []finding
-	total := 100 * float64(max(tl.CPUs, 1))
-	clock := func(i int) string {
-		if tl.Start.IsZero() {
-			return fmt.Sprintf("t=%ds", tl.T[i])
-		}
-		return tl.Start.Add(time.Duration(tl.T[i])*time.Second).UTC().Format("15:04:05") + fmt.Sprintf(" (t=%ds)", tl.T[i])
+	for _, d := range detectors {
+		fs = append(fs, d.detect(j)...)
 	}
-
-	// CPU: the machine, or one process that dominates it.
-	if i := onset(n, func(i int) bool {
-		return at(tl.MachineCPU, i) >= cpuSatFrac*total || at(tl.ServerCPU, i) >= cpuSatFrac*total || at(tl.PostgresCPU, i) >= cpuSatFrac*total
-	}); i >= 0 {
-		j := min(n, i+10)
-		srv, pg, sim, mach := nz(mean(tl.ServerCPU, i, j)), nz(mean(tl.PostgresCPU, i, j)), nz(mean(tl.SimCPU, i, j)), nz(mean(tl.MachineCPU, i, j))
-		mach = math.Max(mach, srv+pg+sim)
-		other := math.Max(0, mach-srv-pg-sim)
-		f := finding{t: i, root: true, prio: 3}
-		switch {
-		case srv >= shareDominant*mach:
-			f.class, f.resource = ClassAppCPU, "server CPU"
-			f.text = fmt.Sprintf("server CPU %s of %s from %s while PostgreSQL used %s: the application server is the bottleneck",
-				pct(srv), pct(total), clock(i), pct(pg))
-			if tl.SameProcess {
-				f.text = fmt.Sprintf("server+simulator process CPU %s of %s from %s while PostgreSQL used %s: the one process running both (kettle demo) is the bottleneck; run serve and swarm apart to tell which",
-					pct(srv), pct(total), clock(i), pct(pg))
-			}
-		case pg >= shareDominant*mach:
-			f.class, f.resource = ClassDBCPU, "database CPU"
-			f.text = fmt.Sprintf("PostgreSQL CPU %s of %s from %s while the server used %s: the database is the bottleneck",
-				pct(pg), pct(total), clock(i), pct(srv))
-		default:
-			f.class, f.resource = ClassMachineCPU, "machine CPU"
-			parts := []string{"server " + pct(srv)}
-			if tl.Sampled && !allNaN(tl.PostgresCPU) {
-				parts = append(parts, "PostgreSQL "+pct(pg))
-			}
-			if !tl.SameProcess {
-				parts = append(parts, "simulator "+pct(sim))
-			}
-			parts = append(parts, "other processes "+pct(other))
-			f.text = fmt.Sprintf("the machine's CPU was the limit from %s: %s of %s", clock(i), strings.Join(parts, ", "), pct(total))
-			if other >= shareDominant*mach {
-				f.text += ": mostly work outside the test competed for the CPU; rerun on a quiet machine before trusting the numbers"
-			}
-		}
-		fs = append(fs, f)
-	}
-	// The PostgreSQL pool.
-	if i := onset(n, func(i int) bool {
-		return at(tl.PoolWait, i) >= poolWaitSat || (at(tl.PoolMax, i) > 0 && at(tl.PoolAcquired, i) >= at(tl.PoolMax, i) && at(tl.PoolWait, i) >= 0.1)
-	}); i >= 0 {
-		fs = append(fs, finding{class: ClassPool, resource: "DB pool", t: i, root: true, prio: 1,
-			text: fmt.Sprintf("the PostgreSQL pool was the limit from %s: %g of %g connections in use and on average %.1f requests waiting for one (peak %.1f); the database itself used %s CPU",
-				clock(i), at(tl.PoolAcquired, i), at(tl.PoolMax, i), at(tl.PoolWait, i), peak(tl.PoolWait), pct(mean(tl.PostgresCPU, i, min(n, i+10))))})
-	}
-	// Disk.
-	if i := onset(n, func(i int) bool { return at(tl.DiskAwaitMs, i) >= diskAwaitSat || at(tl.DiskUtil, i) >= diskUtilSat }); i >= 0 {
-		fs = append(fs, finding{class: ClassDisk, resource: "disk", t: i, root: true, prio: 0,
-			text: fmt.Sprintf("disk %s was the limit from %s: await %.0f ms (peak %.0f ms), %s busy",
-				orDash(tl.Disk), clock(i), at(tl.DiskAwaitMs, i), peak(tl.DiskAwaitMs), pct(at(tl.DiskUtil, i)))})
-	}
-	// Memory: the machine running out, or the server growing.
-	if tl.MemTotalBytes > 0 {
-		if i := onset(n, func(i int) bool { return at(tl.MemAvailable, i) < memLowFrac*tl.MemTotalBytes }); i >= 0 {
-			fs = append(fs, finding{class: ClassMemory, resource: "memory", t: i, root: true, prio: 2,
-				text: fmt.Sprintf("memory was the limit from %s: %s available of %s (server RSS %s, PostgreSQL %s)",
-					clock(i), mib(at(tl.MemAvailable, i)), mib(tl.MemTotalBytes), mib(at(tl.ServerRSS, i)), mib(at(tl.PostgresRSS, i)))})
-		}
-	}
-	// Growth counts only once the fleet is complete: hatching kettles
-	// legitimately grows the server's connections and caches.
-	full := 0
-	for full < n && at(tl.Kettles, full) < lastValid(tl.Kettles) {
-		full++
-	}
-	steadyEnd := min(n, full+max((n-full)/5, 1))
-	// A garbage-collected server's RSS grows between collections by what its
-	// collector target allows (at GOGC=400 up to 5× the live heap), steadily
-	// over a short run at a steady load: when the server reports its live
-	// heap, growth is judged on that, and RSS is quoted beside it.
-	mem, what := tl.ServerRSS, "RSS"
-	if !allNaN(tl.ServerHeapLive) {
-		mem, what = tl.ServerHeapLive, "live heap (what its last collection kept)"
-	}
-	if base := -peak(neg(slice(mem, full, steadyEnd))); base > 0 && lastValid(mem) >= memGrowthFrac*base && lastValid(mem)-base >= memGrowthMin {
-		if i := onset(n, func(i int) bool {
-			return i >= full && at(mem, i) >= memGrowthFrac*base && increasing(mem, i)
-		}); i >= 0 {
-			last := lastValid(mem)
-			mins := float64(tl.T[n-1]-tl.T[i]) / 60
-			rate, rss := "", ""
-			if mins > 0 {
-				rate = fmt.Sprintf(", +%s/min", mib((last-at(mem, i))/mins))
-			}
-			if what != "RSS" {
-				rss = fmt.Sprintf(" (RSS %s at the end)", mib(lastValid(tl.ServerRSS)))
-			}
-			fs = append(fs, finding{class: ClassMemory, resource: "server memory", t: i, root: true, prio: 2,
-				text: fmt.Sprintf("server memory kept growing: %s %s early in the run, %s from %s, %s at the end%s%s; something is queueing without bound",
-					what, mib(base), mib(at(mem, i)), clock(i), mib(last), rate, rss)})
-		}
-	}
-	// The ingest queue: full, refusing, or growing.
-	if i := onset(n, func(i int) bool {
-		return (at(tl.QueueCap, i) > 0 && at(tl.QueueRows, i) >= queueSatFrac*at(tl.QueueCap, i)) || at(tl.RejectedPerS, i) > 0
-	}); i >= 0 {
-		commit := ""
-		if c := mean(tl.CommitMs, i, min(n, i+10)); !math.IsNaN(c) {
-			commit = fmt.Sprintf("; a commit took %.0f ms on average", c)
-		}
-		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
-			text: fmt.Sprintf("the ingest queue filled from %s: %.0f of %.0f rows, %.0f readings/s refused with 503: the store could not commit as fast as readings arrived%s",
-				clock(i), at(tl.QueueRows, i), at(tl.QueueCap, i), peak(tl.RejectedPerS), commit)})
-	} else if i := growth(tl.QueueRows, tl.QueueCap); i >= 0 {
-		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
-			text: fmt.Sprintf("the ingest queue kept growing from %s (%.0f rows, %.0f at the end, capacity %.0f): the store could not keep up and would have refused soon",
-				clock(i), at(tl.QueueRows, i), lastValid(tl.QueueRows), lastValid(tl.QueueCap))})
-	}
-	// The simulator itself.
-	if i := onset(n, func(i int) bool { return at(tl.LagMs, i) >= lagSatMs }); i >= 0 {
-		extra := ""
-		if !tl.SameProcess && !allNaN(tl.SimCPU) {
-			extra = fmt.Sprintf(" (its CPU %s)", pct(peak(tl.SimCPU)))
-		}
-		fs = append(fs, finding{class: ClassLoadGen, resource: "simulator", t: i, prio: 6,
-			text: fmt.Sprintf("the load generator was the limit: its lag reached %s from %s%s; the load it offered was late, so the server was measured under less than the intended load",
-				dur(peak(tl.LagMs)), clock(i), extra)})
-	}
-
 	if len(fs) == 0 {
-		return noSaturation(tl, clock)
+		return noSaturation(tl, j.clock)
 	}
 	sort.SliceStable(fs, func(a, b int) bool {
 		if fs[a].t != fs[b].t {
@@ -309,6 +187,196 @@ func Judge(tl *Timeline) Verdict {
 		}
 	}
 	return v
+}
+
+// judging is what every detector reads: the timeline and what Judge
+// derives from it once.
+type judging struct {
+	tl    *Timeline
+	n     int     // samples
+	total float64 // the machine's CPU, 100 × CPUs
+	clock func(i int) string
+}
+
+func newJudging(tl *Timeline) *judging {
+	return &judging{
+		tl: tl, n: len(tl.T), total: 100 * float64(max(tl.CPUs, 1)),
+		clock: func(i int) string {
+			if tl.Start.IsZero() {
+				return fmt.Sprintf("t=%ds", tl.T[i])
+			}
+			return tl.Start.Add(time.Duration(tl.T[i])*time.Second).UTC().Format("15:04:05") + fmt.Sprintf(" (t=%ds)", tl.T[i])
+		},
+	}
+}
+
+// detector finds when one class of bottleneck saturated, with its
+// evidence; it finds nothing when that class did not.
+type detector struct {
+	class  string // the bottleneck class it looks for (one of Class…, or several)
+	detect func(j *judging) []finding
+}
+
+// detectors are the bottleneck classes Judge looks for, one each.
+var detectors = []detector{
+	{ClassAppCPU + "|" + ClassDBCPU + "|" + ClassMachineCPU, detectCPU},
+	{ClassPool, detectPool},
+	{ClassDisk, detectDisk},
+	{ClassMemory, detectMemory},
+	{ClassQueue, detectQueue},
+	{ClassLoadGen, detectLoadGen},
+}
+
+// detectCPU finds the CPU at its limit: the machine's, or one process's
+// that dominates it.
+func detectCPU(j *judging) (fs []finding) {
+	if i := onset(j.n, func(i int) bool {
+		return at(j.tl.MachineCPU, i) >= cpuSatFrac*j.total || at(j.tl.ServerCPU, i) >= cpuSatFrac*j.total || at(j.tl.PostgresCPU, i) >= cpuSatFrac*j.total
+	}); i >= 0 {
+		end := min(j.n, i+10)
+		srv, pg, sim, mach := nz(mean(j.tl.ServerCPU, i, end)), nz(mean(j.tl.PostgresCPU, i, end)), nz(mean(j.tl.SimCPU, i, end)), nz(mean(j.tl.MachineCPU, i, end))
+		mach = math.Max(mach, srv+pg+sim)
+		other := math.Max(0, mach-srv-pg-sim)
+		f := finding{t: i, root: true, prio: 3}
+		switch {
+		case srv >= shareDominant*mach:
+			f.class, f.resource = ClassAppCPU, "server CPU"
+			f.text = fmt.Sprintf("server CPU %s of %s from %s while PostgreSQL used %s: the application server is the bottleneck",
+				pct(srv), pct(j.total), j.clock(i), pct(pg))
+			if j.tl.SameProcess {
+				f.text = fmt.Sprintf("server+simulator process CPU %s of %s from %s while PostgreSQL used %s: the one process running both (kettle demo) is the bottleneck; run serve and swarm apart to tell which",
+					pct(srv), pct(j.total), j.clock(i), pct(pg))
+			}
+		case pg >= shareDominant*mach:
+			f.class, f.resource = ClassDBCPU, "database CPU"
+			f.text = fmt.Sprintf("PostgreSQL CPU %s of %s from %s while the server used %s: the database is the bottleneck",
+				pct(pg), pct(j.total), j.clock(i), pct(srv))
+		default:
+			f.class, f.resource = ClassMachineCPU, "machine CPU"
+			parts := []string{"server " + pct(srv)}
+			if j.tl.Sampled && !allNaN(j.tl.PostgresCPU) {
+				parts = append(parts, "PostgreSQL "+pct(pg))
+			}
+			if !j.tl.SameProcess {
+				parts = append(parts, "simulator "+pct(sim))
+			}
+			parts = append(parts, "other processes "+pct(other))
+			f.text = fmt.Sprintf("the machine's CPU was the limit from %s: %s of %s", j.clock(i), strings.Join(parts, ", "), pct(j.total))
+			if other >= shareDominant*mach {
+				f.text += ": mostly work outside the test competed for the CPU; rerun on a quiet machine before trusting the numbers"
+			}
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}
+
+// detectPool finds the PostgreSQL pool with every connection in use and
+// requests waiting for one.
+func detectPool(j *judging) (fs []finding) {
+	if i := onset(j.n, func(i int) bool {
+		return at(j.tl.PoolWait, i) >= poolWaitSat || (at(j.tl.PoolMax, i) > 0 && at(j.tl.PoolAcquired, i) >= at(j.tl.PoolMax, i) && at(j.tl.PoolWait, i) >= 0.1)
+	}); i >= 0 {
+		fs = append(fs, finding{class: ClassPool, resource: "DB pool", t: i, root: true, prio: 1,
+			text: fmt.Sprintf("the PostgreSQL pool was the limit from %s: %g of %g connections in use and on average %.1f requests waiting for one (peak %.1f); the database itself used %s CPU",
+				j.clock(i), at(j.tl.PoolAcquired, i), at(j.tl.PoolMax, i), at(j.tl.PoolWait, i), peak(j.tl.PoolWait), pct(mean(j.tl.PostgresCPU, i, min(j.n, i+10))))})
+	}
+	return fs
+}
+
+// detectDisk finds the disk at its limit: long waits or always busy.
+func detectDisk(j *judging) (fs []finding) {
+	if i := onset(j.n, func(i int) bool {
+		return at(j.tl.DiskAwaitMs, i) >= diskAwaitSat || at(j.tl.DiskUtil, i) >= diskUtilSat
+	}); i >= 0 {
+		fs = append(fs, finding{class: ClassDisk, resource: "disk", t: i, root: true, prio: 0,
+			text: fmt.Sprintf("disk %s was the limit from %s: await %.0f ms (peak %.0f ms), %s busy",
+				orDash(j.tl.Disk), j.clock(i), at(j.tl.DiskAwaitMs, i), peak(j.tl.DiskAwaitMs), pct(at(j.tl.DiskUtil, i)))})
+	}
+	return fs
+}
+
+// detectMemory finds memory at its limit: the machine running out, or the
+// server growing without bound.
+func detectMemory(j *judging) (fs []finding) {
+	if j.tl.MemTotalBytes > 0 {
+		if i := onset(j.n, func(i int) bool { return at(j.tl.MemAvailable, i) < memLowFrac*j.tl.MemTotalBytes }); i >= 0 {
+			fs = append(fs, finding{class: ClassMemory, resource: "memory", t: i, root: true, prio: 2,
+				text: fmt.Sprintf("memory was the limit from %s: %s available of %s (server RSS %s, PostgreSQL %s)",
+					j.clock(i), mib(at(j.tl.MemAvailable, i)), mib(j.tl.MemTotalBytes), mib(at(j.tl.ServerRSS, i)), mib(at(j.tl.PostgresRSS, i)))})
+		}
+	}
+	// Growth counts only once the fleet is complete: hatching kettles
+	// legitimately grows the server's connections and caches.
+	full := 0
+	for full < j.n && at(j.tl.Kettles, full) < lastValid(j.tl.Kettles) {
+		full++
+	}
+	steadyEnd := min(j.n, full+max((j.n-full)/5, 1))
+	// A garbage-collected server's RSS grows between collections by what its
+	// collector target allows (at GOGC=400 up to 5× the live heap), steadily
+	// over a short run at a steady load: when the server reports its live
+	// heap, growth is judged on that, and RSS is quoted beside it.
+	mem, what := j.tl.ServerRSS, "RSS"
+	if !allNaN(j.tl.ServerHeapLive) {
+		mem, what = j.tl.ServerHeapLive, "live heap (what its last collection kept)"
+	}
+	if base := -peak(neg(slice(mem, full, steadyEnd))); base > 0 && lastValid(mem) >= memGrowthFrac*base && lastValid(mem)-base >= memGrowthMin {
+		if i := onset(j.n, func(i int) bool {
+			return i >= full && at(mem, i) >= memGrowthFrac*base && increasing(mem, i)
+		}); i >= 0 {
+			last := lastValid(mem)
+			mins := float64(j.tl.T[j.n-1]-j.tl.T[i]) / 60
+			rate, rss := "", ""
+			if mins > 0 {
+				rate = fmt.Sprintf(", +%s/min", mib((last-at(mem, i))/mins))
+			}
+			if what != "RSS" {
+				rss = fmt.Sprintf(" (RSS %s at the end)", mib(lastValid(j.tl.ServerRSS)))
+			}
+			fs = append(fs, finding{class: ClassMemory, resource: "server memory", t: i, root: true, prio: 2,
+				text: fmt.Sprintf("server memory kept growing: %s %s early in the run, %s from %s, %s at the end%s%s; something is queueing without bound",
+					what, mib(base), mib(at(mem, i)), j.clock(i), mib(last), rate, rss)})
+		}
+	}
+	return fs
+}
+
+// detectQueue finds the ingest queue full, refusing, or growing: a symptom
+// of a store that cannot keep up.
+func detectQueue(j *judging) (fs []finding) {
+	if i := onset(j.n, func(i int) bool {
+		return (at(j.tl.QueueCap, i) > 0 && at(j.tl.QueueRows, i) >= queueSatFrac*at(j.tl.QueueCap, i)) || at(j.tl.RejectedPerS, i) > 0
+	}); i >= 0 {
+		commit := ""
+		if c := mean(j.tl.CommitMs, i, min(j.n, i+10)); !math.IsNaN(c) {
+			commit = fmt.Sprintf("; a commit took %.0f ms on average", c)
+		}
+		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
+			text: fmt.Sprintf("the ingest queue filled from %s: %.0f of %.0f rows, %.0f readings/s refused with 503: the store could not commit as fast as readings arrived%s",
+				j.clock(i), at(j.tl.QueueRows, i), at(j.tl.QueueCap, i), peak(j.tl.RejectedPerS), commit)})
+	} else if i := growth(j.tl.QueueRows, j.tl.QueueCap); i >= 0 {
+		fs = append(fs, finding{class: ClassQueue, resource: "ingest queue", t: i, prio: 5,
+			text: fmt.Sprintf("the ingest queue kept growing from %s (%.0f rows, %.0f at the end, capacity %.0f): the store could not keep up and would have refused soon",
+				j.clock(i), at(j.tl.QueueRows, i), lastValid(j.tl.QueueRows), lastValid(j.tl.QueueCap))})
+	}
+	return fs
+}
+
+// detectLoadGen finds the simulator itself falling behind: a symptom, or a
+// measurement made under less than the intended load.
+func detectLoadGen(j *judging) (fs []finding) {
+	if i := onset(j.n, func(i int) bool { return at(j.tl.LagMs, i) >= lagSatMs }); i >= 0 {
+		extra := ""
+		if !j.tl.SameProcess && !allNaN(j.tl.SimCPU) {
+			extra = fmt.Sprintf(" (its CPU %s)", pct(peak(j.tl.SimCPU)))
+		}
+		fs = append(fs, finding{class: ClassLoadGen, resource: "simulator", t: i, prio: 6,
+			text: fmt.Sprintf("the load generator was the limit: its lag reached %s from %s%s; the load it offered was late, so the server was measured under less than the intended load",
+				dur(peak(j.tl.LagMs)), j.clock(i), extra)})
+	}
+
+	return fs
 }
 
 // noSaturation: either the target held, or the SLO broke with nothing we
