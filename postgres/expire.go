@@ -87,10 +87,6 @@ func (s *Store) oldestPartitionBefore(ctx context.Context, day int) (partition, 
 	return parts[0], true, nil
 }
 
-// expireCounted, when set (tests), runs after expirePartition counted the
-// partition, holding it against inserts.
-var expireCounted func()
-
 // errExpireWaiter: a writer waits to insert into the partition being expired.
 var errExpireWaiter = errors.New("a writer waits to insert into the partition")
 
@@ -145,8 +141,8 @@ func (s *Store) expirePartition(ctx context.Context, p partition) (int64, error)
 				return err
 			}
 		}
-		if expireCounted != nil {
-			expireCounted()
+		if s.expireCounted != nil {
+			s.expireCounted()
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", expireLockWait.Milliseconds())); err != nil {
 			return err

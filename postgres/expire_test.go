@@ -81,7 +81,7 @@ func TestExpireYieldsToWriter(t *testing.T) {
 	ctx := context.Background()
 	s, conn, rng, dev, old := expireFixture(t, 3)
 	written := make(chan error, 1)
-	defer postgres.SetExpireCounted(func() {
+	s.SetExpireCounted(func() {
 		go func() {
 			_, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, dev, old.Add(time.Minute))}, time.Now())
 			written <- err
@@ -99,7 +99,7 @@ func TestExpireYieldsToWriter(t *testing.T) {
 			}
 		}
 		t.Error("the write never waited for the partition")
-	})()
+	})
 	before := kettle.ExpireBefore(time.Now(), 40*24*time.Hour)
 	n, err := s.Expire(ctx, before)
 	if n != 0 || kettle.ErrorCode(err) != kettle.EUnavailable || !strings.Contains(err.Error(), "waits to insert") {
@@ -108,7 +108,7 @@ func TestExpireYieldsToWriter(t *testing.T) {
 	if err := <-written; err != nil {
 		t.Fatalf("the write into the month being expired: %v", err)
 	}
-	postgres.SetExpireCounted(nil)
+	s.SetExpireCounted(nil)
 	if n, err := s.Expire(ctx, before); n != 2 || err != nil {
 		t.Errorf("the next Expire: %d, %v; want the month's 2 readings", n, err)
 	}

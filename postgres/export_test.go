@@ -2,13 +2,9 @@ package postgres
 
 import "context"
 
-// SetPlainBatchRows sets the largest live batch written by INSERT from
-// arrays and returns a function that restores it. Not for parallel tests.
-func SetPlainBatchRows(n int) (restore func()) {
-	old := plainBatchRows
-	plainBatchRows = n
-	return func() { plainBatchRows = old }
-}
+// SetPlainBatchRows sets the largest live batch s writes by INSERT from
+// arrays (0: every batch by COPY). Call it before s writes.
+func (s *Store) SetPlainBatchRows(n int) { s.plainBatchRows = n }
 
 // CompactSeen folds last_seen_moves into last_seen_counts now.
 func (s *Store) CompactSeen(ctx context.Context) error { return s.compactSeen(ctx, true) }
@@ -40,14 +36,10 @@ func (s *Store) HoldPool(ctx context.Context) (release func(), err error) {
 // LockExpire is the advisory lock key Expire serialises on.
 const LockExpire = lockExpire
 
-// SetExpireCounted makes Expire call f after it counted a month's readings,
-// holding the partition against inserts; it returns a function that
-// restores it. Not for parallel tests.
-func SetExpireCounted(f func()) (restore func()) {
-	old := expireCounted
-	expireCounted = f
-	return func() { expireCounted = old }
-}
+// SetExpireCounted makes s's Expire call f after it counted a partition's
+// readings, holding the partition against inserts (nil: nothing). Call it
+// while s does not expire.
+func (s *Store) SetExpireCounted(f func()) { s.expireCounted = f }
 
 // WithoutPassword exports withoutPassword.
 var WithoutPassword = withoutPassword

@@ -75,9 +75,8 @@ func TestMonthPartitionFromBefore(t *testing.T) {
 	// A batch in one day of March by COPY (every batch, here), straight
 	// into the month's partition; a second store, which knew of the month
 	// at Open, the same.
-	restore := postgres.SetPlainBatchRows(0)
-	defer restore()
-	s2 := open(t, dsn)
+	s.SetPlainBatchRows(0)
+	s2 := open(t, dsn, copyPath)
 	defer s2.Close()
 	for i, st := range []*postgres.Store{s, s2} {
 		var copied []kettle.Measurement

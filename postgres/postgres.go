@@ -128,6 +128,13 @@ type Store struct {
 	mon        *pgx.Conn
 	monVersion int32
 	monWALDir  bool
+
+	// the largest live batch written by a plain INSERT (see
+	// defaultPlainBatchRows)
+	plainBatchRows int
+	// expireCounted, when set (tests), runs after expirePartition counted
+	// the partition, holding it against inserts
+	expireCounted func()
 }
 
 // Open connects to the database at dsn (a postgres:// URL or keyword/value
@@ -167,7 +174,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.StatementTimeout > 0 {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
-	s := &Store{opts: opts, parts: map[int]string{}, loadedDays: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
+	s := &Store{opts: opts, plainBatchRows: defaultPlainBatchRows, parts: map[int]string{}, loadedDays: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
 	// The staging table of Write, once per connection. Temporary tables are
 	// private to the session, so concurrent batches never see each other's rows.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {

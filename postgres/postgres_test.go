@@ -26,14 +26,21 @@ var (
 	_ storetest.ConflictRetrier = (*postgres.Store)(nil)
 )
 
-func open(t testing.TB, dsn string) *postgres.Store {
+// open opens the store at dsn, then gives it to each of tune.
+func open(t testing.TB, dsn string, tune ...func(*postgres.Store)) *postgres.Store {
 	t.Helper()
 	s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 8})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	for _, f := range tune {
+		f(s)
+	}
 	return s
 }
+
+// copyPath sends every live batch of a store down the COPY path.
+func copyPath(s *postgres.Store) { s.SetPlainBatchRows(0) }
 
 // connect opens a plain connection to the test database, closed when the
 // test ends: for what the store does not expose (plans, catalog, fault
@@ -48,14 +55,16 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 	return c
 }
 
-func TestConformance(t *testing.T) {
+func TestConformance(t *testing.T) { conformance(t) }
+
+func conformance(t *testing.T, tune ...func(*postgres.Store)) {
 	storetest.Run(t, func(t *testing.T) (kettle.Store, func(t *testing.T) kettle.Store) {
 		dsn := pgtest.Start(t)
-		cur := open(t, dsn)
+		cur := open(t, dsn, tune...)
 		t.Cleanup(func() { cur.Close() })
 		return cur, func(t *testing.T) kettle.Store {
 			cur.Close()
-			cur = open(t, dsn)
+			cur = open(t, dsn, tune...)
 			return cur
 		}
 	})
@@ -64,10 +73,7 @@ func TestConformance(t *testing.T) {
 // TestConformanceCopyPath runs the suite again with every live batch, even
 // a single reading, written by the optimistic COPY (and its fallback to the
 // staging table on a duplicate) instead of the plain INSERT from arrays.
-func TestConformanceCopyPath(t *testing.T) {
-	defer postgres.SetPlainBatchRows(0)()
-	TestConformance(t)
-}
+func TestConformanceCopyPath(t *testing.T) { conformance(t, copyPath) }
 
 func rowAt(rng *rand.Rand, dev kettle.DeviceID, t time.Time) kettle.Measurement {
 	return kettle.Measurement{
@@ -306,9 +312,11 @@ func TestConcurrentMigrate(t *testing.T) {
 // TestTwoNodesOverlap runs two stores (two server nodes, separate pools) that
 // write overlapping batches, out of order, into the same devices and hours,
 // and checks the derived figures against a full recompute.
-func TestTwoNodesOverlap(t *testing.T) {
+func TestTwoNodesOverlap(t *testing.T) { twoNodesOverlap(t) }
+
+func twoNodesOverlap(t *testing.T, tune ...func(*postgres.Store)) {
 	dsn := pgtest.Start(t)
-	a, b := open(t, dsn), open(t, dsn)
+	a, b := open(t, dsn, tune...), open(t, dsn, tune...)
 	defer a.Close()
 	defer b.Close()
 	base := time.Date(2024, 2, 28, 22, 0, 0, 0, time.UTC) // batches straddle a month boundary
@@ -394,10 +402,7 @@ func TestTwoNodesOverlap(t *testing.T) {
 // TestTwoNodesOverlapCopyPath is TestTwoNodesOverlap with every batch on
 // the COPY path: overlapping batches make the optimistic COPY fail on
 // duplicates and fall back, under concurrency.
-func TestTwoNodesOverlapCopyPath(t *testing.T) {
-	defer postgres.SetPlainBatchRows(0)()
-	TestTwoNodesOverlap(t)
-}
+func TestTwoNodesOverlapCopyPath(t *testing.T) { twoNodesOverlap(t, copyPath) }
 
 // TestSeedCopy seeds, re-seeds (no duplicates), seeds an overlapping chunk,
 // and checks the derived figures.

@@ -134,7 +134,7 @@ const (
 // Write stores batch in one transaction and returns per row whether it was a
 // duplicate. See kettle.Store.
 //
-// The transaction, two round trips for a batch of up to plainBatchRows
+// The transaction, two round trips for a batch of up to Store.plainBatchRows
 // readings (three above): first, pipelined, BEGIN, the registration of
 // devices this store has not seen exist, the lock of the batch's devices in
 // id order, reading their state (so that two nodes writing overlapping
@@ -341,8 +341,8 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 
 	// Round trip 1: begin, lock the batch's devices and read their state;
 	// live writes also set the savepoint the optimistic insert returns to
-	// when a row is already stored, and a live batch of up to plainBatchRows
-	// rows is inserted right there (see plainBatchRows).
+	// when a row is already stored, and a live batch of up to Store.plainBatchRows
+	// rows is inserted right there (see defaultPlainBatchRows).
 	//
 	// The lock order. Every write transaction takes its locks in one global
 	// order: first the registration of the batch's unknown devices (an
@@ -365,7 +365,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 	// and start again.
 	devs := make(map[kettle.DeviceID]*devState, len(ids))
 	idArr := uuidArray(ids)
-	plain := !bulk && len(rows) <= plainBatchRows
+	plain := !bulk && len(rows) <= s.plainBatchRows
 	res.inserted = make([]bool, len(rows))
 	var newDevs int64
 	var stored bool // a plain insert hit a row already stored (and failed)
@@ -775,19 +775,17 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// plainBatchRows is the largest live batch inserted in the first round
-// trip, by a plain INSERT from arrays (optimistic, like the COPY: under the
-// savepoint, falling back to the staging table if a row is already stored);
-// larger ones go by COPY (see liveInsert), a round trip more but less per
-// row. For the batches single readings make, the INSERT costs less than
-// both the COPY and the INSERT … ON CONFLICT DO NOTHING RETURNING it
-// replaced, which probed the primary key once before inserting and sent
-// every new key back (bench/pg-ab.sh, single readings, median of rounds:
-// 1.044 of COPY above 200 rows at 1024 connections, 1.037 of ON CONFLICT
-// up to 200 at 64; batches of 500-reading uploads by COPY: plain INSERT
-// for all sizes gave 0.885 of their rows/s). A variable so tests can send
+// defaultPlainBatchRows is the largest live batch inserted in the first
+// round trip, by a plain INSERT from arrays (optimistic, like the COPY: under
+// the savepoint, falling back to the staging table if a row is already
+// stored); larger ones go by COPY (see liveInsert), a round trip more but
+// less per row. For the batches single readings make, the INSERT costs less
+// than both the COPY and an INSERT … ON CONFLICT DO NOTHING RETURNING, which
+// probes the primary key once before inserting and sends every new key back;
+// for the batches of many-reading uploads the COPY costs less
+// (docs/performance.md). Store.plainBatchRows holds it; tests set 0 to send
 // every batch down the COPY path.
-var plainBatchRows = 1000
+const defaultPlainBatchRows = 1000
 
 // ksum is a Neumaier-compensated running sum: the total is s + c.
 type ksum struct{ s, c float64 }
@@ -802,7 +800,7 @@ func (k *ksum) add(x float64) {
 	k.s = t
 }
 
-// liveInsert is the insert step of Write for batches over plainBatchRows,
+// liveInsert is the insert step of Write for batches over Store.plainBatchRows,
 // run with the devices locked and the savepoint kettle_insert set. Duplicates of stored rows are rare (a
 // kettle re-sending a reading it got no answer for), so it first tries the
 // fastest path: binary COPY straight into the measurements (into the

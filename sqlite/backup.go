@@ -40,6 +40,11 @@ type FileInfo struct {
 // always a whole, checked backup. progress, if not nil, is called after
 // each step with the bytes copied and the bytes to copy.
 func Backup(ctx context.Context, path, out string, check bool, progress func(done, total int64)) (FileInfo, error) {
+	return backup(ctx, path, out, check, progress, backupStepPages)
+}
+
+// backup is Backup copying stepPages pages a step.
+func backup(ctx context.Context, path, out string, check bool, progress func(done, total int64), stepPages int) (FileInfo, error) {
 	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
 		return FileInfo{}, fmt.Errorf("back up %s: no database file there", path)
 	}
@@ -47,7 +52,7 @@ func Backup(ctx context.Context, path, out string, check bool, progress func(don
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up to %s", err)
 	}
-	info, err := backupInto(ctx, path, tmp, check, progress)
+	info, err := backupInto(ctx, path, tmp, check, progress, stepPages)
 	if err != nil {
 		os.Remove(tmp)
 		return FileInfo{}, err
@@ -58,7 +63,7 @@ func Backup(ctx context.Context, path, out string, check bool, progress func(don
 	return info, nil
 }
 
-func backupInto(ctx context.Context, path, tmp string, check bool, progress func(done, total int64)) (FileInfo, error) {
+func backupInto(ctx context.Context, path, tmp string, check bool, progress func(done, total int64), stepPages int) (FileInfo, error) {
 	sc, closeSrc, err := open1(ctx, path, "mode=ro&_busy_timeout=5000")
 	if err != nil {
 		return FileInfo{}, fmt.Errorf("back up %s: %w", path, err)
@@ -112,7 +117,7 @@ func backupInto(ctx context.Context, path, tmp string, check bool, progress func
 			}
 			left := -1
 			for {
-				done, err := bk.Step(backupStepPages)
+				done, err := bk.Step(stepPages)
 				if err == nil {
 					err = syncStep()
 				}
@@ -163,11 +168,10 @@ func backupInto(ctx context.Context, path, tmp string, check bool, progress func
 // backupStepPages is how many pages a backup copies, then fsyncs, at a
 // time (8 MiB of 4 KiB pages). One fsync of a file with hundreds of MB not
 // yet on the disk holds up every other fsync on the machine until it is
-// done (the disk's write cache is flushed for all at once): measured, a
-// running kettle serve's upload p99 was 0.79–1.22 s in the 5 s around a
-// backup of ~550 MB synced at its end, 6–15 ms otherwise; 12–42 ms with a
-// step at a time (docs/performance.md, "Backups").
-var backupStepPages = 2048 // a variable for the tests
+// done (the disk's write cache is flushed for all at once), so a backup
+// synced only at its end stalls a running server's commits; a step at a
+// time spreads that cost (docs/performance.md, "Backups").
+const backupStepPages = 2048
 
 // Inspect opens the kettle database file at path read-only and checks
 // that it is one this binary can open and that its counts agree: statistic

@@ -28,7 +28,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 	dir := t.TempDir()
 	src, out := filepath.Join(dir, "kettle.db"), filepath.Join(dir, "backups", "b.db")
 	s := open(t, src, sqlite.WithMerge(150, time.Hour))
-	sqlite.SetBackupStepPages(t, 2) // many steps, commits between them
+	const stepPages = 2 // many steps, commits between them
 	devs := make([]kettle.DeviceID, 40)
 	for i := range devs {
 		devs[i] = kettle.DeviceID{byte(i * 6), byte(i), 1}
@@ -77,7 +77,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 	var steps int
 	var last [2]int64
 	progress := func(done, total int64) { steps, last = steps+1, [2]int64{done, total} }
-	info, err := sqlite.Backup(ctx, src, out, true, progress)
+	info, err := sqlite.BackupSteps(ctx, src, out, true, progress, stepPages)
 	hi := committed.Load()
 	time.Sleep(50 * time.Millisecond)
 	close(stop)
@@ -102,7 +102,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	gone := filepath.Join(dir, "backups", "cancelled.db")
-	if _, err := sqlite.Backup(cancelled, src, gone, true, nil); err == nil {
+	if _, err := sqlite.BackupSteps(cancelled, src, gone, true, nil, stepPages); err == nil {
 		t.Errorf("Backup with its context cancelled: no error")
 	}
 	for _, f := range []string{gone, gone + ".partial"} {
@@ -110,7 +110,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 			t.Errorf("%s exists after a cancelled backup", f)
 		}
 	}
-	if _, err := sqlite.Backup(ctx, src, out, false, nil); err == nil || !strings.Contains(err.Error(), "exists") {
+	if _, err := sqlite.BackupSteps(ctx, src, out, false, nil, stepPages); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("a second Backup to %s: %v; want a refusal saying it exists", out, err)
 	}
 
@@ -122,7 +122,7 @@ func TestBackupIsASnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := sqlite.Backup(ctx, plain, filepath.Join(dir, "p.db"), false, nil); err == nil || !strings.Contains(err.Error(), "not a kettle database") {
+	if _, err := sqlite.BackupSteps(ctx, plain, filepath.Join(dir, "p.db"), false, nil, stepPages); err == nil || !strings.Contains(err.Error(), "not a kettle database") {
 		t.Errorf("Backup of a SQLite file that is not a kettle store: %v; want a refusal", err)
 	}
 

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"testing"
 	"time"
 )
 
@@ -15,10 +14,7 @@ func (s *Store) ExpireShare(ctx context.Context, before time.Time, share float64
 	return s.expire(ctx, before.UnixMicro(), share, budget)
 }
 
-// SetBackupStepPages sets how many pages a backup copies a step, until the
-// test ends.
-func SetBackupStepPages(t testing.TB, n int) {
-	old := backupStepPages
-	backupStepPages = n
-	t.Cleanup(func() { backupStepPages = old })
+// BackupSteps is Backup copying stepPages pages a step.
+func BackupSteps(ctx context.Context, path, out string, check bool, progress func(done, total int64), stepPages int) (FileInfo, error) {
+	return backup(ctx, path, out, check, progress, stepPages)
 }
