@@ -198,6 +198,10 @@ func dense(batch []kettle.Measurement) bool {
 	return true
 }
 
+// writeBatch inserts the batch's new rows and, in the same transaction,
+// what they change: the devices' states, the last-seen counts, the hourly
+// and hour-of-day rollups and the totals. dup[i] is set for every row that
+// was already stored (or repeated in the batch).
 func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, seenAtNewest bool, dup []bool, direct bool) error {
 	nc := context.WithoutCancel(ctx)
 	sc := &s.wsc
@@ -206,19 +210,61 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		sc.keys = make(map[rowKey]int32, len(batch))
 		sc.devIdx = make(map[kettle.DeviceID]int32, len(batch))
 	}
-	// A key's first occurrence is the one that may be stored; later ones
-	// are duplicates whatever happens.
+	sc.candidates(batch, dup)
+	added, err := s.insertNew(ctx, tx, batch, recv, seenAtNewest, dup, direct)
+	if err != nil || added == 0 {
+		return err
+	}
+	hours, byHod := sc.aggregate(batch, dup)
+
+	tot, err := readTotals(tx.StmtContext(nc, s.selTotals).QueryRowContext(nc))
+	if err != nil {
+		return fmt.Errorf("read totals: %w", err)
+	}
+	tot.measurements += added
+	seenDelta := s.nextStates(batch, recv, seenAtNewest, &tot)
+	if err := s.writeDevices(nc, tx, batch, recv, seenAtNewest, direct); err != nil {
+		return err
+	}
+	if err := s.moveSeen(nc, tx, seenDelta); err != nil {
+		return fmt.Errorf("update last-seen counts: %w", err)
+	}
+	if err := mergeMoments(nc, tx.StmtContext(nc, s.selRollup), tx.StmtContext(nc, s.putRollup), hours); err != nil {
+		return fmt.Errorf("merge hourly rollups: %w", err)
+	}
+	if err := mergeMoments(nc, tx.StmtContext(nc, s.selHod), tx.StmtContext(nc, s.putHod), byHod); err != nil {
+		return fmt.Errorf("merge hour-of-day rollups: %w", err)
+	}
+	_, err = tx.StmtContext(nc, s.putTotals).ExecContext(nc, tot.measurements, tot.devices,
+		tot.charge.sum, tot.charge.c, tot.level.sum, tot.level.c, tot.potential.sum, tot.potential.c)
+	if err != nil {
+		return fmt.Errorf("update totals: %w", err)
+	}
+	return nil
+}
+
+// candidates puts in w.cand the index of each key's first occurrence in
+// batch, the one that may be stored; later ones are duplicates whatever
+// happens. Every dup[i] is set until the insert returns the row.
+func (w *writeScratch) candidates(batch []kettle.Measurement, dup []bool) {
 	for i := range batch {
 		k := rowKey{batch[i].Device, batch[i].Time.UnixMicro()}
-		if _, ok := sc.keys[k]; ok {
+		if _, ok := w.keys[k]; ok {
 			dup[i] = true
 			continue
 		}
-		sc.keys[k] = int32(i)
-		sc.cand = append(sc.cand, int32(i))
+		w.keys[k] = int32(i)
+		w.cand = append(w.cand, int32(i))
 		dup[i] = true // until the insert returns it
 	}
+}
 
+// insertNew inserts the candidate rows into staged (or, direct, into
+// measurements), clears dup of each row the insert returned (the new ones)
+// and returns how many there were.
+func (s *Store) insertNew(ctx context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, seenAtNewest bool, dup []bool, direct bool) (int64, error) {
+	nc := context.WithoutCancel(ctx)
+	sc := &s.wsc
 	// Insert in the table's key order, (bucket, time, device) for staged,
 	// (device, time) for measurements: consecutive rows land on neighbouring B-tree
 	// pages.
@@ -266,7 +312,7 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		sc.args = args
 		rows, err := tx.StmtContext(nc, ins[c]).QueryContext(nc, args...)
 		if err != nil {
-			return fmt.Errorf("insert measurements: %w", err)
+			return 0, fmt.Errorf("insert measurements: %w", err)
 		}
 		for rows.Next() {
 			var (
@@ -275,35 +321,35 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 			)
 			if err := rows.Scan(&dev, &k.t); err != nil {
 				rows.Close()
-				return fmt.Errorf("insert measurements: %w", err)
+				return 0, fmt.Errorf("insert measurements: %w", err)
 			}
 			copy(k.dev[:], dev)
 			i, ok := sc.keys[k]
 			if !ok || !dup[i] {
 				rows.Close()
-				return fmt.Errorf("insert measurements: returned key (%s, %d) not in the chunk", k.dev, k.t)
+				return 0, fmt.Errorf("insert measurements: returned key (%s, %d) not in the chunk", k.dev, k.t)
 			}
 			dup[i] = false
 			added++
 		}
 		if err := rows.Close(); err != nil {
-			return fmt.Errorf("insert measurements: %w", err)
+			return 0, fmt.Errorf("insert measurements: %w", err)
 		}
 		if err := rows.Err(); err != nil {
-			return fmt.Errorf("insert measurements: %w", err)
+			return 0, fmt.Errorf("insert measurements: %w", err)
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	if added == 0 {
-		return nil
-	}
+	return added, nil
+}
 
-	// Aggregate the new rows in Go, in batch order so that float results do
-	// not depend on map iteration order.
+// aggregate sums the new rows of batch (dup[i] false) per device into
+// w.devs and per hour and hour of day, in batch order so that float
+// results do not depend on map iteration order.
+func (w *writeScratch) aggregate(batch []kettle.Measurement, dup []bool) (hours, byHod []momentsAgg) {
 	hourIdx := make(map[int64]int, 4)
-	var hours []momentsAgg
 	var hods [24]momentsAgg
 	var hodOrder []int
 	for i := range batch {
@@ -312,15 +358,15 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 		m := &batch[i]
 		t := m.Time.UnixMicro()
-		k, ok := sc.devIdx[m.Device]
+		k, ok := w.devIdx[m.Device]
 		if !ok {
-			k = int32(len(sc.devs))
-			sc.devIdx[m.Device] = k
-			sc.devs = append(sc.devs, devAgg{id: m.Device, newest: i, maxLevel: m.LevelML})
-		} else if d := &sc.devs[k]; t > batch[d.newest].Time.UnixMicro() {
+			k = int32(len(w.devs))
+			w.devIdx[m.Device] = k
+			w.devs = append(w.devs, devAgg{id: m.Device, newest: i, maxLevel: m.LevelML})
+		} else if d := &w.devs[k]; t > batch[d.newest].Time.UnixMicro() {
 			d.newest = i
 		}
-		d := &sc.devs[k]
+		d := &w.devs[k]
 		d.n++
 		d.maxLevel = max(d.maxLevel, m.LevelML)
 
@@ -342,13 +388,19 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		hods[hod].ambient.Add(m.AmbientC)
 	}
 
-	tot, err := readTotals(tx.StmtContext(nc, s.selTotals).QueryRowContext(nc))
-	if err != nil {
-		return fmt.Errorf("read totals: %w", err)
+	byHod = make([]momentsAgg, len(hodOrder))
+	for i, h := range hodOrder {
+		byHod[i] = hods[h]
 	}
-	tot.measurements += added
+	return hours, byHod
+}
 
-	// New device states, from the cache: no read of devices.
+// nextStates sets each device's state after the batch (in w.devs[k].st),
+// from the cache: no read of devices. It adds to tot the devices new to the
+// store and the change of the latest readings, and returns the change of the
+// last-seen counts.
+func (s *Store) nextStates(batch []kettle.Measurement, recv int64, seenAtNewest bool, tot *totals) map[int64]int64 {
+	sc := &s.wsc
 	seenDelta := make(map[int64]int64, 8)
 	for k := range sc.devs {
 		d := &sc.devs[k]
@@ -384,6 +436,13 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 		d.st = st
 	}
+	return seenDelta
+}
+
+// writeDevices writes the devices rows the batch changes: every one when
+// direct; only the devices not registered yet when staged.
+func (s *Store) writeDevices(nc context.Context, tx *sql.Tx, batch []kettle.Measurement, recv int64, seenAtNewest, direct bool) error {
+	sc := &s.wsc
 	if direct {
 		// The devices rows follow measurements in the same transaction.
 		slices.SortFunc(sc.devs, func(a, b devAgg) int { return bytes.Compare(a.id[:], b.id[:]) })
@@ -409,26 +468,6 @@ func (s *Store) writeBatch(ctx context.Context, tx *sql.Tx, batch []kettle.Measu
 		}
 	}
 
-	if err := s.moveSeen(nc, tx, seenDelta); err != nil {
-		return fmt.Errorf("update last-seen counts: %w", err)
-	}
-
-	if err := mergeMoments(nc, tx.StmtContext(nc, s.selRollup), tx.StmtContext(nc, s.putRollup), hours); err != nil {
-		return fmt.Errorf("merge hourly rollups: %w", err)
-	}
-	byHod := make([]momentsAgg, len(hodOrder))
-	for i, h := range hodOrder {
-		byHod[i] = hods[h]
-	}
-	if err := mergeMoments(nc, tx.StmtContext(nc, s.selHod), tx.StmtContext(nc, s.putHod), byHod); err != nil {
-		return fmt.Errorf("merge hour-of-day rollups: %w", err)
-	}
-
-	_, err = tx.StmtContext(nc, s.putTotals).ExecContext(nc, tot.measurements, tot.devices,
-		tot.charge.sum, tot.charge.c, tot.level.sum, tot.level.c, tot.potential.sum, tot.potential.c)
-	if err != nil {
-		return fmt.Errorf("update totals: %w", err)
-	}
 	return nil
 }
 
