@@ -23,7 +23,9 @@ case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, 
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-backup-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
-echo "rerun: STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"
+rerun="STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"
+echo "rerun: $rerun"
+rec_begin backup.sh "$rerun"
 machine_line
 build_kettle "$work"
 K=$work/kettle db="sqlite:$work/kettle.db" ext=db
@@ -47,9 +49,11 @@ spid=$!
 t0=$(date +%s)
 backup() { # NAME BIN AT
 	sleep $(($3 - ($(date +%s) - t0)))
-	local s=$(($(date +%s) - t0))
+	local s=$(($(date +%s) - t0)) b0=$(date +%s.%N)
 	echo "backup $1 at ${s}s: $("$2" backup --db "$db" --out "$work/backup-$1.$ext")"
 	echo "$1 $s $(($(date +%s) - t0))" >>"$work/marks"
+	rec_fig "backup $1" "$(awk -v a="$b0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')" s
+	rec_fig "backup $1 file" "$(stat -c %s "$work/backup-$1.$ext")" bytes
 }
 [ -n "${BACKUP_A:-}" ] && backup A "$BACKUP_A" "$AT_A"
 backup B "$K" "$AT"
@@ -67,4 +71,8 @@ ls -l "$work"/backup-*."$ext" | awk '{print $5, $NF}'
 kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
 to="sqlite:$work/restored.db"
 [ "$STORE" = postgres ] && to=$(pg_db kettle_restored)
+r0=$(date +%s.%N)
 "$K" restore --db "$to" --from "$work/backup-B.$ext"
+rec_fig "restore B" "$(awk -v a="$r0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')" s
+rec_swarm "$work/swarm/results.json" swarm
+rec_end

@@ -31,7 +31,9 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-echo "rerun: DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION HATCH=$HATCH WAIT=$WAIT PAIRS=$PAIRS bench/batch-wait.sh"
+rerun="DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION HATCH=$HATCH WAIT=$WAIT PAIRS=$PAIRS bench/batch-wait.sh"
+echo "rerun: $rerun"
+rec_begin batch-wait.sh "$rerun"
 machine_line
 build_kettle "$work"
 secs=${DURATION%s}
@@ -114,4 +116,13 @@ for line in open(sys.argv[1]):
 ratios = [p["wait"] / p["none"] for _, p in sorted(cpu.items()) if "wait" in p and "none" in p]
 print("RATIO server CPU a request, --batch-wait %s against none: median %.3f of %d pairs (%s)" % (
     sys.argv[2], statistics.median(ratios), len(ratios), " ".join("%.3f" % r for r in ratios)))
+import os
+with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
+    for side in ("none", "wait"):
+        v = [p[side] for p in cpu.values() if side in p]
+        if v:
+            out.write("figure server CPU a request, %s (median)=%.1f:µs/req\n" % (side, statistics.median(v)))
+    if ratios:
+        out.write("ratio %.3f\n" % statistics.median(ratios))
 EOF
+rec_end

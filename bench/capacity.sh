@@ -34,7 +34,9 @@ case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, 
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-capacity-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
-echo "rerun: ${PG_WARM_WAL:+PG_WARM_WAL=$PG_WARM_WAL }STORE=$STORE ${PG_EXTRA:+PG_EXTRA=\"$PG_EXTRA\" }${PG_WRITE_MBPS:+PG_WRITE_MBPS=$PG_WRITE_MBPS }CAPACITY_ARGS=\"$CAPACITY_ARGS\" SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/capacity.sh"
+rerun="${PG_WARM_WAL:+PG_WARM_WAL=$PG_WARM_WAL }STORE=$STORE ${PG_EXTRA:+PG_EXTRA=\"$PG_EXTRA\" }${PG_WRITE_MBPS:+PG_WRITE_MBPS=$PG_WRITE_MBPS }CAPACITY_ARGS=\"$CAPACITY_ARGS\" SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/capacity.sh"
+echo "rerun: $rerun"
+rec_begin capacity.sh "$rerun"
 machine_line
 build_kettle "$work"
 db="sqlite:$work/kettle.db"
@@ -68,4 +70,18 @@ if [ "$STORE" = postgres ]; then
 else
 	echo "sqlite during the run: merges $(( $(metric kettle_sqlite_merges_total) - m0 )), staged rows at the end $(metric kettle_sqlite_staged_rows)"
 fi
+python3 - "${OUT:-$work/out}/capacity.json" <<'EOF' || true
+import json, os, sys
+try:
+    c = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"record: {sys.argv[1]}: {e}; nothing recorded", file=sys.stderr)
+    sys.exit(0)
+with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
+    out.write(f"figure holds={c['holds']}:kettles\n")
+    if c.get("breaks_at"):
+        out.write(f"figure breaks at={c['breaks_at']}:kettles\n")
+    out.write(f"figure SLO p99={c['slo_p99_ms']}:ms\n")
+EOF
+rec_end
 exit $rc

@@ -35,7 +35,9 @@ case $MODE in device | login) ;; *) echo "MODE must be device or login, got $MOD
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port
 work=$(mktemp -d /tmp/kettle-rate-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "rerun: MODE=$MODE DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION RUNAWAY_CONNS=$RUNAWAY_CONNS RATE=$RATE BURST=$BURST bench/device-rate.sh"
+rerun="MODE=$MODE DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION RUNAWAY_CONNS=$RUNAWAY_CONNS RATE=$RATE BURST=$BURST bench/device-rate.sh"
+echo "rerun: $rerun"
+rec_begin device-rate.sh "$rerun"
 machine_line
 build_kettle "$work"
 secs=${DURATION%s}
@@ -115,6 +117,15 @@ print("RATE %s fleet_requests=%d fleet_errors=%d fleet_p99_upload_ms=%.2f fleet_
       "runaway_rps=%.0f runaway_refused=%d %s server_cpu_pct_mean=%.0f server_rss_mib=%s" % (
     name, t["requests"], t["errors"], p99("measurement"), p99("command"), worst("measurement"), worst("command"),
     req / float(wrk_for), refused, what, sum(srv) / max(len(srv), 1), rss))
+with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
+    out.write("figure %s: fleet upload p99=%.2f:ms\n" % (name, p99("measurement")))
+    out.write("figure %s: fleet errors=%d:requests\n" % (name, t["errors"]))
+    out.write("figure %s: runaway=%.0f:req/s\n" % (name, req / float(wrk_for)))
+    if mode == "device":
+        out.write("figure %s: runaway readings stored=%s:readings\n" % (name, stored))
+    else:
+        out.write("figure %s: devices registered=%s:devices\n" % (name, registered))
+    out.write("figure %s: server CPU=%.0f:%%\n" % (name, sum(srv) / max(len(srv), 1)))
 EOF
 	kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
 }
@@ -126,3 +137,4 @@ else
 	run defaults
 	run per-source --login-rate-per-source "$RATE"
 fi
+rec_end

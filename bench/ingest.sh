@@ -4,11 +4,13 @@
 #
 #   bench/ingest.sh                  # defaults below
 #   DEVICES=5000 DURATION=30s CONNS=128 bench/ingest.sh
+#   KETTLE_BIN=/tmp/kettle.old bench/ingest.sh   # a built binary instead of this tree's
 #
 # Prints one RESULT line per side and the ratio. Everything runs on
 # 127.0.0.1 and stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/record.sh
 NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-20s}
 CONNS=${CONNS:-64}
@@ -21,7 +23,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
+if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$work/kettle"; else go build -o "$work/kettle" ./cmd/kettle; fi
 go build -o "$work/bare" ./bench/bare
 
 wait_up() { for _ in $(seq 100); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "not up: $1"; exit 1; }
@@ -51,4 +53,12 @@ reqs=$(echo "$kett" | sed -n 's/.*requests=\([0-9]*\).*/\1/p')
 errs=$(echo "$kett" | sed -n 's/.*errors_status=\([0-9]*\).*/\1/p')
 echo "stored rows (GET /v1/statistics measurement_count): $stored; wrk requests: $reqs; non-2xx: $errs"
 rb=$(echo "$bare" | sed -n 's/.*rps=\([0-9.]*\).*/\1/p'); rk=$(echo "$kett" | sed -n 's/.*rps=\([0-9.]*\).*/\1/p')
-awk -v k="$rk" -v b="$rb" 'BEGIN { printf "ratio kettle/bare = %.3f (%.0f / %.0f req/s)\n", k/b, k, b }'
+ratio=$(awk -v k="$rk" -v b="$rb" 'BEGIN { printf "%.3f", k/b }')
+echo "ratio kettle/bare = $ratio ($rk / $rb req/s)"
+rec_begin ingest.sh "DEVICES=$NDEV DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01}${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${KETTLE_BIN:+ KETTLE_BIN=$KETTLE_BIN} bench/ingest.sh"
+rec_fig "kettle serve, acknowledged" "$rk" req/s
+rec_fig "stored rows" "$stored" rows
+rec_fig "non-2xx" "$errs" responses
+rec_ceiling "bare JSON-decoding handler" "$rb" req/s
+rec_ratio "$ratio"
+rec_end

@@ -33,7 +33,9 @@ work=$(mktemp -d /tmp/kettle-mqttbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }CONNS=$CONNS INFLIGHT=$INFLIGHT BATCH=$BATCH DURATION=$DURATION WARMUP=$WARMUP SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/mqtt.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }CONNS=$CONNS INFLIGHT=$INFLIGHT BATCH=$BATCH DURATION=$DURATION WARMUP=$WARMUP SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/mqtt.sh"
+echo "rerun: $rerun"
+rec_begin mqtt.sh "$rerun"
 machine_line "(others' load counts against both sides alike)"
 build_kettle "$work"
 go build -o "$work/mqttpub" ./bench/mqttpub
@@ -90,3 +92,11 @@ awk -v batch="$BATCH" '
 		printf "ratio kettle/mosquitto: 1 reading/msg %.2f (%d vs %d msgs/s); %s readings/msg %.2f (%d vs %d msgs/s)\n",
 			r[1] / r[3], r[1], r[3], batch, r[2] / r[4], r[2], r[4]
 	}' "$work/lines"
+awk '{ l = $0; sub(/: .*/, "", l); v = $0; sub(/ msgs\/s.*/, "", v); sub(/.*: /, "", v); print l "\t" v }' "$work/lines" |
+	while IFS=$'\t' read -r label v; do rec_fig "$label" "$v" msgs/s; done
+r=($(awk '{ v = $0; sub(/ msgs\/s.*/, "", v); sub(/.*: /, "", v); print v }' "$work/lines"))
+if [ ${#r[@]} -ge 4 ]; then
+	rec_ceiling "mosquitto, 1 reading/msg" "${r[2]}" msgs/s
+	rec_ratio "$(awk -v a="${r[0]}" -v b="${r[2]}" 'BEGIN { if (b > 0) printf "%.3f", a / b }')"
+fi
+rec_end

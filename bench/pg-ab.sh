@@ -28,7 +28,8 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 
 # that round 1's first side does not pay alone for creating them.
 export PG_WARM_WAL=${PG_WARM_WAL:-4096}
 . bench/pg-cluster.sh
-echo "rerun: PG_WARM_WAL=$PG_WARM_WAL ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
+rerun="PG_WARM_WAL=$PG_WARM_WAL ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
+echo "rerun: $rerun"
 ab_start pgab "$1" "$2"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 go build -o "$work/pgbench" ./bench/pgbench
@@ -70,6 +71,13 @@ for r in $(seq "$ROUNDS"); do
 done | tee "$work/ab.txt"
 # (CPU per row includes the 2 s warm-up's work in the numerator: an overestimate, alike for A and B.)
 ratios() { ab_ratios "$work/ab.txt" "$1" "$2"; } # ratios KIND FIELD: B/A per round, one a line
+rec_begin pg-ab.sh "$rerun"
+ab_record "$work/ab.txt" single rps req/s
+ab_record "$work/ab.txt" single kettle_cpu_us_per_req µs/req
+[ -z "$V1_CONNS" ] || ab_record "$work/ab.txt" v1 rows_per_s rows/s
+[ -z "$V1_CONNS" ] || ab_record "$work/ab.txt" v1 kettle_cpu_us_per_row µs/row
+rec_ratio "$(ratios single rps | median)"
+rec_end
 [ -n "$V1_CONNS" ] || { echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"; exit 0; }
 echo "RATIO B/A, median of $ROUNDS rounds: single req/s $(ratios single rps | median) (rounds: $(ratios single rps | tr '\n' ' '))"\
 "; v1 rows/s $(ratios v1 rows_per_s | median) (rounds: $(ratios v1 rows_per_s | tr '\n' ' '))"

@@ -28,6 +28,9 @@
 # and checkpoints are sized so a 50M-row seeding is not dominated by
 # checkpoint storms.
 
+# Every script that sources this one records its run (bench/lib/record.sh).
+. "$(dirname "${BASH_SOURCE[0]}")/lib/record.sh"
+
 PG_SETTINGS=(
 	-c shared_buffers=${PG_SHARED_BUFFERS:-2GB}
 	-c max_wal_size=${PG_MAX_WAL:-16GB}
@@ -180,6 +183,20 @@ ab_ratios() {
 		for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2]; if ($i == sel) ok = 1 }
 		if (ok) { x[kv["round"], kv["bin"]] = kv[f]; n = kv["round"] > n ? kv["round"] : n } }
 		END { for (i = 1; i <= n; i++) printf "%.3f\n", x[i, "B"] / x[i, "A"] }' "$1"; }
+
+# ab_median FILE KIND FIELD BIN: the median over rounds of FIELD of BIN (A
+# or B), from the same lines as ab_ratios.
+ab_median() {
+	awk -v kind="$2" -v f="$3" -v bin="$4" '$1 == "AB" && $2 == kind {
+		for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }
+		if (kv["bin"] == bin) print kv[f] }' "$1" | median; }
+# ab_record FILE KIND FIELD UNIT: rec_fig of FIELD's median for A and for
+# B, and of the median of their ratios B/A.
+ab_record() {
+	rec_fig "A $2 $3" "$(ab_median "$1" "$2" "$3" A)" "$4"
+	rec_fig "B $2 $3" "$(ab_median "$1" "$2" "$3" B)" "$4"
+	rec_fig "B/A $2 $3, median of rounds" "$(ab_ratios "$1" "$2" "$3" | median)" ratio
+}
 
 # work_start NAME: a work dir (work) for a script that runs kettle serve
 # ($kpid, killed at exit with the cluster stopped and the work dir removed).

@@ -28,7 +28,9 @@ END=${END:-$(date -u +%Y-%m-02T00:00:00Z)}
 . bench/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 trap 'pg_stop; rm -rf "$work"' EXIT
-echo "rerun: ${PGBENCH_BIN:+PGBENCH_BIN=$PGBENCH_BIN }STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
+rerun="${PGBENCH_BIN:+PGBENCH_BIN=$PGBENCH_BIN }STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
+echo "rerun: $rerun"
+rec_begin pg-expire.sh "$rerun"
 machine_line
 build_kettle "$work"
 # PGBENCH_BIN: a pgbench built from another commit (it holds the store's Expire), to compare
@@ -48,8 +50,10 @@ if [ "$STORE" != sqlite ]; then
 	pg_sql kettle "SELECT 'partitions: ' || string_agg(c.relname || ' ' || c.reltuples::bigint, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
 fi
 echo "--- pgbench expire: $WRITERS writers × $BATCH live readings a write; Expire(start of this month) after $WARMUP ---"
-"$work/pgbench" expire --dsn "$dsn" --devices "$DEVICES" --writers "$WRITERS" --batch "$BATCH" --warmup "$WARMUP"
+"$work/pgbench" expire --dsn "$dsn" --devices "$DEVICES" --writers "$WRITERS" --batch "$BATCH" --warmup "$WARMUP" | tee "$work/expire.txt"
+rec_results "$work/expire.txt"
 if [ "$STORE" != sqlite ]; then
 	pg_sql kettle "SELECT 'partitions left: ' || string_agg(c.relname, ', ' ORDER BY c.relname) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'measurements'::regclass"
 fi
 echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+rec_end

@@ -70,7 +70,9 @@ end_s=$(date -u -d "$END" +%s)
 for d in $STEPS; do ((d < 20)) || { echo "STEPS: at most 19 days (the history must stay in END's month)"; exit 2; }; done
 . bench/pg-cluster.sh
 work_start pggrowth
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
+echo "rerun: $rerun"
+rec_begin pg-growth.sh "$rerun"
 machine_line
 build_kettle "$work"
 go build -o "$work/pgbench" ./bench/pgbench
@@ -166,6 +168,9 @@ for ph in single v1; do
 			h=$(grep "^STEP small-$r $ph " "$work/ab.txt" | sed -n "s/.* $f=\([0-9.]*\).*/\1/p")
 			awk -v g="$g" -v h="$h" 'BEGIN { printf "%.3f\n", g / h }'
 		done >"$work/r.txt"
-		echo "GROWN/SMALL $ph $f geomean $(awk '{ s += log($1) } END { printf "%.3f", exp(s / NR) }' "$work/r.txt") median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+		gm=$(awk '{ s += log($1) } END { printf "%.3f", exp(s / NR) }' "$work/r.txt")
+		echo "GROWN/SMALL $ph $f geomean $gm median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+		rec_fig "grown/small $ph $f, geometric mean of rounds" "$gm" ratio
 	done
 done
+rec_end

@@ -67,7 +67,9 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM_ROWS:+WARM_ROWS=$WARM_ROWS }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES CEIL_STREAMS=$CEIL_STREAMS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM_ROWS:+WARM_ROWS=$WARM_ROWS }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES CEIL_STREAMS=$CEIL_STREAMS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+echo "rerun: $rerun"
+rec_begin pg-ingest.sh "$rerun"
 machine_line
 build_kettle "$work"
 go build -o "$work/bare" ./bench/bare
@@ -156,6 +158,7 @@ for vc in $V1_CONNS; do
 		v1ratios+=("$(awk -v s="$rv" -v c="$(echo "$c" | rate)" 'BEGIN { printf "%.3f", s/c }')")
 	done
 	v1summary+=("RATIO v1 ingest/ceiling at $vc connections: median $(printf '%s\n' "${v1ratios[@]}" | median) of $V1_ROUNDS rounds (${v1ratios[*]}); goal >= 0.75")
+	rec_fig "v1 ingest/raw COPY at $vc connections, median of rounds" "$(printf '%s\n' "${v1ratios[@]}" | median)" ratio
 done
 ((${#v1summary[@]} == 0)) || printf '%s\n' "${v1summary[@]}"
 
@@ -237,6 +240,11 @@ for c in $CONNS; do
 		best_b=$(awk -v a="$best_b" -v b="$rb" 'BEGIN { print (b > a ? b : a) }'); best_k=$(awk -v a="$best_k" -v b="$rk" 'BEGIN { print (b > a ? b : a) }')
 	done
 	summary+=("RATIO kettle(postgres)/bare at $c connections: median $(printf '%s\n' "${ratios[@]}" | median) of $ROUNDS rounds (${ratios[*]}); goal >= 0.50")
+	rec_fig "single readings kettle/bare at $c connections, median of rounds" "$(printf '%s\n' "${ratios[@]}" | median)" ratio
 done
 printf '%s\n' "${summary[@]}"
 awk -v k="$best_k" -v b="$best_b" -v c="$CONNS" 'BEGIN { printf "RATIO of peaks over connections %s: kettle(postgres) %.0f / bare %.0f req/s = %.3f; goal >= 0.50\n", c, k, b, k/b }'
+rec_fig "single readings, kettle serve peak" "$best_k" req/s
+rec_ceiling "single readings, bare handler peak" "$best_b" req/s
+rec_ratio "$(awk -v k="$best_k" -v b="$best_b" 'BEGIN { if (b > 0) printf "%.3f", k/b }')"
+rec_end

@@ -51,7 +51,9 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 
 PORT_K=$(free_port)
 END=$(date -u +%Y-%m-%dT00:00:00Z)
 work_start pgparts
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS PHASES=\"$PHASES\"${OLD_BIN:+ OLD_BIN=$OLD_BIN} bench/pg-partitions.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS HISTORY_N=$HISTORY_N ROUNDS=$ROUNDS PHASES=\"$PHASES\"${OLD_BIN:+ OLD_BIN=$OLD_BIN} bench/pg-partitions.sh"
+echo "rerun: $rerun"
+rec_begin pg-partitions.sh "$rerun"
 machine_line
 build_kettle "$work"
 [ -z "$OLD_BIN" ] || cp "$OLD_BIN" "$work/kettle-old"
@@ -148,11 +150,10 @@ ratio() { # PHASE FIGURE [DB_A DB_B PHASE_B]: A's PHASE / B's PHASE_B (days/mont
 		awk -v a="$a" -v b="$b" 'BEGIN { if (a != "" && b > 0) printf "%.3f\n", a / b }'
 	done >"$work/r.txt"
 	[ -s "$work/r.txt" ] || return 0
-	if [ -n "${3:-}" ]; then
-		echo "RATIO new/old ($da) $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
-	else
-		echo "RATIO days/months $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
-	fi
+	local what="days/months"
+	[ -z "${3:-}" ] || what="new/old ($da)"
+	echo "RATIO $what $1 $2 median $(median <"$work/r.txt") (rounds: $(tr '\n' ' ' <"$work/r.txt"))"
+	rec_fig "$what $1 $2, median of rounds" "$(median <"$work/r.txt")" ratio
 }
 echo "--- $(parts days) partitions against $(parts months): the same seeded history, then each round's live writes in both ---"
 ratio single req_per_s; ratio single kettle_cpu_us; ratio single postgres_cpu_us
@@ -162,3 +163,4 @@ for h in oldest after lastday none; do
 	for db in days months; do ratio "history_$h" p50_ms "$db" "$db" "history_${h}_old"; done
 done
 echo "done: load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+rec_end

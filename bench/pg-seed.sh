@@ -37,7 +37,9 @@ work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
-echo "rerun: ${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM:+WARM=$WARM }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK END=$END bench/pg-seed.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM:+WARM=$WARM }DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WORKERS=$WORKERS CHUNK=$CHUNK END=$END bench/pg-seed.sh"
+echo "rerun: $rerun"
+rec_begin pg-seed.sh "$rerun"
 machine_line
 build_kettle "$work"
 go build -o "$work/pgbench" ./bench/pgbench
@@ -96,6 +98,9 @@ fi
 seed_rate=$(sed -n 's/.*, \([0-9]*\) rows\/s stored.*/\1/p' "$work/seed.out")
 r1=$(echo "$c1" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p'); r2=$(echo "$c2" | sed -n 's/.*rows_per_s=\([0-9]*\).*/\1/p')
 awk -v s="$seed_rate" -v a="$r1" -v b="$r2" 'BEGIN { c=(a+b)/2; printf "RATIO seed/ceiling = %.3f (seed %d rows/s; ceiling %d / %d rows/s before / after, mean %.0f); goal >= 0.90\n", s/c, s, a, b, c }'
+rec_fig "kettle seed" "$seed_rate" rows/s
+rec_ceiling "raw binary COPY, mean of before and after" "$(awk -v a="$r1" -v b="$r2" 'BEGIN { printf "%.0f", (a+b)/2 }')" rows/s
+rec_ratio "$(awk -v s="$seed_rate" -v a="$r1" -v b="$r2" 'BEGIN { if (a+b > 0) printf "%.3f", s/((a+b)/2) }')"
 # The same with the seed's time up to its last commit (every row stored and
 # every statistic exact; then the VACUUM (ANALYZE) of the seeded partitions
 # and the rollups' fold, "finishing" in its summary): the end state the
@@ -141,7 +146,8 @@ until curl -sf "http://127.0.0.1:$PORT_K/readyz" >/dev/null 2>&1; do
 	sleep 0.2
 done
 echo "kettle serve ready after $(( $(date +%s) - t0 ))s"
-"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --dsn "$dsn"
+"$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --dsn "$dsn" | tee "$work/stats.txt"
+rec_results "$work/stats.txt" "open range:"
 range="from=$(date -u -d "$(echo "$END" | sed 's/T/ /; s/Z//') UTC - $DAYS days" +%Y-%m-%dT%H:%M:%SZ)&to=$END"
 echo "--- the same, bounded range (from=start&to=end of the seeded history: one rollup row per hour of it) ---"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
@@ -156,3 +162,4 @@ v0=$(date +%s.%N); pg_sql kettle "VACUUM (ANALYZE) measurements" >/dev/null
 echo "VACUUM (ANALYZE) measurements: $(echo "$(date +%s.%N) - $v0" | bc) s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N"
 "$work/pgbench" stats --url "http://127.0.0.1:$PORT_K" --data-dir "$work/data" -n "$STATS_N" --query "$range"
+rec_end

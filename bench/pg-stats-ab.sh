@@ -23,7 +23,9 @@ DAYS=${DAYS:-29}
 INTERVAL=${INTERVAL:-15m}
 END=${END:-$(date -u +%Y-%m-%dT00:00:00Z)}
 . bench/pg-cluster.sh
-echo "rerun: ROUNDS=$ROUNDS N=$N DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL END=$END bench/pg-stats-ab.sh $1 $2"
+rerun="ROUNDS=$ROUNDS N=$N DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL END=$END bench/pg-stats-ab.sh $1 $2"
+echo "rerun: $rerun"
+rec_begin pg-stats-ab.sh "$rerun"
 ab_start pgstats "$1" "$2"
 machine_line
 go build -o "$work/pgbench" ./bench/pgbench
@@ -58,4 +60,12 @@ done | tee "$work/ab.txt"
 ratios() { ab_ratios "$work/ab.txt" stats "$2" "range=$1"; } # ratios RANGE FIELD: B/A per round, one a line
 for q in open bounded history; do
 	echo "RATIO B/A $q, median of $ROUNDS rounds: p50 $(ratios $q p50_ms | median) (rounds: $(ratios $q p50_ms | tr '\n' ' ')); p99 $(ratios $q p99_ms | median) (rounds: $(ratios $q p99_ms | tr '\n' ' '))"
+	for f in p50_ms p99_ms; do
+		for v in A B; do
+			rec_fig "$v $q $f, median of rounds" "$(awk -v q="range=$q" -v v="bin=$v" -v f="$f" '$1 == "AB" && index($0, " " q " ") && index($0, " " v " ") {
+				for (i = 3; i <= NF; i++) { split($i, p, "="); if (p[1] == f) print p[2] } }' "$work/ab.txt" | median)" ms
+		done
+		rec_fig "B/A $q $f, median of rounds" "$(ratios $q $f | median)" ratio
+	done
 done
+rec_end

@@ -37,7 +37,9 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-echo "rerun: STORE=$STORE DEVICES=$DEVICES INTERVAL=$INTERVAL FLOOD=$FLOOD AGE=$AGE bench/prune.sh"
+rerun="STORE=$STORE DEVICES=$DEVICES INTERVAL=$INTERVAL FLOOD=$FLOOD AGE=$AGE bench/prune.sh"
+echo "rerun: $rerun"
+rec_begin prune.sh "$rerun"
 machine_line
 build_kettle "$work"
 age_s=$(python3 -c "import re,sys; v=sys.argv[1]; u={'s':1,'m':60,'h':3600,'d':86400}; print(int(float(v[:-1])*u[v[-1]]))" "$AGE")
@@ -75,7 +77,16 @@ echo "after the flood: registered $(metric kettle_devices_registered); $(mem)"
 sleep $((age_s + 5 - ($(date +%s) - flooded)))
 echo "dry run: $(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\",\"dry_run\":true}")"
 p0=$(($(date +%s) - t0))
-echo "prune:   $(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\"}")"
+pr=$(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\"}")
+echo "prune:   $pr"
+python3 - "$pr" <<'EOF' || true
+import json, os, sys
+r = json.loads(sys.argv[1])
+with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
+    out.write("figure devices removed=%d:devices\n" % r["removed"])
+    out.write("figure prune took=%s:ms\n" % r["took_ms"])
+    out.write("figure devices left=%d:devices\n" % r["devices_registered"])
+EOF
 p1=$(($(date +%s) - t0 + 1))
 sleep 10
 echo "10 s after: registered $(metric kettle_devices_registered), pruned_total $(metric kettle_devices_pruned_total); $(mem)"
@@ -95,5 +106,11 @@ for line in open(log):
 worst = lambda ws, ep: max((w.get(ep, 0) for w in ws), default=0)
 print("PRUNE fleet worst 5 s p99 upload / poll: during the prune %.2f / %.2f ms (%d windows), otherwise %.2f / %.2f ms" % (
     worst(during, "measurement"), worst(during, "command"), len(during), worst(other, "measurement"), worst(other, "command")))
+import os
+with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
+    out.write("figure fleet upload worst 5 s p99 during the prune=%.2f:ms\n" % worst(during, "measurement"))
+    out.write("figure fleet upload worst 5 s p99 otherwise=%.2f:ms\n" % worst(other, "measurement"))
 EOF
 grep -E 'devices pruned' "$work/serve.log" | tail -1 || true
+rec_swarm "$work/out/results.json" fleet
+rec_end

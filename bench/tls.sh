@@ -35,7 +35,9 @@ case $PROTOCOL in http | mqtt) ;; *) echo "PROTOCOL must be http or mqtt, got $P
 . bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
 work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-echo "rerun: PROTOCOL=$PROTOCOL DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM ${NO_STORM:+NO_STORM=1 }bench/tls.sh"
+rerun="PROTOCOL=$PROTOCOL DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM ${NO_STORM:+NO_STORM=1 }bench/tls.sh"
+echo "rerun: $rerun"
+rec_begin tls.sh "$rerun"
 machine_line
 build_kettle "$work"
 go build -o "$work/tlsstorm" ./bench/tlsstorm
@@ -62,12 +64,12 @@ stop_serve() { kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=; }
 if [ -z "${NO_STORM:-}" ]; then
 echo "== reconnection storm: new connection, GET /healthz, close; $WORKERS at once, $STORM each"
 start_serve storm-plain
-"$work/tlsstorm" -target "$base" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM plain"
+"$work/tlsstorm" -target "$base" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM plain" | tee -a "$work/storm.txt"
 stop_serve
 start_serve storm-tls --tls
 for c in $CURVES; do
-	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-full curve=$c"
-	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -resume -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-resumed curve=$c"
+	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-full curve=$c" | tee -a "$work/storm.txt"
+	"$work/tlsstorm" -target "$base" -ca "$work/cert.pem" -curves "$c" -resume -workers "$WORKERS" -duration "$STORM" -pid "$kpid" -label "STORM tls-resumed curve=$c" | tee -a "$work/storm.txt"
 done
 stop_serve
 fi
@@ -126,4 +128,12 @@ for f in steady_server_us_per_request server_rss_mib steady_p99_upload_ms wave_p
 	ratios=$(awk -v f="$f" '$1 == "FLEET" { delete kv; for (i = 3; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] } x[kv["round"], $2] = kv[f]; n = kv["round"] > n ? kv["round"] : n }
 		END { for (i = 1; i <= n; i++) if (x[i, "plain"] > 0) printf "%.3f\n", x[i, "tls"] / x[i, "plain"] }' "$work/fleet.txt")
 	echo "RATIO tls/plain $f: median $(echo "$ratios" | median) of $ROUNDS rounds ($(echo $ratios))"
+	rec_fig "fleet tls/plain $f, median of rounds" "$(echo "$ratios" | median)" ratio
 done
+if [ -s "$work/storm.txt" ]; then
+	# the server's CPU a new connection, per storm
+	awk '/RESULT/ { l = $0; sub(/ ?RESULT.*/, "", l); sub(/^STORM /, "", l)
+		for (i = 1; i <= NF; i++) if ($i ~ /^server_cpu_us_per_conn=/) { split($i, p, "="); print l "\t" p[2] } }' "$work/storm.txt" |
+		while IFS=$'\t' read -r label v; do rec_fig "storm $label, server CPU a connection" "$v" µs/conn; done
+fi
+rec_end
