@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -36,12 +38,37 @@ func newFlagSet(name, synopsis, doc string) *flag.FlagSet {
 	return fs
 }
 
+// describeFlags, when set, receives each command's complete flag set in
+// place of parsing it (the command then returns flag.ErrHelp): the
+// configuration reference, docs/configuration.md, is generated from the
+// flag sets the commands really use (see FlagSets).
+var describeFlags func(*flag.FlagSet)
+
 // parseFlags parses args, then fills every flag not given on the command line
 // from its environment twin.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
+	err := flagsFromEnv(fs)
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
+	}
+	return err
+}
+
+// parseArgs is fs.Parse, or hands fs to describeFlags when that is set.
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	if describeFlags != nil {
+		describeFlags(fs)
+		return flag.ErrHelp
+	}
+	return fs.Parse(args)
+}
+
+// flagsFromEnv fills every flag not given on the command line from its
+// environment twin.
+func flagsFromEnv(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
@@ -55,10 +82,27 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			}
 		}
 	})
-	if err == nil && fs.NArg() > 0 {
-		err = fmt.Errorf("unexpected argument %q (flags only; see --help)", fs.Arg(0))
-	}
 	return err
+}
+
+// FlagSets returns the complete flag set of every command, in the order of
+// `kettle --help`, without running any: what the configuration reference
+// is generated from.
+func FlagSets() (names, summaries []string, sets []*flag.FlagSet) {
+	defer func() { describeFlags = nil }()
+	for _, name := range order {
+		c, ok := subcommands[name]
+		if !ok {
+			continue
+		}
+		var got *flag.FlagSet
+		describeFlags = func(fs *flag.FlagSet) { got = fs }
+		if err := c.run(context.Background(), nil); !errors.Is(err, flag.ErrHelp) || got == nil {
+			panic(fmt.Sprintf("kettle %s: its flags are not parsed by parseFlags or parseArgs (%v)", name, err))
+		}
+		names, summaries, sets = append(names, name), append(summaries, c.summary), append(sets, got)
+	}
+	return names, summaries, sets
 }
 
 // parseTimeFlag reads the value of flag --name: RFC 3339 or YYYY-MM-DD (UTC).

@@ -56,7 +56,10 @@ func runReport(ctx context.Context, args []string) error {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		path, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if err := flagsFromEnv(fs); err != nil {
 		return err
 	}
 	if path == "" && fs.NArg() > 0 {
