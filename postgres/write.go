@@ -309,23 +309,11 @@ type devState struct {
 	seenMax   time.Time
 }
 
+// writeOnce runs the write transaction once, in two round trips or three:
+// lock the batch's devices (registering them first when needed), insert
+// the rows that are new, then update what they change and commit.
 func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx map[key]int, at time.Time, bulk bool, lo, hi time.Time) (res writeResult, err error) {
-	ids := make([]kettle.DeviceID, 0, 16)
-	{
-		seen := make(map[kettle.DeviceID]struct{}, 16)
-		var prev kettle.DeviceID
-		for i := range rows {
-			if d := rows[i].Device; i == 0 || d != prev {
-				prev = d
-				if _, ok := seen[d]; !ok {
-					seen[d] = struct{}{}
-					ids = append(ids, d)
-				}
-			}
-		}
-	}
-	ids = sortedUnique(ids)
-
+	ids := batchDevices(rows)
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return res, err
@@ -339,36 +327,86 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		}
 	}()
 
-	// Round trip 1: begin, lock the batch's devices and read their state;
-	// live writes also set the savepoint the optimistic insert returns to
-	// when a row is already stored, and a live batch of up to Store.plainBatchRows
-	// rows is inserted right there (see defaultPlainBatchRows).
-	//
-	// The lock order. Every write transaction takes its locks in one global
-	// order: first the registration of the batch's unknown devices (an
-	// uncommitted INSERT holds the new row: whoever inserts the same id
-	// waits for our commit), in id order; then the batch's devices FOR
-	// UPDATE, in id order; then measurements of those devices only; then
-	// rollups and hours_of_day rows of the connection's shard in key order;
-	// last the shard's totals row (last_seen_moves is only appended to).
-	// Registering after the lock breaks that order: a writer
-	// that holds device b and then inserts device a waits for the writer
-	// that inserted a first, which may itself wait for b (seen as
-	// "deadlock detected" between kettle_lock and kettle_register in the
-	// server log). So a batch whose devices are not all registered rolls
-	// back, releasing its locks, and starts again registering first.
-	//
-	// The first attempt skips the registration when this store has seen
-	// every device of the batch exist (the common case: registering costs a
-	// statement and an index probe per device), and registers first
-	// otherwise, so that a device's first batch does not lock, roll back
-	// and start again.
-	devs := make(map[kettle.DeviceID]*devState, len(ids))
-	idArr := uuidArray(ids)
 	plain := !bulk && len(rows) <= s.plainBatchRows
+	idArr := uuidArray(ids)
+	devs, newDevs, stored, err := s.lockDevices(ctx, pg, rows, ids, idArr, at, bulk, plain)
+	if err != nil {
+		return res, err
+	}
 	res.inserted = make([]bool, len(rows))
-	var newDevs int64
-	var stored bool // a plain insert hit a row already stored (and failed)
+	if err := s.insertRows(ctx, conn, rows, idArr, idx, lo, hi, bulk, plain, stored, res.inserted); err != nil {
+		return res, err
+	}
+	var hours []hourAgg
+	var hods [24]hourAgg
+	res.n, hours, hods = aggregateNew(rows, res.inserted, devs)
+
+	// Last round trip: the derived figures (queueDerived) and COMMIT.
+	var b pgconn.Batch
+	if res.n > 0 || newDevs > 0 {
+		for _, d := range devs {
+			if d.touched {
+				d.newestRow = &rows[d.newest]
+			}
+		}
+		s.queueDerived(&b, pg, ids, devs, hours, hods, res.n, newDevs, at, bulk)
+	}
+	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	if err := execBatch(ctx, pg, &b, nil); err != nil {
+		return res, fmt.Errorf("update devices, rollups and totals, commit: %w", err)
+	}
+	if st := pg.TxStatus(); st != 'I' {
+		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
+	}
+	s.markKnown(ids)
+	return res, nil
+}
+
+// batchDevices returns the devices of rows, sorted, each once.
+func batchDevices(rows []kettle.Measurement) []kettle.DeviceID {
+	ids := make([]kettle.DeviceID, 0, 16)
+	seen := make(map[kettle.DeviceID]struct{}, 16)
+	var prev kettle.DeviceID
+	for i := range rows {
+		if d := rows[i].Device; i == 0 || d != prev {
+			prev = d
+			if _, ok := seen[d]; !ok {
+				seen[d] = struct{}{}
+				ids = append(ids, d)
+			}
+		}
+	}
+	return sortedUnique(ids)
+}
+
+// lockDevices is round trip 1 of writeOnce: begin, lock the batch's
+// devices ids (idArr) and read their state into devs; it returns how many
+// devices it registered and, for a plain insert, whether that failed on a
+// row already stored. Live writes also set the savepoint the optimistic insert returns to
+// when a row is already stored, and a live batch of up to Store.plainBatchRows
+// rows is inserted right there (see defaultPlainBatchRows).
+//
+// The lock order. Every write transaction takes its locks in one global
+// order: first the registration of the batch's unknown devices (an
+// uncommitted INSERT holds the new row: whoever inserts the same id
+// waits for our commit), in id order; then the batch's devices FOR
+// UPDATE, in id order; then measurements of those devices only; then
+// rollups and hours_of_day rows of the connection's shard in key order;
+// last the shard's totals row (last_seen_moves is only appended to).
+// Registering after the lock breaks that order: a writer
+// that holds device b and then inserts device a waits for the writer
+// that inserted a first, which may itself wait for b (seen as
+// "deadlock detected" between kettle_lock and kettle_register in the
+// server log). So a batch whose devices are not all registered rolls
+// back, releasing its locks, and starts again registering first.
+//
+// The first attempt skips the registration when this store has seen
+// every device of the batch exist (the common case: registering costs a
+// statement and an index probe per device), and registers first
+// otherwise, so that a device's first batch does not lock, roll back
+// and start again.
+func (s *Store) lockDevices(ctx context.Context, pg *pgconn.PgConn, rows []kettle.Measurement, ids []kettle.DeviceID, idArr []byte, at time.Time, bulk, plain bool) (devs map[kettle.DeviceID]*devState, newDevs int64, stored bool, err error) {
+	devs = make(map[kettle.DeviceID]*devState, len(ids))
 	for register, attempt := !s.allKnown(ids), 1; ; register, attempt = true, attempt+1 {
 		var b pgconn.Batch
 		b.ExecParams("BEGIN", nil, nil, nil, nil)
@@ -422,7 +460,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 			if plain {
 				what += ", insert"
 			}
-			return res, fmt.Errorf("%s: %w", what, err)
+			return nil, 0, false, fmt.Errorf("%s: %w", what, err)
 		}
 		if len(devs) == len(ids) {
 			break
@@ -432,46 +470,56 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		// found it there and did nothing, and the lock. The next attempt
 		// registers it again.
 		if register && attempt >= maxRegisterAttempts {
-			return res, fmt.Errorf("lock devices: %d of %d registered devices not found in %d attempts", len(ids)-len(devs), len(ids), attempt)
+			return nil, 0, false, fmt.Errorf("lock devices: %d of %d registered devices not found in %d attempts", len(ids)-len(devs), len(ids), attempt)
 		}
 		if err := pg.Exec(ctx, "ROLLBACK").Close(); err != nil {
-			return res, fmt.Errorf("roll back to register devices: %w", err)
+			return nil, 0, false, fmt.Errorf("roll back to register devices: %w", err)
 		}
 		clear(devs)
-		clear(res.inserted)
 	}
 
+	return devs, newDevs, stored, nil
+}
+
+// insertRows inserts what the first round trip did not, and sets
+// inserted[i] for each row that is new: every row after a plain insert that
+// succeeded; else row by row after one that failed on a row already stored,
+// by COPY for a bulk write, or through the staging table (liveInsert).
+func (s *Store) insertRows(ctx context.Context, conn *pgx.Conn, rows []kettle.Measurement, idArr []byte, idx map[key]int, lo, hi time.Time, bulk, plain, stored bool, inserted []bool) error {
 	switch {
 	case plain && !stored:
-		for i := range res.inserted {
-			res.inserted[i] = true
+		for i := range inserted {
+			inserted[i] = true
 		}
 	case plain:
-		if err := insertCareful(ctx, conn, rows, idx, res.inserted); err != nil {
-			return res, err
+		if err := insertCareful(ctx, conn, rows, idx, inserted); err != nil {
+			return err
 		}
 	case bulk:
-		if err := s.bulkInsert(ctx, conn, rows, idArr, idx, lo, hi, res.inserted); err != nil {
-			return res, err
+		if err := s.bulkInsert(ctx, conn, rows, idArr, idx, lo, hi, inserted); err != nil {
+			return err
 		}
 	default:
-		if err := s.liveInsert(ctx, conn, rows, idx, lo, hi, res.inserted); err != nil {
-			return res, err
+		if err := s.liveInsert(ctx, conn, rows, idx, lo, hi, inserted); err != nil {
+			return err
 		}
 	}
 
-	// Aggregate the new rows in Go, in row order so that float results do not
-	// depend on map iteration order.
-	var hours []hourAgg
+	return nil
+}
+
+// aggregateNew sums the inserted rows per device (into devs) and per hour
+// and hour of day, in row order so that float results do not depend on map
+// iteration order; n is how many were inserted.
+func aggregateNew(rows []kettle.Measurement, inserted []bool, devs map[kettle.DeviceID]*devState) (n int64, hours []hourAgg, hods [24]hourAgg) {
 	hourIdx := map[int64]int{}
-	var hods [24]hourAgg
 	var d *devState
 	lastHour, j := int64(math.MinInt64), -1
 	for i := range rows {
-		if !res.inserted[i] {
+		if !inserted[i] {
 			continue
 		}
-		res.n++
+		n++
 		m := &rows[i]
 		if d == nil || m.Device != rows[d.last].Device { // rows of a device usually come together
 			d = devs[m.Device]
@@ -505,25 +553,7 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		hod.ambient.Add(m.AmbientC)
 	}
 
-	// Last round trip: the derived figures (queueDerived) and COMMIT.
-	var b pgconn.Batch
-	if res.n > 0 || newDevs > 0 {
-		for _, d := range devs {
-			if d.touched {
-				d.newestRow = &rows[d.newest]
-			}
-		}
-		s.queueDerived(&b, pg, ids, devs, hours, hods, res.n, newDevs, at, bulk)
-	}
-	b.ExecParams("COMMIT", nil, nil, nil, nil)
-	if err := execBatch(ctx, pg, &b, nil); err != nil {
-		return res, fmt.Errorf("update devices, rollups and totals, commit: %w", err)
-	}
-	if st := pg.TxStatus(); st != 'I' {
-		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
-	}
-	s.markKnown(ids)
-	return res, nil
+	return n, hours, hods
 }
 
 // queueDerived queues in b the statements that keep the derived figures
