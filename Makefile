@@ -9,7 +9,7 @@ PKGS    := ./...
 # Prometheus, wrk, Locust).
 DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl
 
-.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean
+.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean docs results screenshots
 
 all: build
 
@@ -50,6 +50,28 @@ bench: bench-ingest
 # docs/reliability.md. One part: go run ./chaos/cmd/chaos crash|outage|overload|slow|badinput|auth
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
+
+# The references, generated from the code: docs/configuration.md from every
+# command's flag set, docs/api.md from httpapi/openapi.json. `make test`
+# fails while they differ from what this writes.
+docs:
+	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./cmd/kettle/ -update
+
+# docs/results.md and the README's headline table, from bench/results.jsonl
+# (every bench/*.sh appends its run there). `make test` fails while they are stale.
+results:
+	$(GO) test -count=1 -run '^TestRenderedResultsCurrent$$' ./internal/results/ -update
+
+# The README's images, taken in Chromium (make deps) by the browser tests:
+# the report of a recorded demo run (report/testdata) and the dashboard on a
+# real kettle serve; written to docs/img/.
+SHOTS := .deps/screenshots
+screenshots:
+	rm -rf $(SHOTS)
+	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
+	mkdir -p docs/img
+	cp $(SHOTS)/report.png docs/img/report.png
+	cp $(SHOTS)/fleet-1280.png docs/img/dashboard.png
 
 clean:
 	rm -rf bin kettle-data results chaos-results
