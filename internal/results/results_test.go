@@ -1,0 +1,103 @@
+package results
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "write docs/results.md and the README's headline table from bench/results.jsonl (make results)")
+
+// TestRenderedResultsCurrent fails when docs/results.md or the README's
+// headline table differ from what bench/results.jsonl renders to.
+func TestRenderedResultsCurrent(t *testing.T) {
+	root := filepath.Join("..", "..")
+	f, err := os.Open(filepath.Join(root, "bench", "results.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantReadme, err := Splice(string(readme), "results", Table(recs))
+	if err != nil {
+		t.Fatalf("README.md: %v", err)
+	}
+	files := map[string]string{
+		filepath.Join(root, "docs", "results.md"): Page(recs),
+		filepath.Join(root, "README.md"):          wantReadme,
+	}
+	for path, want := range files {
+		if *update {
+			if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Errorf("%s is not what bench/results.jsonl renders to: run `make results`", path)
+		}
+	}
+}
+
+func TestRead(t *testing.T) {
+	f := func(line, wantErr string) {
+		t.Helper()
+		_, err := Read(strings.NewReader(line))
+		switch {
+		case wantErr == "" && err != nil:
+			t.Errorf("Read(%s): %v", line, err)
+		case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+			t.Errorf("Read(%s): %v; want an error with %q", line, err, wantErr)
+		}
+	}
+	ok := `{"bench":"ingest.sh","commit":"abc1234","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1.0 1.0 1.0"},"command":"bench/ingest.sh","figures":[{"name":"kettle serve","value":100,"unit":"req/s"}],"ceiling":{"name":"bare","value":200,"unit":"req/s"},"ratio":0.5}`
+	f(ok, "")
+	f(ok+"\n\n"+ok, "")
+	f(`{"bench":"x"`, "line 1")
+	f(strings.Replace(ok, `"bench":"ingest.sh"`, `"bench":""`, 1), `"bench"`)
+	f(strings.Replace(ok, `"command":"bench/ingest.sh"`, `"command":""`, 1), `"command"`)
+	f(strings.Replace(ok, `[{"name":"kettle serve","value":100,"unit":"req/s"}]`, `[]`, 1), `"figures"`)
+	f(strings.Replace(ok, `"unit":"req/s"}]`, `"unit":""}]`, 1), `"figures[0]"`)
+	f(strings.Replace(ok, `"ratio":0.5`, `"ratio":0.5,"extra":1`, 1), "extra")
+	f(ok+"\n"+strings.Replace(ok, `"value":100`, `"value":"fast"`, 1), "line 2")
+}
+
+func TestLatestAndHeadline(t *testing.T) {
+	log := `{"bench":"b.sh","commit":"1","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/b.sh","figures":[{"name":"p99","value":12.5,"unit":"ms"}]}
+{"bench":"a.sh","commit":"2","time_utc":"2026-11-27T17:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/a.sh","figures":[{"name":"kettle","value":90,"unit":"req/s"}],"ceiling":{"name":"bare","value":100,"unit":"req/s"},"ratio":0.9}
+{"bench":"b.sh","commit":"3","time_utc":"2026-11-27T19:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/b.sh","figures":[{"name":"p99","value":11,"unit":"ms"}]}`
+	recs, err := Read(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Latest(recs)
+	if len(l) != 2 || l[0].Bench != "a.sh" || l[1].Commit != "3" {
+		t.Fatalf("Latest: %+v; want a.sh, then b.sh's run at commit 3", l)
+	}
+	if h := Headline(l[0]); h != "kettle 90 req/s = 0.9 × bare (100 req/s)" {
+		t.Errorf("Headline with a ratio: %q", h)
+	}
+	if h := Headline(l[1]); h != "p99 11 ms" {
+		t.Errorf("Headline without: %q", h)
+	}
+	page := Page(recs)
+	if !strings.Contains(page, "| 2026-11-27 19:00 | b.sh | `3`") || strings.Index(page, "19:00 | b.sh") > strings.Index(page, "18:00 | b.sh") {
+		t.Errorf("history not newest first:\n%s", page)
+	}
+	if _, err := Splice("a\n<!-- end results -->\n<!-- begin results -->\n", "results", "x"); err == nil {
+		t.Error("Splice with the markers out of order: no error")
+	}
+}
