@@ -134,7 +134,7 @@ func (s *Store) expirePartition(ctx context.Context, p partition) (int64, error)
 		}
 		// The kettles' counts, into device_expired, not devices, whose rows
 		// writers lock first (migration 7): no writer waits for this, so it
-		// goes before the table lock (20,000 kettles: ~0.3 s).
+		// goes before the table lock, which writers do wait for.
 		if len(ids) > 0 {
 			if _, err := tx.Exec(ctx, `INSERT INTO device_expired AS x (id, n) SELECT * FROM unnest($1::uuid[], $2::int8[])
 				ON CONFLICT (id) DO UPDATE SET n = x.n + excluded.n`, ids, counts); err != nil {

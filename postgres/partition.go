@@ -13,10 +13,10 @@ import (
 )
 
 // Measurements are partitioned by UTC day of device time: a fleet of
-// 20,000 kettles at 30 s stores 57.6 million readings (~9 GB) a day, so a
-// partition stays within the sizes whose insert speed bench/pg-growth.sh
-// measured, and a retention removes a day at a time. Databases made before
-// (migration-era stores up to 2026-11) hold month partitions; those stay as
+// 20,000 kettles at 30 s stores 57.6 million readings a day, so a partition
+// stays within the sizes whose insert speed bench/pg-growth.sh measures, and
+// a retention removes a day at a time. Databases made by versions that
+// partitioned by month hold month partitions; those stay as
 // they are, keep taking the readings of their month, and are expired whole
 // once the month is past the retention. A new partition never overlaps an
 // existing one: a day inside a month partition is already covered.

@@ -16,8 +16,8 @@ import (
 // waits for this commit and then inserts it anew). The rows are locked in
 // id order, then the connection's totals shard — the order every writer
 // takes them in. The DELETE finds the locked rows by ctid (a Tid Scan);
-// joined on id, the planner hashed the whole table for every batch (51 ms
-// a batch of 1,000 at 125,000 devices, 4 ms by ctid). A row another
+// joined on id, the planner hashes the whole table for every batch
+// (BenchmarkPrune compares them). A row another
 // transaction updated since is followed to its new version, whose ctid is
 // not in the list: it stays, and is not counted.
 const sqlPrune = `DELETE FROM devices WHERE ctid = ANY(ARRAY(
@@ -44,9 +44,9 @@ func (s *Store) Prune(ctx context.Context, before time.Time, after kettle.Device
 		// statistics (autovacuum analyzes it within minutes, or not at all
 		// below 10 % of it); with statistics that count no device without a
 		// reading, the planner expects one row, and every batch would read
-		// and sort the whole table (73 ms a batch at 125,000 devices, 1.4
-		// with the index: TestPrunePlan). ANALYZE samples ~30,000 rows
-		// whatever the table's size.
+		// and sort the whole table instead of using the index
+		// (TestPrunePlan). ANALYZE samples ~30,000 rows whatever the
+		// table's size.
 		if _, err := pc.Exec(ctx, "ANALYZE devices"); err != nil {
 			return nil, uuid.Nil, unavailable("postgres prune devices: analyze", err)
 		}

@@ -217,9 +217,8 @@ func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) err
 // An unknown device has no history (no error).
 //
 // A query on measurements plans every partition its bounds leave in: a read
-// without `from` over 1,000 day partitions took 10–31 ms where 33 month
-// partitions took 1.6–2.6 (bench/pg-partitions.sh), most of it planning and
-// locking partitions the LIMIT never reaches. So a read with a limit (every
+// without `from` over many day partitions spends most of its time planning
+// and locking partitions the LIMIT never reaches (bench/pg-partitions.sh). So a read with a limit (every
 // API read) goes through the partitions in time order, a window of them at
 // a time, and stops as soon as it holds the limit. The first window spans
 // historyMinWindow partitions (the partition q starts in, and, without a

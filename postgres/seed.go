@@ -150,8 +150,8 @@ func (s *Store) SeedDone(ctx context.Context, from, to time.Time) error {
 	}
 	s.partMu.Unlock()
 	// The partitions several at once: a VACUUM runs on one core, and a
-	// month of day partitions one after the other took 23 s of a 2m53s
-	// seeding (20,000 kettles × 29 days at 15 min, 2 cores).
+	// month of day partitions one after the other is a long serial tail of
+	// a seeding (docs/performance.md).
 	return s.seedVacuum(ctx, parts, seedVacuumStreams)
 }
 

@@ -16,8 +16,8 @@ import (
 // results in PostgreSQL's binary format encoded here. pgx's generic encoder
 // is fine for a handful of values, but a batch of 2000 readings sends arrays
 // of thousands of elements, and pgx encodes []uuid.UUID element by element
-// through reflection (about 5 ms and 20,000 allocations per 1000 ids, twice
-// a batch): that alone capped a writer below 20k rows/s.
+// through reflection, an allocation or more per element, twice a batch:
+// enough to cap a writer's rows/s (docs/performance.md).
 
 // Statements of the write path, prepared on every connection of the pool
 // (see prepareWrite) and executed by name.

@@ -177,7 +177,7 @@ const backupStepPages = 2048
 // that it is one this binary can open and that its counts agree: statistic
 // 1 equals the kettles' counts plus the staged readings, and the devices
 // count the kettles' rows. With quick set it also runs PRAGMA quick_check
-// (every page of the file is read: ~1 s a GB here).
+// (every page of the file is read: its time grows with the file).
 func Inspect(ctx context.Context, path string, quick bool) (FileInfo, error) {
 	if _, err := os.Stat(path); err != nil {
 		return FileInfo{}, fmt.Errorf("inspect %s: %w", path, err)

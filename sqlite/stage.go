@@ -17,9 +17,8 @@ import (
 // device): a batch of readings from a thousand kettles dirties a few
 // neighbouring pages at the right edge of each bucket, where measurements,
 // keyed by (device, t) for history reads, would take one page per kettle,
-// each written whole to the WAL at commit. Measured with
-// BenchmarkWriteFleet (20,000 kettles, batches of 500–2000), that page
-// traffic was most of the writer's CPU time per row.
+// each written whole to the WAL at commit: that page traffic is most of the
+// writer's CPU time per row (BenchmarkWriteFleet).
 //
 // A merge starts once staged holds mergeRows rows (or mergeEvery has
 // passed). It moves the staged rows to measurements in (device, t) order,
@@ -134,9 +133,9 @@ func (s *Store) startMerger() {
 					// bucket held it, so that what queued up meanwhile
 					// commits before the next bucket. sync.Mutex is not
 					// fair: without the pause the merger can take the lock
-					// straight back, and at 280,000 kettles the mean
-					// commit of a second reached 64 ms (6.5 with it) and
-					// the p99 172 ms (81; kettle capacity, 2026-11-25).
+					// straight back, and the batches' commits wait behind
+					// bucket after bucket (docs/performance.md, "The
+					// embedded store").
 					select {
 					case <-st.stop: // Close: the rest stays staged
 						return

@@ -33,8 +33,8 @@ never overwritten. Restore it with kettle restore.
 
 SQLite: SQLite's online backup API inside one read transaction, which
 blocks no writer (the WAL grows while it runs); the copy is checked (its
-counts agree; PRAGMA quick_check reads every page, ~1 s a GB, --check=false
-skips it). PostgreSQL: pg_dump --format=custom of a snapshot the backup
+counts agree; PRAGMA quick_check reads every page, which takes longer the
+larger the file; --check=false skips it). PostgreSQL: pg_dump --format=custom of a snapshot the backup
 holds (so it knows the count the archive holds), checked with pg_restore
 --list; pg_dump and pg_restore come from PATH or /usr/lib/postgresql/*/bin
 and must be at least as new as the server. For point-in-time recovery use

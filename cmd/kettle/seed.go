@@ -54,9 +54,8 @@ summary). A sparse history, whose day of the whole fleet is fewer than
 --chunk-rows readings, goes instead group by group, each chunk a range of
 kettles over as many whole days as fill it. An interrupted seeding keeps
 what it committed; run it again to finish. Seeding a store that is
-serving kettles: --workers 1 leaves them more of the CPU (on 2 cores,
-live p99 37–48 ms against 50–182 ms with 3, at ~800,000 rows/s either
-way).
+serving kettles: --workers 1 leaves them more of the CPU, for the
+same seeding rate on a small machine (docs/performance.md).
 SQLite: large transactions through the store's Write.`
 
 func runSeed(ctx context.Context, args []string) error {
@@ -232,9 +231,8 @@ func (r *seedRun) run(ctx context.Context, out io.Writer) error {
 	// Day by day when the sink loads days whole and a day of the fleet
 	// fills a chunk at least: a day load has a fixed cost (its table, key,
 	// ANALYZE, attach, the devices' statements), which a sparse history
-	// pays for a few rows a day, where a group's chunks span months (2,000
-	// kettles × 365 days at 24 h: 16.2 s day by day, 4.5–5.5 s by groups;
-	// docs/performance.md).
+	// pays for a few rows a day, where a group's chunks span months
+	// (docs/performance.md).
 	var err error
 	if dl, ok := r.sink.(dayLoader); ok && f.RowsPerDay() >= int64(r.chunkRows) {
 		err = r.runDays(ctx, start, dl)

@@ -42,8 +42,8 @@ schedule whether or not the previous one returned, latency is measured from
 the intended send time, its own lag is reported) and it audits that every
 acknowledged reading was stored. Use it to judge a server; use this file if
 your tooling is Locust. Locust also runs on a single core per process and
-costs about 4-5x the CPU per request of `kettle swarm` (measured by
-bench/locust-vs-swarm.sh): watch for its "CPU usage above 90%" warning, past
+costs several times the CPU per request of `kettle swarm`
+(bench/locust-vs-swarm.sh compares them): watch for its "CPU usage above 90%" warning, past
 which it offers less load than asked and its response times include its own
 scheduling delay (run more worker processes with --master/--worker).
 
