@@ -3,6 +3,7 @@ package results
 import (
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -99,5 +100,48 @@ func TestLatestAndHeadline(t *testing.T) {
 	}
 	if _, err := Splice("a\n<!-- end results -->\n<!-- begin results -->\n", "results", "x"); err == nil {
 		t.Error("Splice with the markers out of order: no error")
+	}
+}
+
+// TestRecordPy runs bench/record.py, what every bench script records its run
+// with, and reads its line back: the writer and the renderer agree on the
+// record's shape.
+func TestRecordPy(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 not found: apt-get install -y python3 (make deps)")
+	}
+	log := filepath.Join(t.TempDir(), "results.jsonl")
+	figs := filepath.Join(t.TempDir(), "figs")
+	if err := os.WriteFile(figs, []byte("figure from a file=7.5:ms\nratio 0.25\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, filepath.Join("..", "..", "bench", "record.py"), "--bench", "x.sh", "--command", "N=1 bench/x.sh",
+		"--figure", "kettle serve=1234.5:req/s", "--figure", "not printed=:ms", "--ceiling", "bare=2000:req/s", "--from", figs)
+	cmd.Env = append(os.Environ(), "KETTLE_RESULTS="+log)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("record.py: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "not printed") {
+		t.Errorf("record.py did not warn of the figure without a value:\n%s", out)
+	}
+	f, err := os.Open(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 {
+		t.Fatalf("%d records, want 1", len(recs))
+	}
+	r := recs[0]
+	if r.Bench != "x.sh" || r.Command != "N=1 bench/x.sh" || r.Commit == "" || r.Machine.Cores < 1 || r.Machine.LoadAvg == "" ||
+		len(r.Figures) != 2 || r.Figures[0] != (Figure{"kettle serve", 1234.5, "req/s"}) || r.Figures[1] != (Figure{"from a file", 7.5, "ms"}) ||
+		r.Ceiling == nil || *r.Ceiling != (Figure{"bare", 2000, "req/s"}) || r.Ratio == nil || *r.Ratio != 0.25 {
+		t.Errorf("record read back: %+v", r)
 	}
 }
