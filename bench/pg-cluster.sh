@@ -20,8 +20,8 @@
 # written and recycled by two checkpoints (pg_warm_wal), so that the fresh
 # cluster writes its WAL into existing segment files as one in service does.
 # A fresh cluster instead creates and zero-fills a new 16 MiB file every
-# 16 MiB of WAL, with commits waiting on it: at 8 MB/s (PG_WRITE_MBPS=8) that
-# is a ~2 s stall every ~13 s at 40,000 kettles (docs/performance.md).
+# 16 MiB of WAL, with commits waiting on it: on a slow disk (PG_WRITE_MBPS=8)
+# a stall of seconds at every new file (docs/performance.md).
 #
 # Benchmark settings (printed by pg_settings): durability stays ON
 # (fsync, synchronous_commit, full_page_writes: an ack means durable); memory

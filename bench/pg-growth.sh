@@ -36,12 +36,10 @@
 # database each round — and the grown one are measured in turn (small first
 # in odd rounds, grown first in even ones), and the
 # script prints the geometric mean and the median (the lower middle one of
-# an even count) of the ratio grown / small of each figure: one 20 s run
-# here swings by ±10%, and the order may matter too (v1 batches, 2 rounds of
-# `STEPS="0 12"`: 1.101 with the small database first, 0.964 with the grown
-# one first; the full run after it showed no clear order effect): an even
-# ROUNDS puts each side first equally often, and the geometric mean
-# cancels what the order does.
+# an even count) of the ratio grown / small of each figure: one short run
+# swings by several per cent on a shared machine, and the order may matter
+# too (docs/performance.md): an even ROUNDS puts each side first equally
+# often, and the geometric mean cancels what the order does.
 # (REF_DAYS=0: one reading a kettle, an empty
 # partition; there every kettle's keys share a few index pages, as they do
 # only in a partition's first hour or so.)

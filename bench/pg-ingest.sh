@@ -16,8 +16,7 @@
 #      CONNS, ROUNDS times (bare then kettle serve, kettle serve on a fresh
 #      database each time): the ratio of each round, their median at each
 #      concurrency, and the ratio of the two peaks. One run of each swings
-#      by ±10% on a shared machine (0.443 and 0.528 at 1024 connections in
-#      two runs minutes apart), hence the rounds.
+#      by several per cent on a shared machine, hence the rounds.
 # Every phase also reports CPU seconds per row or request of each process
 # (client, kettle serve, postgres): on a shared machine they are steadier
 # than rates.
@@ -107,16 +106,12 @@ batch_line() { awk -v a="$1" -v b="$2" 'BEGIN { split(a, p); split(b, q); r = q[
 cpurow() { sed -n 's/.*µs_per_row=\([0-9.]*\).*/\1/p'; }
 # Warm-up, not counted: the first heavy write into a fresh cluster also
 # creates its WAL segment files (later ones recycle them) and is the first
-# to touch shared_buffers' memory. Without it the first ceiling was
-# sometimes far slower than the same COPY after the ingest (350,346 vs
-# 484,933 rows/s); with it 414,613 vs 407,231. It must be as large as what
-# one ingest writes (up to ~12 million rows, ~3 GB of WAL): with 2,000,000
-# rows the first round's ingest still paid for creating and zero-filling
-# most of its WAL files, where the ceiling after it (and every later round)
-# found them recycled: PostgreSQL 3.09 µs a row in round 1 against 2.19 and
-# 2.23 in rounds 2 and 3 (2026-11-26 22:00 UTC; the ceiling 2.56, 2.58,
-# 2.51), ratios 0.657 0.936 0.871. Two checkpoints after it recycle its
-# files (as pg_warm_wal's do).
+# to touch shared_buffers' memory; without it the first ceiling pays for
+# that alone. It must be as large as what one ingest writes (up to ~12
+# million rows, ~3 GB of WAL): a smaller one leaves the first round's ingest
+# creating and zero-filling most of its WAL files, where the ceiling after it
+# (and every later round) finds them recycled (docs/performance.md). Two
+# checkpoints after it recycle its files (as pg_warm_wal's do).
 ceiling raw "${WARM_ROWS:-12000000}" >/dev/null
 pg_sql postgres CHECKPOINT >/dev/null
 
@@ -145,9 +140,8 @@ for vc in $V1_CONNS; do
 		echo "$v1cpu"
 		# The ingest's database goes before the ceiling runs, so that the
 		# COPY, like the ingest, starts with shared_buffers free: with the
-		# ingest's ~2 GB of (clean) pages still in them, the COPY spent
-		# PostgreSQL 2.40–2.43 µs a row evicting them, against 2.02–2.24 with
-		# free buffers (2026-11-26 22:10–22:20 UTC; the latter an ad-hoc script).
+		# ingest's (clean) pages still in them, the COPY would spend
+		# PostgreSQL's CPU evicting them (docs/performance.md).
 		pg_sql postgres "DROP DATABASE kettle_v1_${vc}_$vr" >/dev/null
 		pg_sql postgres "CHECKPOINT" >/dev/null
 		echo "--- ceiling: raw binary COPY of pgbench ingest's rows ($sv, as many as the ingest stored; 20000-row COPYs, $CEIL_STREAMS streams) into a fresh scratch table of measurements' shape (day partitions, (device, t) primary key, each COPY into its day's partition when it falls in one); encoder raw (by hand), then pgx (CopyFrom) ---"

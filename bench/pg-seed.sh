@@ -66,9 +66,8 @@ ceiling() {
 # Warm-up, not counted (WARM=0 skips it): the ceiling once. The first heavy
 # write into a fresh cluster creates and zero-fills its WAL files and is the
 # first to touch shared_buffers; whatever runs after a checkpoint finds those
-# files recycled. Without it the "before" ceiling paid for that alone, and the
-# mean of the two ceilings favoured the seeder (2026-11-26 17:01 UTC, 55.6
-# million rows: before 358,135, after 383,225 rows/s).
+# files recycled. Without it the "before" ceiling pays for that alone, and the
+# mean of the two ceilings favours the seeder.
 if [ "${WARM:-1}" != 0 ]; then
 	echo "--- warm-up, not counted: the ceiling once ---"
 	ceiling | grep RESULT
