@@ -38,6 +38,9 @@ func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 		sec.CPUSeconds = cpuSeconds()
 		sec.RSSBytes = rss()
 		res.Seconds = append(res.Seconds, sec)
+		if s.cfg.OnSecond != nil {
+			s.cfg.OnSecond(sec)
+		}
 		if s.cfg.Progress != nil && time.Since(lastProgress) >= s.cfg.ProgressEvery-100*time.Millisecond {
 			win := time.Since(lastProgress)
 			pct := (sec.CPUSeconds - lastCPU) / win.Seconds() * 100

@@ -648,7 +648,7 @@ func (s *Swarm) mqttClose() {
 // it returns the number of connections the run will hold.
 func (s *Swarm) mqttSetup(budget int) (int, error) {
 	cfg := &s.cfg
-	addr, err := CheckLoopbackAddr(cfg.MQTTTarget)
+	addr, err := CheckTargetAddr(cfg.MQTTTarget, cfg.AllowHosts)
 	if err != nil {
 		return 0, err
 	}

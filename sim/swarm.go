@@ -75,6 +75,27 @@ type Config struct {
 	// Observer, if set, sees every request as it happens (kettle swarm
 	// --metrics-addr: *metrics.Swarm).
 	Observer Observer
+
+	// The distributed lab (kettle swarm --workers): one shard of a fleet.
+	//
+	// First is the fleet-wide index of this run's first kettle: kettle i
+	// of the shard is kettle First+i of the fleet, with that kettle's
+	// physics seed and hatch time, so shards of one fleet never overlap
+	// and hatch in step with each other.
+	First int
+	// AllowHosts names non-loopback hosts the operator allows as Target or
+	// MQTTTarget (exact names or addresses; empty: loopback only).
+	AllowHosts []string
+	// Ready, if set, is called once the kettles are set up; it returns the
+	// wall-clock time the run starts (the fleet's common start) and the
+	// run waits until then.
+	Ready func(ctx context.Context) (time.Time, error)
+	// OnSecond, if set, is given each Second as it closes (from the
+	// collector's goroutine; it must not block).
+	OnSecond func(Second)
+	// ExportAcked fills Results.Acked with every acknowledged reading, for
+	// an audit done elsewhere (the lab's controller audits all shards).
+	ExportAcked bool
 }
 
 // Observer is told about requests as they happen; *metrics.Swarm is one.
@@ -271,7 +292,7 @@ func (s *Swarm) wall(ns int64) time.Time { return s.start.Add(time.Duration(ns))
 // a bad audit or latency is in the results, for the caller to judge.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
 	cfg.defaults()
-	u, err := CheckLoopback(cfg.Target)
+	u, err := CheckTarget(cfg.Target, cfg.AllowHosts)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +412,8 @@ func (s *Swarm) setup(ctx context.Context) error {
 	iv := int64(cfg.Interval)
 	for i := range s.kettles {
 		k := &s.kettles[i]
-		k.rng.Seed(cfg.Seed, uint64(i)*0x9e3779b97f4a7c15+1)
+		g := cfg.First + i // the kettle's index in the whole fleet
+		k.rng.Seed(cfg.Seed, uint64(g)*0x9e3779b97f4a7c15+1)
 		k.model = NewModel(&k.rng, s.start)
 		switch s.params.Provisioning {
 		case "secret":
@@ -402,7 +424,7 @@ func (s *Swarm) setup(ctx context.Context) error {
 			k.auth = "Authorization: Bearer " + provisioned[i].Token + "\r\n"
 		}
 		if cfg.HatchRate > 0 {
-			k.phase = int64(float64(i) / cfg.HatchRate * 1e9)
+			k.phase = int64(float64(g) / cfg.HatchRate * 1e9)
 		} else {
 			k.phase = int64(k.rng.Float64() * float64(iv))
 		}
@@ -416,8 +438,26 @@ func (s *Swarm) setup(ctx context.Context) error {
 	for i := range s.kettles {
 		s.heap.Push(event{at: s.kettles[i].phase, k: int32(i)})
 	}
-	// The run clock starts now: phases are relative to it.
+	// The run clock starts now, or at the fleet's common start: phases are
+	// relative to it.
 	s.start = time.Now()
+	if cfg.Ready != nil {
+		at, err := cfg.Ready(ctx)
+		if err != nil {
+			return err
+		}
+		if late := time.Since(at); late > time.Second {
+			return fmt.Errorf("the fleet's start %s passed %s ago: are the machines' clocks in step (NTP)?", at.UTC().Format(time.RFC3339Nano), late.Round(time.Millisecond))
+		}
+		t := time.NewTimer(time.Until(at))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		s.start = at
+	}
 	for i := range s.kettles {
 		s.kettles[i].model.Last = s.start
 	}
@@ -453,6 +493,9 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	}
 	res.End = time.Now()
 	s.totals(res)
+	if s.cfg.ExportAcked {
+		res.Acked = s.ackedDevices()
+	}
 
 	if !s.cfg.NoAudit && s.cfg.Operator != "" {
 		// An interrupted run is still worth auditing.
@@ -661,7 +704,7 @@ func (s *Swarm) runWork(i int, k *kettleState, w work) {
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {
 		s.st.offer(epLogin)
-		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, i)
+		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, s.cfg.First+i)
 		resp, ok := s.send(sl, epLogin, at, "POST", "/login", "", body)
 		at = s.now()
 		var lr struct {

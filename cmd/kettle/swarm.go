@@ -86,7 +86,8 @@ acked=… stored=… lost=… duplicated=…
 Exit status:
   0  run done, audit clean, SLO met
   1  the run could not be done (bad flag, refused target, provisioning or
-     audit request failed)
+     audit request failed), or the audit was skipped (no operator token
+     and no --audit=false: the summary says "audit: skipped")
   3  audit: acknowledged readings lost
   4  audit: acknowledged readings stored more than once
   5  SLO breached: a p99 above --slo-p99 or an error rate above --max-error-rate
@@ -122,6 +123,12 @@ type swarmFlags struct {
 	debugAddr   string // pprof (kettle swarm only)
 	report      bool
 	log         io.Writer // where progress and notes go (run sets it)
+	// The distributed lab (see swarm_worker.go).
+	workers     string   // --workers HOST:PORT,…
+	workerToken string   // --worker-token
+	allowTarget string   // --allow-target HOST,…
+	targets     []string // --target split (several server nodes)
+	mqttTargets []string
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -150,9 +157,10 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 // registerTarget adds the flags that point a swarm at a running server.
 func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	c := &f.cfg
-	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback, or a host named in --allow-target); with --workers a comma-separated list of nodes, worker i loading node i mod N (the first one is audited)")
+	f.registerLab(fs)
 	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
-	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883)")
+	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
 	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
@@ -171,7 +179,7 @@ func (f *swarmFlags) registerTLS(fs *flag.FlagSet) {
 
 // tlsConfig is the client side of an https target (nil for http).
 func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
-	u, err := sim.CheckLoopback(f.cfg.Target)
+	u, err := sim.CheckTarget(f.cfg.Target, f.cfg.AllowHosts)
 	if err != nil || u.Scheme != "https" {
 		if f.ca != "" && err == nil {
 			return nil, fmt.Errorf("--ca %s: the target %s is not https", f.ca, f.cfg.Target)
@@ -200,6 +208,9 @@ func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
 }
 
 func runSwarm(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "worker" {
+		return runSwarmWorker(ctx, args[1:])
+	}
 	fs := newFlagSet("swarm", "--target URL --devices N [flags]", swarmDoc)
 	var f swarmFlags
 	f.register(fs, 1000, time.Minute, 0, "per-device")
@@ -226,7 +237,7 @@ func runSwarm(ctx context.Context, args []string) error {
 func (f *swarmFlags) resolve() error {
 	c := &f.cfg
 	c.Seed = *f.seed
-	if _, err := sim.CheckLoopback(c.Target); err != nil {
+	if err := f.resolveLab(); err != nil {
 		return err
 	}
 	tlsCfg, err := f.tlsConfig()
@@ -261,11 +272,16 @@ func (f *swarmFlags) resolve() error {
 			return fmt.Errorf("--mqtt-inflight %d: want 1..1000", c.MQTTInflight)
 		}
 		if c.MQTTTarget == "" {
-			u, _ := sim.CheckLoopback(c.Target)
-			c.MQTTTarget = net.JoinHostPort(u.Hostname(), "1883")
+			for _, t := range f.targets {
+				u, _ := sim.CheckTarget(t, c.AllowHosts)
+				f.mqttTargets = append(f.mqttTargets, net.JoinHostPort(u.Hostname(), "1883"))
+			}
+			c.MQTTTarget = f.mqttTargets[0]
 		}
-		if _, err := sim.CheckLoopbackAddr(c.MQTTTarget); err != nil {
-			return err
+		for _, t := range f.mqttTargets {
+			if _, err := sim.CheckTargetAddr(t, c.AllowHosts); err != nil {
+				return err
+			}
 		}
 	default:
 		return fmt.Errorf("--protocol %q: want http or mqtt", c.Protocol)
@@ -299,8 +315,10 @@ func (f *swarmFlags) resolve() error {
 func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	c := &f.cfg
 	c.Progress, c.Log = w, w
+	skipped := ""
 	if !c.NoAudit && c.Operator == "" {
-		fmt.Fprintln(w, "swarm: no operator token (--operator-token or --data-dir): the audit will be skipped")
+		skipped = "no operator token: give --operator-token or --data-dir, or --audit=false to run without it"
+		fmt.Fprintln(w, "swarm: no operator token (--operator-token or --data-dir): the audit will be skipped and the run will exit 1")
 	}
 	if c.Protocol == sim.ProtocolMQTT {
 		fmt.Fprintf(w, "swarm: %d MQTT kettles → %s (audit via %s), interval %s, hatch %g/s, duration %s, in-flight %d, batch %d\n",
@@ -314,11 +332,12 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := sim.Run(ctx, *c)
+	res, err := f.runOnce(ctx)
 	sys := stop()
 	if res != nil {
 		res.Command = f.command
 		res.System = sys
+		res.AuditSkipped = skipped
 		res.Summary(w)
 		if f.out != "" {
 			p, werr := res.WriteFile(f.out)
@@ -344,8 +363,18 @@ func (f *swarmFlags) judge(res *sim.Results) error {
 			return exitCode{exitLost, fmt.Sprintf("audit failed: %d acknowledged readings lost (%s); e.g. %s", a.Lost, a.Line(), strings.Join(a.Examples, ", "))}
 		}
 		if a.Duplicated > 0 {
-			return exitCode{exitDuplicate, fmt.Sprintf("audit failed: %d acknowledged readings stored more than once (%s)", a.Duplicated, a.Line())}
+			return exitCode{exitDuplicate, fmt.Sprintf("audit failed: %d acknowledged readings stored more than once (%s); e.g. %s", a.Duplicated, a.Line(), strings.Join(a.Examples, ", "))}
 		}
+	}
+	if lost := res.LostWorkers(); len(lost) > 0 {
+		var b []string
+		for _, w := range lost {
+			b = append(b, fmt.Sprintf("%s (kettles %d..%d, %s)", w.Addr, w.First, w.First+w.Devices-1, w.Error))
+		}
+		return fmt.Errorf("%d of %d workers lost, their share measured only until then and not audited: %s", len(lost), len(res.Workers), strings.Join(b, "; "))
+	}
+	if res.AuditSkipped != "" {
+		return fmt.Errorf("audit: skipped (%s)", res.AuditSkipped)
 	}
 	t := res.Totals
 	if f.maxErrorRate >= 0 && t.ErrorRate > f.maxErrorRate {

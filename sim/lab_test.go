@@ -1,0 +1,295 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/kettlefleet/kettlefleet/internal/liar"
+	"github.com/kettlefleet/kettlefleet/server"
+)
+
+const labToken = "lab-test-token-0123456789"
+
+// labWorkers are in-process workers on 127.0.45.11.. (this helper's
+// address block), each sending its shard from its own address.
+type testWorker struct {
+	addr string
+	ip   string
+	w    *Worker
+	srv  *http.Server
+}
+
+// kill stops a worker abruptly: its control listener and its run.
+func (tw *testWorker) kill() {
+	tw.srv.Close()
+	tw.w.Close()
+}
+
+func startWorkers(t *testing.T, n int) []*testWorker {
+	t.Helper()
+	var out []*testWorker
+	for i := range n {
+		ip := net.IPv4(127, 0, 45, byte(11+i))
+		l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := NewWorker(WorkerConfig{Token: labToken, SourceAddrs: []net.IP{ip}, ReserveFDs: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := NewWorkerServer(w.Handler())
+		go srv.Serve(l)
+		tw := &testWorker{addr: l.Addr().String(), ip: ip.String(), w: w, srv: srv}
+		t.Cleanup(tw.kill)
+		out = append(out, tw)
+	}
+	return out
+}
+
+func startServer(t *testing.T) *server.Server {
+	t.Helper()
+	dir := t.TempDir()
+	srv, err := server.Start(context.Background(), server.Config{
+		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
+	lc := LabConfig{Config: Config{
+		Target: target, Devices: 30, Interval: 250 * time.Millisecond, Jitter: 20 * time.Millisecond,
+		Duration: 3 * time.Second, Timeout: 2 * time.Second, Seed: 3,
+		Secret: srv.Secret(), Operator: srv.OperatorToken(), Log: io.Discard,
+	}, Token: labToken, LostAfter: 2 * time.Second}
+	for _, w := range ws {
+		lc.Workers = append(lc.Workers, w.addr)
+	}
+	return lc
+}
+
+// TestLabThreeWorkers drives one fleet from three workers against a real
+// server behind a proxy that counts each worker's requests, holds the third
+// worker's for 150 ms, and acknowledges one upload of the second worker
+// without storing it. The merged run must count what the proxy counted,
+// show the slow third in its p99 (merged histograms, not averaged
+// percentiles), and its audit must find the one lost reading in the second
+// worker's shard.
+func TestLabThreeWorkers(t *testing.T) {
+	srv := startServer(t)
+	ws := startWorkers(t, 3)
+	p := liar.Start(t, srv.URL(), &liar.Proxy{
+		Delay: func(from string) time.Duration {
+			if from == ws[2].ip {
+				return 150 * time.Millisecond
+			}
+			return 0
+		},
+		Lose: func(from string, _ int64) bool { return from == ws[1].ip },
+	})
+	// Only the second worker's first upload is lost.
+	lost := false
+	p.Lose = func(from string, _ int64) bool {
+		if from != ws[1].ip || lost {
+			return false
+		}
+		lost = true
+		return true
+	}
+	var progress bytes.Buffer
+	lc := labConfig(srv, p.URL(), ws)
+	lc.Progress, lc.ProgressEvery = &progress, time.Second
+	res, err := RunLab(t.Context(), lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum bytes.Buffer
+	res.Summary(&sum)
+	t.Log(sum.String())
+
+	if len(res.Workers) != 3 {
+		t.Fatalf("workers %+v", res.Workers)
+	}
+	// Shards: disjoint and covering the fleet.
+	next := 0
+	for i, w := range res.Workers {
+		if w.State != "done" || w.First != next || w.Devices != 10 {
+			t.Errorf("worker %d: %+v, want done, kettles %d..%d", i, w, next, next+9)
+		}
+		next += w.Devices
+	}
+	// Counts: each worker's = what the proxy saw from its address; the
+	// merged = their sum.
+	var sumReq, seenMeas int64
+	for i, w := range res.Workers {
+		seen := p.Seen(ws[i].ip, "measurement") + p.Seen(ws[i].ip, "command")
+		if w.Requests != seen || w.Requests == 0 {
+			t.Errorf("worker %d: %d requests, the proxy saw %d from %s", i, w.Requests, seen, ws[i].ip)
+		}
+		sumReq += w.Requests
+		seenMeas += p.Seen(ws[i].ip, "measurement")
+	}
+	tot := res.Totals
+	if tot.Requests != sumReq || tot.Endpoints[EPMeasurement].Requests != seenMeas {
+		t.Errorf("merged %d requests (%d uploads), workers' sum %d (proxy saw %d uploads)", tot.Requests, tot.Endpoints[EPMeasurement].Requests, sumReq, seenMeas)
+	}
+	var secReq int64
+	for _, s := range res.Seconds {
+		for _, e := range s.Endpoints {
+			secReq += e.Requests
+		}
+		if len(s.Workers) != 3 {
+			t.Fatalf("second %d: %d worker entries", s.T, len(s.Workers))
+		}
+	}
+	if secReq != tot.Requests {
+		t.Errorf("seconds sum to %d requests, totals %d", secReq, tot.Requests)
+	}
+	// A third of the uploads took ≥ 150 ms: the fleet's p99 shows it,
+	// its median does not.
+	m := tot.Endpoints[EPMeasurement]
+	if m.P99Ms < 150 || m.P50Ms > 100 {
+		t.Errorf("measurement p50 %.1f ms p99 %.1f ms: want p99 ≥ 150 ms (the slow worker), p50 < 100 ms", m.P50Ms, m.P99Ms)
+	}
+	// One audit over all shards: the one lost reading, in worker 1's.
+	a := res.Audit
+	if a == nil || a.Lost != 1 || a.Duplicated != 0 || a.Acked != tot.Acked {
+		t.Fatalf("audit %+v, want lost=1 of acked %d", a, tot.Acked)
+	}
+	for i, w := range res.Workers {
+		want := int64(0)
+		if i == 1 {
+			want = 1
+		}
+		if w.Audit == nil || w.Audit.Lost != want {
+			t.Errorf("worker %d audit %+v, want lost=%d", i, w.Audit, want)
+		}
+	}
+	if !strings.Contains(progress.String(), "workers "+ws[0].addr) {
+		t.Errorf("progress lacks the workers:\n%s", progress.String())
+	}
+}
+
+// TestLabWorkerLost kills one of three workers mid-run: the run still ends
+// with results, the lost worker's share marked, the others audited.
+func TestLabWorkerLost(t *testing.T) {
+	srv := startServer(t)
+	ws := startWorkers(t, 3)
+	lc := labConfig(srv, srv.URL(), ws)
+	lc.Duration = 4 * time.Second
+	go func() {
+		// Killed once it has reported two seconds of its run.
+		for range 200 {
+			time.Sleep(50 * time.Millisecond)
+			w := ws[1].w
+			w.mu.Lock()
+			n := 0
+			if w.cur != nil {
+				n = len(w.cur.seconds)
+			}
+			w.mu.Unlock()
+			if n >= 2 {
+				break
+			}
+		}
+		ws[1].kill()
+	}()
+	res, err := RunLab(t.Context(), lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum bytes.Buffer
+	res.Summary(&sum)
+	t.Log(sum.String())
+	lost := res.LostWorkers()
+	if len(lost) != 1 || lost[0].Addr != ws[1].addr || !strings.Contains(lost[0].Error, "lost at t=") {
+		t.Fatalf("lost workers %+v, want %s", lost, ws[1].addr)
+	}
+	if lost[0].Requests == 0 || lost[0].LastT == 0 {
+		t.Errorf("the lost worker's seconds before it died are missing: %+v", lost[0])
+	}
+	if !strings.Contains(sum.String(), "LOST: its share (10 of 30 kettles, 33.3%)") {
+		t.Errorf("summary does not mark the lost share:\n%s", sum.String())
+	}
+	a := res.Audit
+	if a == nil || a.Lost != 0 || a.Acked == 0 || res.Workers[1].Audit != nil {
+		t.Errorf("audit %+v (lost worker's %+v): want the two live shards audited clean", a, res.Workers[1].Audit)
+	}
+}
+
+// TestMergeExact: the merged p99 is the p99 of the union of every worker's
+// latencies, and the counts are their sums; averaging the workers' p99s
+// would be far off.
+func TestMergeExact(t *testing.T) {
+	lat := [][]int64{ // µs, per worker
+		repeat(1000, 990, 5000, 10),   // p99 1 ms
+		repeat(2000, 990, 8000, 10),   // p99 2 ms
+		repeat(3000, 500, 90000, 500), // p99 90 ms
+	}
+	union := NewHistogram()
+	var ws []*labWorker
+	for i, vals := range lat {
+		w := &labWorker{addr: "w" + string(rune('0'+i)), plan: Plan{First: i * 10, Devices: 10}, res: &Results{}}
+		// Spread each worker's values over two seconds.
+		for sec := 1; sec <= 2; sec++ {
+			h := NewHistogram()
+			part := vals[(sec-1)*len(vals)/2 : sec*len(vals)/2]
+			for _, v := range part {
+				h.RecordValue(v)
+				union.RecordValue(v)
+			}
+			enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+			w.seconds = append(w.seconds, Second{T: sec, Kettles: 10, Endpoints: map[string]*EndpointSecond{
+				EPMeasurement: {Offered: int64(len(part)), Requests: int64(len(part)), Histogram: string(enc)}}})
+		}
+		ws = append(ws, w)
+	}
+	res := mergeLab(ws, &Config{Devices: 30}, time.Now(), time.Now())
+	m := res.Totals.Endpoints[EPMeasurement]
+	if want := float64(union.ValueAtQuantile(99)) / 1000; m.P99Ms != want {
+		t.Errorf("merged p99 %.3f ms, union p99 %.3f ms", m.P99Ms, want)
+	}
+	if want := float64(union.ValueAtQuantile(50)) / 1000; m.P50Ms != want {
+		t.Errorf("merged p50 %.3f ms, union p50 %.3f ms", m.P50Ms, want)
+	}
+	if m.Requests != union.TotalCount() || res.Totals.Requests != 3000 {
+		t.Errorf("merged %d requests, union %d", m.Requests, union.TotalCount())
+	}
+	if avg := (1.0 + 2.0 + 90.0) / 3; m.P99Ms < 2*avg {
+		t.Errorf("merged p99 %.1f ms is near the mean of the workers' p99s (%.1f ms): not a merge", m.P99Ms, avg)
+	}
+	if len(res.Seconds) != 2 || res.Seconds[0].Kettles != 30 || len(res.Seconds[1].Workers) != 3 {
+		t.Errorf("seconds %+v", res.Seconds)
+	}
+}
+
+func repeat(a int64, na int, b int64, nb int) []int64 {
+	var out []int64
+	for range na {
+		out = append(out, a)
+	}
+	for range nb {
+		out = append(out, b)
+	}
+	// Interleave, so each second has both.
+	for i := range out {
+		j := (i * 7919) % len(out)
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
