@@ -145,6 +145,9 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 		}
 		res.Command = fmt.Sprintf("kettle swarm --target %s --devices %d --interval %s --hatch-rate 0 --duration %s --conns %s --api %s --batch %d --slo-p99 %s --max-error-rate %g",
 			c.Target, n, c.Interval, p.dur, f.conns, c.API, c.Batch, f.sloP99, f.maxErrorRate)
+		if f.workers != "" {
+			res.Command += fmt.Sprintf(" --target %s --workers %s --worker-token …", strings.Join(f.targets, ","), f.workers)
+		}
 		res.System = sys
 		dir := filepath.Join(f.out, fmt.Sprintf("step-%07d", n))
 		path, err := res.WriteFile(dir)
