@@ -2,9 +2,9 @@ package main_test
 
 import (
 	"bufio"
-	"fmt"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
