@@ -41,9 +41,11 @@ type LabConfig struct {
 
 // WorkerResult is one lab worker's part in a run.
 type WorkerResult struct {
-	Addr    string `json:"addr"`
-	First   int    `json:"first"` // fleet index of its first kettle
-	Devices int    `json:"devices"`
+	Addr string `json:"addr"`
+	// Its shard: kettles First, First+Stride, … of the fleet, Devices of them.
+	First   int `json:"first"`
+	Stride  int `json:"stride"`
+	Devices int `json:"devices"`
 	// State is "done", or "lost" (stopped answering, or failed): its
 	// seconds up to LastT are merged, its readings are not audited.
 	State      string  `json:"state"`
@@ -202,17 +204,18 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 	cl := &labClient{token: lc.Token, c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute}}}
 	defer cl.c.CloseIdleConnections()
 
-	// Shards: contiguous, disjoint fleet index ranges.
+	// Shards: worker i runs kettles i, i+W, i+2W, … of the fleet: disjoint,
+	// and side by side in the hatch order, so every worker (and node)
+	// ramps up together.
 	ws := make([]*labWorker, len(lc.Workers))
 	per, extra := cfg.Devices/len(ws), cfg.Devices%len(ws)
-	first := 0
 	for i, addr := range lc.Workers {
 		n := per
 		if i < extra {
 			n++
 		}
 		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
-			First: first, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
+			First: i, Stride: len(ws), Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
 			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
 			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator}
 		if cfg.Conns > 0 {
@@ -222,7 +225,6 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 			p.MQTTTarget = lc.MQTTTargets[i%len(lc.MQTTTargets)]
 		}
 		ws[i] = &labWorker{addr: addr, plan: p, state: stateSetup}
-		first += n
 	}
 	all := func(f func(w *labWorker)) {
 		var wg sync.WaitGroup
@@ -337,7 +339,7 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 		})
 		for _, w := range ws {
 			if w.state == "lost" && w.err != "" {
-				fmt.Fprintf(cfg.Log, "lab: worker %s lost at t=%ds (kettles %d..%d): %s\n", w.addr, w.lastT, w.plan.First, w.plan.First+w.plan.Devices-1, w.err)
+				fmt.Fprintf(cfg.Log, "lab: worker %s lost at t=%ds (%d kettles from #%d every %d): %s\n", w.addr, w.lastT, w.plan.Devices, w.plan.First, w.plan.Stride, w.err)
 				w.err = "lost at t=" + strconv.Itoa(w.lastT) + "s: " + w.err
 				w.state = "lost-reported"
 			}
@@ -446,7 +448,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 func shardText(ws []*labWorker) string {
 	var b []string
 	for _, w := range ws {
-		b = append(b, fmt.Sprintf("%s: %d..%d", w.addr, w.plan.First, w.plan.First+w.plan.Devices-1))
+		b = append(b, fmt.Sprintf("%s: %d kettles from #%d every %d", w.addr, w.plan.Devices, w.plan.First, w.plan.Stride))
 	}
 	return strings.Join(b, ", ")
 }
@@ -653,7 +655,7 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
 	}
 	for i, w := range ws {
-		wr := WorkerResult{Addr: w.addr, First: w.plan.First, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
+		wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
 		for _, s := range w.seconds {
 			for _, e := range s.Endpoints {
 				wr.Requests += e.Requests

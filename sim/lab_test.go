@@ -125,13 +125,11 @@ func TestLabThreeWorkers(t *testing.T) {
 	if len(res.Workers) != 3 {
 		t.Fatalf("workers %+v", res.Workers)
 	}
-	// Shards: disjoint and covering the fleet.
-	next := 0
+	// Shards: disjoint and covering the fleet (kettle i on worker i mod 3).
 	for i, w := range res.Workers {
-		if w.State != "done" || w.First != next || w.Devices != 10 {
-			t.Errorf("worker %d: %+v, want done, kettles %d..%d", i, w, next, next+9)
+		if w.State != "done" || w.First != i || w.Stride != 3 || w.Devices != 10 {
+			t.Errorf("worker %d: %+v, want done, 10 kettles from #%d every 3", i, w, i)
 		}
-		next += w.Devices
 	}
 	// Counts: each worker's = what the proxy saw from its address; the
 	// merged = their sum.

@@ -284,8 +284,8 @@ func (r *Results) Summary(w io.Writer) {
 	fmt.Fprintf(w, "  process CPU %.2fs = %.3f CPU-s per 10,000 kettles per minute, %.1f µs per request; max RSS %d MiB%s\n",
 		t.CPUSeconds, t.CPUPer10kKettlesPerMin, t.CPUMicrosPerRequest, t.MaxRSSBytes>>20, note)
 	for _, wr := range r.Workers {
-		fmt.Fprintf(w, "  worker %s kettles %d..%d: %s, %d req, %d errors, %d acked, CPU %.2fs (%.1f µs/req), max RSS %d MiB, max lag %.1f ms",
-			wr.Addr, wr.First, wr.First+wr.Devices-1, wr.State, wr.Requests, wr.Errors, wr.Acked, wr.CPUSeconds, wr.CPUMicrosPerRequest, wr.MaxRSSBytes>>20, wr.MaxLagMs)
+		fmt.Fprintf(w, "  worker %s, %d kettles from #%d every %d: %s, %d req, %d errors, %d acked, CPU %.2fs (%.1f µs/req), max RSS %d MiB, max lag %.1f ms",
+			wr.Addr, wr.Devices, wr.First, max(wr.Stride, 1), wr.State, wr.Requests, wr.Errors, wr.Acked, wr.CPUSeconds, wr.CPUMicrosPerRequest, wr.MaxRSSBytes>>20, wr.MaxLagMs)
 		if wr.Audit != nil {
 			fmt.Fprintf(w, ", audit lost=%d duplicated=%d", wr.Audit.Lost, wr.Audit.Duplicated)
 		}

@@ -78,11 +78,11 @@ type Config struct {
 
 	// The distributed lab (kettle swarm --workers): one shard of a fleet.
 	//
-	// First is the fleet-wide index of this run's first kettle: kettle i
-	// of the shard is kettle First+i of the fleet, with that kettle's
-	// physics seed and hatch time, so shards of one fleet never overlap
-	// and hatch in step with each other.
-	First int
+	// First and Stride place this run in a fleet: kettle i of the shard
+	// is kettle First+i×Stride of the fleet (Stride 0 counts as 1), with
+	// that kettle's physics seed and hatch time, so shards of one fleet
+	// never overlap, and strided shards hatch in step side by side.
+	First, Stride int
 	// AllowHosts names non-loopback hosts the operator allows as Target or
 	// MQTTTarget (exact names or addresses; empty: loopback only).
 	AllowHosts []string
@@ -387,6 +387,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	return s.run(ctx)
 }
 
+// fleetIndex is kettle i's index in the whole fleet (see Config.First).
+func (s *Swarm) fleetIndex(i int) int { return s.cfg.First + i*max(s.cfg.Stride, 1) }
+
 // setup creates the kettles and their credentials.
 func (s *Swarm) setup(ctx context.Context) error {
 	cfg := &s.cfg
@@ -412,7 +415,7 @@ func (s *Swarm) setup(ctx context.Context) error {
 	iv := int64(cfg.Interval)
 	for i := range s.kettles {
 		k := &s.kettles[i]
-		g := cfg.First + i // the kettle's index in the whole fleet
+		g := s.fleetIndex(i)
 		k.rng.Seed(cfg.Seed, uint64(g)*0x9e3779b97f4a7c15+1)
 		k.model = NewModel(&k.rng, s.start)
 		switch s.params.Provisioning {
@@ -704,7 +707,7 @@ func (s *Swarm) runWork(i int, k *kettleState, w work) {
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {
 		s.st.offer(epLogin)
-		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, s.cfg.First+i)
+		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, s.fleetIndex(i))
 		resp, ok := s.send(sl, epLogin, at, "POST", "/login", "", body)
 		at = s.now()
 		var lr struct {

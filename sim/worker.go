@@ -47,8 +47,9 @@ type Plan struct {
 	Protocol   string `json:"protocol"`
 	MQTTTarget string `json:"mqtt_target,omitempty"`
 	API        string `json:"api"`
-	// First is the fleet index of the shard's first kettle; Devices its size.
+	// The shard is kettles First, First+Stride, … of the fleet; Devices of them.
 	First         int           `json:"first"`
+	Stride        int           `json:"stride"`
 	Devices       int           `json:"devices"`
 	Fleet         int           `json:"fleet"` // the whole fleet, for the record
 	Interval      time.Duration `json:"interval_ns"`
@@ -94,7 +95,7 @@ func (p *Plan) validate(w *WorkerConfig) error {
 func (p *Plan) config(w *WorkerConfig) Config {
 	return Config{
 		Target: p.Target, Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API,
-		First: p.First, Devices: p.Devices, Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate,
+		First: p.First, Stride: p.Stride, Devices: p.Devices, Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate,
 		Duration: p.Duration, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive,
 		Timeout: p.Timeout, Seed: p.Seed, Secret: p.Secret, Operator: p.Operator,
 		SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs, AllowHosts: w.AllowHosts,
@@ -244,7 +245,7 @@ func (w *Worker) handleRun(rw http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	run := &workerRun{plan: p, cancel: cancel, state: stateSetup, startc: make(chan time.Time, 1)}
 	w.cur = run
-	fmt.Fprintf(w.cfg.Log, "worker: run %s: kettles %d..%d of %d → %s\n", p.Run, p.First, p.First+p.Devices-1, p.Fleet, p.Target)
+	fmt.Fprintf(w.cfg.Log, "worker: run %s: %d kettles (fleet index %d, every %d) of %d → %s\n", p.Run, p.Devices, p.First, max(p.Stride, 1), p.Fleet, p.Target)
 	w.wg.Add(2)
 	go func() { defer w.wg.Done(); w.execute(ctx, run) }()
 	go func() { defer w.wg.Done(); w.watchdog(ctx, run) }()

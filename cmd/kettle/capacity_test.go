@@ -133,7 +133,7 @@ func TestCapacityOverWorkers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(r.Workers) != 2 || r.Params.Devices != n || r.Workers[0].Devices+r.Workers[1].Devices != n || r.Workers[1].First != n/2 {
+		if len(r.Workers) != 2 || r.Params.Devices != n || r.Workers[0].Devices+r.Workers[1].Devices != n || r.Workers[1].First != 1 || r.Workers[1].Stride != 2 {
 			t.Errorf("step %d: params %+v workers %+v", n, r.Params, r.Workers)
 		}
 		if r.Workers[0].Requests == 0 || r.Workers[1].Requests == 0 || r.Workers[0].Requests+r.Workers[1].Requests != r.Totals.Requests {

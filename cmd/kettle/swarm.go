@@ -369,7 +369,7 @@ func (f *swarmFlags) judge(res *sim.Results) error {
 	if lost := res.LostWorkers(); len(lost) > 0 {
 		var b []string
 		for _, w := range lost {
-			b = append(b, fmt.Sprintf("%s (kettles %d..%d, %s)", w.Addr, w.First, w.First+w.Devices-1, w.Error))
+			b = append(b, fmt.Sprintf("%s (%d kettles from #%d every %d, %s)", w.Addr, w.Devices, w.First, max(w.Stride, 1), w.Error))
 		}
 		return fmt.Errorf("%d of %d workers lost, their share measured only until then and not audited: %s", len(lost), len(res.Workers), strings.Join(b, "; "))
 	}
