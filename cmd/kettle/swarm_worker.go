@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -47,8 +49,16 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 	src := fs.String("source-addrs", "", "loopback source addresses for the shard's connections, e.g. 127.0.45.11-127.0.45.12 (empty: the --listen address when it is loopback)")
 	reserve := fs.Int("reserve-fds", 0, "file descriptors to leave to others in this process")
 	orphan := fs.Duration("orphan", 30*time.Second, "stop a run when the controller has been silent this long")
+	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles of this worker on this address, e.g. 127.0.0.1:6062 (empty: off)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *debugAddr != "" {
+		stop, err := serveDebug(*debugAddr, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	wc := sim.WorkerConfig{Token: *token, AllowHosts: splitList(*allow), ReserveFDs: *reserve, Orphan: *orphan, Log: os.Stderr}
 	switch {
