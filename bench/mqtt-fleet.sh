@@ -135,7 +135,7 @@ cleanup() {
 	done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
 	pg_stop
-	if [ -n "$OUT" ]; then mkdir -p "$OUT" && cp -r "$work"/*.log "$work"/s* "$OUT"/ 2>/dev/null || true; fi
+	if [ -n "$OUT" ]; then mkdir -p "$OUT" && cp -r "$work"/*.log "$work"/lab "$OUT"/ 2>/dev/null || true; fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
