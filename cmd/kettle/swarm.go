@@ -64,7 +64,15 @@ for 100,000 kettles. Measured cost ≈ 20 KiB RSS per MQTT kettle (one reader
 goroutine per connection; the scheduler writes): 100,000 ≈ 2 GiB across
 those processes.
 
-Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
+Past one process or one machine: start kettle swarm worker processes
+(kettle swarm worker --help) and give their addresses to --workers with
+their --worker-token. The fleet is split over them (kettle i on worker i
+mod W), started at one common time, merged into one results.json (the
+workers' histograms merged exactly, each worker's CPU, RSS and lag beside)
+and audited once; a worker lost mid-run is marked with its share and the
+run still ends with its report (exit 1). See docs/operations.md.
+
+Only this machine can be loaded (or a host named in --allow-target): --target must be 127.0.0.0/8, ::1 or
 localhost. Connections: --conns per-device (one keep-alive connection per
 kettle) or a shared pool of N; both capped by the open-file limit less a
 reserve (kettles then share connections; the cap is printed). The server caps
