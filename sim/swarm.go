@@ -271,15 +271,19 @@ type Swarm struct {
 	endAt   int64
 	heapMu  sync.Mutex
 	heap    minheap.Heap[event]
-	wg      sync.WaitGroup
-	readers sync.WaitGroup // MQTT: connection attempts, readers, flushers (mqttClose ends them)
-	stop    atomic.Bool
-	st      *stats
-	hatched atomic.Int64
-	busy    atomic.Int64
-	params  Params
-	http    *httpClient
-	mqDial  func() (net.Conn, error) // MQTT: dials the listener
+	wg      sync.WaitGroup // exchanges outstanding
+	// Exchanger goroutines (see startExchange): idle ones wait on idle.
+	idle       chan job
+	idleStop   chan struct{}
+	exchangers sync.WaitGroup
+	readers    sync.WaitGroup // MQTT: connection attempts, readers, flushers (mqttClose ends them)
+	stop       atomic.Bool
+	st         *stats
+	hatched    atomic.Int64
+	busy       atomic.Int64
+	params     Params
+	http       *httpClient
+	mqDial     func() (net.Conn, error) // MQTT: dials the listener
 	// cpuStart is the process CPU when the run started.
 	cpuStart float64
 }
@@ -328,7 +332,8 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.Protocol != ProtocolHTTP && cfg.Protocol != ProtocolMQTT {
 		return nil, fmt.Errorf("--protocol %q: want http or mqtt", cfg.Protocol)
 	}
-	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol)}
+	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol),
+		idle: make(chan job), idleStop: make(chan struct{})}
 	s.st.obs = cfg.Observer
 	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator, tlsCfg)
 
@@ -482,8 +487,11 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	go func() { s.wg.Wait(); close(waited) }()
 	select {
 	case <-waited:
+		close(s.idleStop)
+		s.exchangers.Wait()
 	case <-time.After(2*s.cfg.Timeout + 5*time.Second):
 		fmt.Fprintf(s.cfg.Log, "swarm: %d exchanges still outstanding at the end; their readings count as unacknowledged\n", s.busy.Load())
+		close(s.idleStop) // the stuck ones end by their own deadlines
 	}
 	if s.cfg.Protocol == ProtocolMQTT {
 		s.mqttDrain()
@@ -626,10 +634,52 @@ func (s *Swarm) fire(ev event) (event, bool) {
 		k.inflight = true
 		s.busy.Add(1)
 		s.wg.Add(1)
-		go s.exchange(int(ev.k), w)
+		s.startExchange(int(ev.k), w)
 	}
 	k.mu.Unlock()
 	return next, hasNext
+}
+
+// exchangerIdle is how long an exchanger goroutine waits for its next
+// exchange before it ends.
+const exchangerIdle = 2 * time.Second
+
+type job struct {
+	i int
+	w work
+}
+
+// startExchange hands kettle i's work to an idle exchanger goroutine, or
+// starts one: the open model never waits for a free one. Exchangers
+// outlive their exchange by up to exchangerIdle, so their stacks, grown by
+// the first request, serve the next ones instead of growing again in a
+// fresh goroutine each time.
+func (s *Swarm) startExchange(i int, w work) {
+	select {
+	case s.idle <- job{i, w}:
+	default:
+		s.exchangers.Add(1)
+		go s.exchanger(job{i, w})
+	}
+}
+
+// exchanger runs exchanges until it has been idle for exchangerIdle or the
+// run ends (s.idleStop).
+func (s *Swarm) exchanger(j job) {
+	defer s.exchangers.Done()
+	t := time.NewTimer(exchangerIdle)
+	defer t.Stop()
+	for {
+		s.exchange(j.i, j.w)
+		t.Reset(exchangerIdle)
+		select {
+		case j = <-s.idle:
+		case <-t.C:
+			return
+		case <-s.idleStop:
+			return
+		}
+	}
 }
 
 // exchange runs a kettle's work, then whatever came due meanwhile.
