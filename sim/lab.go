@@ -204,27 +204,9 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 	cl := &labClient{token: lc.Token, c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute}}}
 	defer cl.c.CloseIdleConnections()
 
-	// Shards: worker i runs kettles i, i+W, i+2W, … of the fleet: disjoint,
-	// and side by side in the hatch order, so every worker (and node)
-	// ramps up together.
 	ws := make([]*labWorker, len(lc.Workers))
-	per, extra := cfg.Devices/len(ws), cfg.Devices%len(ws)
-	for i, addr := range lc.Workers {
-		n := per
-		if i < extra {
-			n++
-		}
-		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
-			First: i, Stride: len(ws), Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
-			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
-			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator}
-		if cfg.Conns > 0 {
-			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
-		}
-		if cfg.Protocol == ProtocolMQTT {
-			p.MQTTTarget = lc.MQTTTargets[i%len(lc.MQTTTargets)]
-		}
-		ws[i] = &labWorker{addr: addr, plan: p, state: stateSetup}
+	for i, p := range shardPlans(&lc, runID) {
+		ws[i] = &labWorker{addr: lc.Workers[i], plan: p, state: stateSetup}
 	}
 	all := func(f func(w *labWorker)) {
 		var wg sync.WaitGroup
@@ -434,6 +416,33 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 		res.Audit = total
 	}
 	return res, nil
+}
+
+// shardPlans splits the fleet: worker i runs kettles i, i+W, i+2W, … of
+// it: disjoint, and side by side in the hatch order, so every worker (and
+// node) ramps up together.
+func shardPlans(lc *LabConfig, runID string) []Plan {
+	cfg := &lc.Config
+	w := len(lc.Workers)
+	plans := make([]Plan, w)
+	for i := range plans {
+		n := cfg.Devices / w
+		if i < cfg.Devices%w {
+			n++
+		}
+		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
+			First: i, Stride: w, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
+			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
+			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator}
+		if cfg.Conns > 0 {
+			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
+		}
+		if cfg.Protocol == ProtocolMQTT {
+			p.MQTTTarget = lc.MQTTTargets[i%len(lc.MQTTTargets)]
+		}
+		plans[i] = p
+	}
+	return plans
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -290,4 +291,42 @@ func repeat(a int64, na int, b int64, nb int) []int64 {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out
+}
+
+// TestShardPlans: every kettle of the fleet is in exactly one shard, and a
+// shard's kettles are the ones one process would run at those indexes.
+func TestShardPlans(t *testing.T) {
+	f := func(devices, workers int) {
+		t.Helper()
+		lc := &LabConfig{Config: Config{Devices: devices, Conns: 100}, Targets: []string{"http://127.0.0.1:1"}}
+		for i := range workers {
+			lc.Workers = append(lc.Workers, fmt.Sprintf("127.0.45.%d:1", 11+i))
+		}
+		seen := make([]int, devices)
+		conns := 0
+		for _, p := range shardPlans(lc, "r") {
+			s := &Swarm{cfg: Config{First: p.First, Stride: p.Stride}}
+			for i := range p.Devices {
+				g := s.fleetIndex(i)
+				if g < 0 || g >= devices {
+					t.Fatalf("%d kettles over %d workers: index %d outside the fleet", devices, workers, g)
+				}
+				seen[g]++
+			}
+			conns += p.Conns
+		}
+		for g, n := range seen {
+			if n != 1 {
+				t.Fatalf("%d kettles over %d workers: kettle %d in %d shards", devices, workers, g, n)
+			}
+		}
+		if conns > 100 || conns < 100-workers {
+			t.Errorf("%d kettles over %d workers: %d connections in all, want ≈ 100", devices, workers, conns)
+		}
+	}
+	f(30, 3)
+	f(31, 3)
+	f(1000, 7)
+	f(5, 5)
+	f(100001, 6)
 }
