@@ -115,6 +115,9 @@ func (f *swarmFlags) resolveLab() error {
 		if len(f.workerToken) < sim.MinWorkerToken {
 			return fmt.Errorf("--worker-token: give the workers' --token (at least %d characters)", sim.MinWorkerToken)
 		}
+		if f.metricsAddr != "" {
+			return errors.New("--metrics-addr with --workers: not supported (the workers see the requests); the controller's progress line and results.json carry the merged figures")
+		}
 		if strings.HasPrefix(c.Target, "https") {
 			return errors.New("--workers with an https --target: not supported yet (the workers would need the CA); run one kettle swarm per machine instead")
 		}
