@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -219,6 +220,7 @@ func runSwarm(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "worker" {
 		return runSwarmWorker(ctx, args[1:])
 	}
+	lowGCHeadroom()
 	fs := newFlagSet("swarm", "--target URL --devices N [flags]", swarmDoc)
 	var f swarmFlags
 	f.register(fs, 1000, time.Minute, 0, "per-device")
@@ -239,6 +241,16 @@ func runSwarm(ctx context.Context, args []string) error {
 	}
 	f.command = "kettle swarm " + strings.Join(args, " ")
 	return f.run(ctx, os.Stderr)
+}
+
+// lowGCHeadroom runs a swarm process with GOGC=50 unless GOGC is set: its
+// heap is mostly kettle state that lives the whole run and it allocates
+// little per request, so a smaller headroom keeps RSS near that state for
+// a GC every minute or so.
+func lowGCHeadroom() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 }
 
 // resolve fills the config from the flags that need parsing or files.

@@ -53,6 +53,7 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	lowGCHeadroom()
 	if *debugAddr != "" {
 		stop, err := serveDebug(*debugAddr, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
