@@ -341,3 +341,52 @@ func TestShardPlans(t *testing.T) {
 	f(5, 5)
 	f(100001, 6)
 }
+
+// TestLabGuards: the target guard on both sides, the token, the bounds.
+func TestLabGuards(t *testing.T) {
+	f := func(target string, allow []string, ok bool) {
+		t.Helper()
+		if _, err := CheckTarget(target, allow); (err == nil) != ok {
+			t.Errorf("CheckTarget(%q, %v): %v, want ok=%v", target, allow, err, ok)
+		}
+	}
+	f("http://127.0.0.1:8080", nil, true)
+	f("http://10.1.2.3:8080", nil, false)
+	f("http://kettles.example:8080", nil, false)
+	f("http://kettles.example:8080", []string{"kettles.example"}, true)
+	f("http://kettles.example.evil:8080", []string{"kettles.example"}, false)
+	f("http://10.1.2.3:8080", []string{"10.1.2.4"}, false)
+	if _, err := CheckTargetAddr("10.1.2.3:1883", []string{"10.1.2.3"}); err != nil {
+		t.Error(err)
+	}
+	if _, err := CheckTargetAddr("10.1.2.3:1883", nil); err == nil {
+		t.Error("CheckTargetAddr let a non-loopback MQTT target through")
+	}
+	if _, err := NewWorker(WorkerConfig{Token: "short"}); err == nil {
+		t.Error("a worker took a 5-character token")
+	}
+
+	srv := startServer(t)
+	ws := startWorkers(t, 2)
+	run := func(mod func(*LabConfig), want string) {
+		t.Helper()
+		lc := labConfig(srv, srv.URL(), ws)
+		mod(&lc)
+		_, err := RunLab(t.Context(), lc)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("RunLab: %v, want an error with %q", err, want)
+		}
+	}
+	// The controller allows a host the workers do not: they refuse.
+	run(func(lc *LabConfig) {
+		lc.Target, lc.AllowHosts = "http://kettles.example:8080", []string{"kettles.example"}
+	}, "refusing --target http://kettles.example:8080")
+	run(func(lc *LabConfig) { lc.Token = "wrong-token-0123456789" }, "401 Unauthorized: wrong or missing worker token")
+	run(func(lc *LabConfig) { lc.Duration = 48 * time.Hour }, "duration 48h0m0s: want (0, 24h]")
+	// A worker that refused has nothing running: a good run follows.
+	lc := labConfig(srv, srv.URL(), ws)
+	lc.Duration = time.Second
+	if res, err := RunLab(t.Context(), lc); err != nil || res.Totals.Requests == 0 {
+		t.Errorf("after the refusals: %v", err)
+	}
+}

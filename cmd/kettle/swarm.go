@@ -73,8 +73,9 @@ workers' histograms merged exactly, each worker's CPU, RSS and lag beside)
 and audited once; a worker lost mid-run is marked with its share and the
 run still ends with its report (exit 1). See docs/operations.md.
 
-Only this machine can be loaded (or a host named in --allow-target): --target must be 127.0.0.0/8, ::1 or
-localhost. Connections: --conns per-device (one keep-alive connection per
+Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
+localhost, unless the operator names a host exactly in --allow-target (and
+each worker in its own --allow-target). Connections: --conns per-device (one keep-alive connection per
 kettle) or a shared pool of N; both capped by the open-file limit less a
 reserve (kettles then share connections; the cap is printed). The server caps
 its connections too (kettle serve --max-conns: its fd limit less 1024) and
