@@ -390,3 +390,36 @@ func TestLabGuards(t *testing.T) {
 		t.Errorf("after the refusals: %v", err)
 	}
 }
+
+// TestShardsAreTheFleet: kettle g set up in a shard has the phase and the
+// physics it has in one process running the whole fleet, with or without a
+// hatch rate, so the workers' schedules stay in step with each other.
+func TestShardsAreTheFleet(t *testing.T) {
+	setup := func(cfg Config) *Swarm {
+		t.Helper()
+		cfg.defaults()
+		s := &Swarm{cfg: cfg}
+		if err := s.setup(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, hatch := range []float64{0, 3} {
+		base := Config{Devices: 10, Interval: 30 * time.Second, Secret: []byte("s"), Seed: 5, HatchRate: hatch}
+		whole := setup(base)
+		for i := range 3 {
+			c := base
+			c.First, c.Stride, c.Devices = i, 3, (10-i+2)/3
+			shard := setup(c)
+			for j := range shard.kettles {
+				g := shard.fleetIndex(j)
+				a, b := &whole.kettles[g], &shard.kettles[j]
+				am, bm := a.model, b.model
+				am.Last, bm.Last = time.Time{}, time.Time{}
+				if a.phase != b.phase || am != bm {
+					t.Errorf("hatch %g: kettle %d: phase %d model %+v in one process, phase %d model %+v in shard %d", hatch, g, a.phase, am, b.phase, bm, i)
+				}
+			}
+		}
+	}
+}
