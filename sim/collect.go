@@ -85,6 +85,11 @@ func (s *Swarm) totals(res *Results) {
 			MaxMs:     float64(e.total.Max()) / 1000,
 			Histogram: string(enc),
 		}
+		for _, sec := range res.Seconds {
+			if es := sec.Endpoints[epNames[i]]; es != nil {
+				et.Offered += es.Offered
+			}
+		}
 		var n int64
 		for _, sec := range res.Seconds[steadyFrom:] {
 			if es := sec.Endpoints[epNames[i]]; es != nil {

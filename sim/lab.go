@@ -623,6 +623,7 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 				hists[name].Merge(h)
 			}
 			et.Requests += e.Requests
+			et.Offered += e.Offered
 			for k, v := range e.Errors {
 				et.Errors += v
 				tot.ErrorsByKind[k] += v

@@ -185,6 +185,9 @@ type Totals struct {
 
 // EndpointTotal is one endpoint over the whole run.
 type EndpointTotal struct {
+	// Offered counts requests that came due on the kettles' schedule;
+	// Requests those that completed.
+	Offered   int64   `json:"offered,omitempty"`
 	Requests  int64   `json:"requests"`
 	Errors    int64   `json:"errors"`
 	PerSecond float64 `json:"per_second"` // mean over the steady part (after hatching)
@@ -261,8 +264,8 @@ func (r *Results) Summary(w io.Writer) {
 	sort.Strings(names)
 	for _, n := range names {
 		e := t.Endpoints[n]
-		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d\n",
-			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors)
+		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d  (offered %d)\n",
+			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors, e.Offered)
 	}
 	fmt.Fprintf(w, "  requests %d, errors %d (rate %.5f)%s\n", t.Requests, t.Errors, t.ErrorRate, kinds(t.ErrorsByKind))
 	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
