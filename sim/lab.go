@@ -295,7 +295,8 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 				return
 			}
 			var st WorkerStatus
-			err := cl.do(ctx, 3*time.Second, "GET", w.addr, pathStatus+"?run="+runID+"&after="+strconv.Itoa(w.lastT), nil, &st)
+			// Not ctx: an interrupted run is followed to its end too.
+			err := cl.do(context.WithoutCancel(ctx), 3*time.Second, "GET", w.addr, pathStatus+"?run="+runID+"&after="+strconv.Itoa(w.lastT), nil, &st)
 			mu.Lock()
 			defer mu.Unlock()
 			now := time.Now()

@@ -423,3 +423,25 @@ func TestShardsAreTheFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestLabInterrupted: the operator's interrupt stops every worker, and the
+// run still ends with every worker's results (none lost) and the audit.
+func TestLabInterrupted(t *testing.T) {
+	srv := startServer(t)
+	ws := startWorkers(t, 2)
+	lc := labConfig(srv, srv.URL(), ws)
+	lc.Duration = time.Minute
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	time.AfterFunc(4*time.Second, cancel) // setup, the start delay, then ~2 s of run
+	res, err := RunLab(ctx, lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost := res.LostWorkers(); len(lost) != 0 || res.Totals.WallSeconds > 30 || res.Totals.Requests == 0 {
+		t.Errorf("lost %+v, wall %.1fs, requests %d: want every worker's results, well before the minute", lost, res.Totals.WallSeconds, res.Totals.Requests)
+	}
+	if a := res.Audit; a == nil || a.Acked == 0 || a.Lost != 0 {
+		t.Errorf("audit %+v", a)
+	}
+}
