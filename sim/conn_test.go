@@ -49,3 +49,25 @@ func TestReadResponse(t *testing.T) {
 	f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", ok, "", true) // bad chunk size
 	f("HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", ok, "", true)                    // no colon
 }
+
+// TestAckLog: the compact log gives back what went in, in order, signs and
+// repeats included.
+func TestAckLog(t *testing.T) {
+	in := []int64{1_764_000_000_000_000, 1_764_000_030_000_001, 1_764_000_030_000_001, 1_764_000_000_000_007, 1_764_000_090_123_456}
+	var a ackLog
+	for _, v := range in {
+		a.add(v)
+	}
+	got := a.times()
+	if len(got) != len(in) {
+		t.Fatalf("got %v, want %v", got, in)
+	}
+	for i := range in {
+		if got[i] != in[i] {
+			t.Fatalf("got %v, want %v", got, in)
+		}
+	}
+	if per := float64(len(a.b)-8) / float64(len(in)-1); per > 5 {
+		t.Errorf("%.1f bytes a reading after the first", per)
+	}
+}

@@ -256,7 +256,7 @@ type kettleState struct {
 	pollAt   int64 // no poll before this (the last command's max-age)
 	owed     work  // work that came due while an exchange was outstanding
 	pending  []kettle.Measurement
-	acked    []int64 // device times (unix µs) of acknowledged readings
+	acked    ackLog // device times of acknowledged readings
 	etag     string
 	mq       *mqttKettle // MQTT kettles only
 }
@@ -845,7 +845,9 @@ func (s *Swarm) upload(i int, k *kettleState, sl *slot, at int64) int64 {
 		}
 		last := times[len(times)-1]
 		k.mu.Lock()
-		k.acked = append(k.acked, times...)
+		for _, t := range times {
+			k.acked.add(t)
+		}
 		// Readings are buffered in time order; drop those just acknowledged
 		// (the buffer may have shifted while the request was out).
 		d := 0
