@@ -2,9 +2,9 @@ package sim
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
