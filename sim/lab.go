@@ -82,6 +82,7 @@ type labWorker struct {
 	res      *Results
 	acked    []DeviceAcked
 	cpu, rss float64
+	cpuReady float64 // its process CPU when it was ready: the start of its run's cost
 }
 
 type labClient struct {
@@ -251,6 +252,7 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 				failed = append(failed, fmt.Errorf("worker %s: %s", w.addr, st.Error))
 			case st.State == stateReady:
 				ready++
+				w.cpuReady = st.CPUSeconds
 			}
 		})
 		if len(failed) > 0 {
@@ -696,10 +698,9 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
 		} else {
 			wr.State = "lost"
-			// Its CPU as far as its seconds tell (the run's first second
-			// is the reference: setup before it is not counted).
-			if n := len(w.seconds); n > 1 {
-				wr.CPUSeconds = w.seconds[n-1].CPUSeconds - w.seconds[0].CPUSeconds
+			// Its CPU as far as its seconds tell, from when it was ready.
+			if n := len(w.seconds); n > 0 {
+				wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
 			}
 			if wr.Requests > 0 {
 				wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
