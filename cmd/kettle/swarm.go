@@ -89,6 +89,10 @@ when they reconnect. The handshakes, and how many were resumed, are in the
 summary and results.json. With --protocol mqtt the kettles speak TLS to
 --mqtt-target too (kettle serve --tls-cert makes its MQTT listener TLS).
 
+Memory: the heap of a swarm (and of a swarm worker) is mostly kettle
+state held for the whole run, so the process runs with GOGC=50 unless GOGC
+is set, and gives setup's garbage back before the run starts.
+
 At the end, with the operator token (--operator-token, or the file in
 --data-dir), every acknowledged reading is looked up in the server:
 acked=… stored=… lost=… duplicated=…
