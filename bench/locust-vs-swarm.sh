@@ -94,3 +94,33 @@ if [ "$cpuwarn" -gt 0 ]; then
 fi
 awk -v lr="$lreq" -v d="$DURATION" -v off="$offered" -v st="$lsteady" 'BEGIN { if (st < 0.95 * off)
 	printf "NOTE   Locust fell behind: %.0f req/s steady, %.0f over the run, of %d offered (closed model: the shortfall is load never sent).\n", st, lr / d, off }'
+# One record of the run in bench/results.jsonl.
+python3 - "$sreq" "$su" "$ss" "$srss" "$ssteady" "$lreq" "$lu" "$ls" "$lrss" "$lsteady" "$offered" \
+	"DEVICES=$NDEV INTERVAL=$INTERVAL DURATION=$DURATION API=$API bench/locust-vs-swarm.sh" <<'PY'
+import datetime, json, os, subprocess, sys
+sreq, su, ss, srss, ssteady, lreq, lu, ls, lrss, lsteady, offered = (float(x) for x in sys.argv[1:12])
+s_us, l_us = 1e6 * (su + ss) / sreq, 1e6 * (lu + ls) / lreq
+rec = {
+    "bench": "locust-vs-swarm.sh",
+    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "machine": {"cores": os.cpu_count(),
+                "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
+                "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
+    "command": sys.argv[12],
+    "figures": [
+        {"name": "offered", "value": offered, "unit": "req/s"},
+        {"name": "swarm_steady", "value": round(ssteady, 1), "unit": "req/s"},
+        {"name": "locust_steady", "value": round(lsteady, 1), "unit": "req/s"},
+        {"name": "swarm_cpu_per_request", "value": round(s_us, 1), "unit": "CPU-us"},
+        {"name": "locust_cpu_per_request", "value": round(l_us, 1), "unit": "CPU-us"},
+        {"name": "swarm_max_rss", "value": round(srss / 1024, 1), "unit": "MiB"},
+        {"name": "locust_max_rss", "value": round(lrss / 1024, 1), "unit": "MiB"},
+    ],
+    "ceiling": {"name": "swarm_cpu_per_request_target (1/3 of Locust's)", "value": round(l_us / 3, 1), "unit": "CPU-us"},
+    "ratio": round(l_us / s_us, 2),
+}
+with open("bench/results.jsonl", "a") as f:
+    f.write(json.dumps(rec) + "\n")
+print("recorded in bench/results.jsonl (ratio = Locust's CPU per request / the swarm's)")
+PY

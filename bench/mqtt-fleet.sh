@@ -6,18 +6,22 @@
 # so the fleet is split: NODES kettle serve processes on ONE throwaway
 # PostgreSQL (each reloads its device cache from the store, --cache-refresh),
 # each with its own embedded MQTT listener capped at NODE_CAP connections,
-# and NODES kettle swarm --protocol mqtt processes, swarm i → node i, each from
-# its own source addresses (SRC_PER_SWARM of them from 127.0.0.11). Devices are provisioned through the
-# operator API (POST /v1/devices, by each swarm on its node). Connects are
-# ramped over RAMP seconds (whole intervals: an even cadence after); once every kettle is
-# connected the fleet is held for HOLD seconds, and that window is measured:
+# and the distributed lab drives them: WORKERS kettle swarm worker processes
+# and one controller (kettle swarm --workers), worker i → node i mod NODES,
+# each worker from its own source addresses (SRC_PER_SWARM of them from
+# ADDR_NET.11). Each worker provisions its shard through the operator API
+# (POST /v1/devices) on its node. Connects are ramped over RAMP seconds
+# (whole intervals: an even cadence after); once every kettle is connected
+# the fleet is held for HOLD seconds, and that window is measured:
 #   connections per node, readings/s acknowledged vs DEVICES/interval,
-#   PUBACK p50/p99 (the swarms' histograms merged), RSS (KiB per connection)
-#   and CPU of every node, swarm and PostgreSQL, errors and reconnects;
-# then each swarm audits its kettles (acked = stored, lost 0, duplicated 0).
+#   PUBACK p50/p99 (from the lab's one results.json: the workers' histograms
+#   merged exactly by the controller), RSS (KiB per connection) and CPU of
+#   every node, worker and PostgreSQL, errors and reconnects;
+# then the controller audits every worker's kettles once (acked = stored,
+# lost 0, duplicated 0) and the run is recorded in bench/results.jsonl.
 #
-#   bench/mqtt-fleet.sh                          # 100,000 kettles, 6+6 processes, hold 180 s
-#   DEVICES=4000 NODES=2 RAMP=30 HOLD=60 bench/mqtt-fleet.sh   # a small rehearsal
+#   bench/mqtt-fleet.sh                          # 100,000 kettles, 6 nodes + 6 workers, hold 180 s
+#   DEVICES=4000 NODES=2 WORKERS=3 RAMP=30 HOLD=60 bench/mqtt-fleet.sh   # a small rehearsal
 #   OUT=results/mqtt-fleet bench/mqtt-fleet.sh   # keep logs and results.json
 #
 # Bounded: every Go process gets GOMEMLIMIT (soft) and a watchdog aborts the
@@ -75,7 +79,7 @@ WRITERS=${WRITERS:-1}
 # +3.4 KiB).
 GODEBUG_RUN=${GODEBUG_RUN-gcshrinkstackoff=1}
 CACHE_REFRESH=${CACHE_REFRESH:-120s}
-# SRC_PER_SWARM: source addresses per swarm (127.0.0.11, .12, …). bind() to
+# SRC_PER_SWARM: source addresses per worker (ADDR_NET.11, .12, …). bind() to
 # an address with port 0 takes ephemeral ports of one parity first, half of
 # the ~28,000: past ~14,000 connections from one address every new one
 # searched the whole used half in the kernel (both 100,000-kettle runs of
@@ -94,15 +98,21 @@ OUT=${OUT:-}
 PROFILE=${PROFILE:-0}
 per=$(((DEVICES + NODES - 1) / NODES))
 fdmax=$(ulimit -Hn)
+# WORKERS: kettle swarm worker processes (one MQTT connection per kettle:
+# each holds at most ~19,800); ADDR_NET: the /24 their control listeners
+# (ADDR_NET.200+i) and source addresses (ADDR_NET.11+) come from.
+WORKERS=${WORKERS:-$NODES}
+ADDR_NET=${ADDR_NET:-127.0.0}
+wper=$(((DEVICES + WORKERS - 1) / WORKERS))
+((wper <= fdmax - 300)) || { echo "DEVICES/WORKERS = $wper: more than one worker's open files: raise WORKERS"; exit 1; }
 ((per <= NODE_CAP)) || { echo "DEVICES/NODES = $per > NODE_CAP $NODE_CAP: raise NODES"; exit 1; }
 ((NODE_CAP + 300 <= fdmax)) || { echo "NODE_CAP $NODE_CAP too close to the open-file limit $fdmax"; exit 1; }
 # A kettle's first reading is due when it connects, so connects spread over
 # a whole number of intervals give an even cadence afterwards; a hold of a
 # whole number of intervals sees every kettle the same number of times.
 ((RAMP % INTERVAL == 0 && HOLD % INTERVAL == 0)) || echo "note: RAMP and HOLD are not multiples of INTERVAL: readings/s in the hold will not be DEVICES/INTERVAL exactly"
-rate=$(awk -v p="$per" -v r="$RAMP" 'BEGIN{printf "%.2f", p/r}')
 ramp=$RAMP
-HATCH=$(awk -v r="$rate" -v n="$NODES" 'BEGIN{printf "%.0f", r*n}')
+HATCH=$(awk -v d="$DEVICES" -v r="$RAMP" 'BEGIN{printf "%.2f", d/r}')
 CONNECT_WAIT=${CONNECT_WAIT:-$((ramp + 90))} # give up waiting for "all connected" after this
 dur=$((CONNECT_WAIT + HOLD + 30))           # each swarm's --duration (it stops by itself)
 DEADLINE=${DEADLINE:-$((dur + 900))}        # whole run incl. provisioning and audit; then kill
@@ -125,7 +135,7 @@ cleanup() {
 	done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
 	pg_stop
-	if [ -n "$OUT" ]; then mkdir -p "$OUT" && cp -r "$work"/*.log "$work"/s* "$OUT"/ 2>/dev/null || true; fi
+	if [ -n "$OUT" ]; then mkdir -p "$OUT" && cp -r "$work"/*.log "$work"/lab "$OUT"/ 2>/dev/null || true; fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -133,7 +143,7 @@ trap 'exit 130' INT TERM
 t_start=$(date +%s)
 echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD SRC_PER_SWARM=$SRC_PER_SWARM bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
-echo "plan: $DEVICES kettles = $NODES swarms × $per → $NODES nodes (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, swarm --duration ${dur}s, deadline ${DEADLINE}s"
+echo "plan: $DEVICES kettles = $WORKERS workers × $wper → $NODES nodes × $per (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, lab --duration ${dur}s, deadline ${DEADLINE}s"
 go build -o "$work/kettle" ./cmd/kettle
 go build -o "$work/mqttfleet" ./bench/mqttfleet
 pg_start
@@ -189,26 +199,39 @@ WD=$!
 pids+=("$WD")
 echo "${node_pids[*]}" >"$work/pids"
 
-# --- swarms -----------------------------------------------------------------------
-swarm_pids=()
-left=$DEVICES
-for i in $(seq 0 $((NODES - 1))); do
-	n=$((left < per ? left : per))
-	left=$((left - n))
+# --- the lab: WORKERS kettle swarm worker processes, one controller ----------------
+# The controller (kettle swarm --workers) splits the fleet over the workers
+# (kettle i on worker i mod WORKERS), worker i loading node i mod NODES;
+# it starts them at one common time, merges their per-second histograms
+# into one results.json and audits every shard once, at the end.
+swarm_pids=() waddrs=() wport=$(free_port)
+LAB_TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+for i in $(seq 0 $((WORKERS - 1))); do
 	dbg=
-	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[i]}"
+	((PROFILE > 0 && i == 0)) && dbg="--debug-addr 127.0.0.1:${sdbg[0]}"
 	bin=$work/kettle
 	[ -n "$SWARM_BIN_ODD" ] && ((i % 2 == 1)) && bin=$SWARM_BIN_ODD
-	GOGC=$SWARM_GOGC_PCT "$bin" swarm --protocol mqtt --target "http://127.0.0.1:${http[i]}" --mqtt-target "127.0.0.1:${mq[i]}" \
-		--operator-token "$OPTOK" --devices "$n" --hatch-rate "$rate" --interval "${INTERVAL}s" --duration "${dur}s" \
-		--source-addrs "127.0.0.$((11 + SRC_PER_SWARM * i))-127.0.0.$((10 + SRC_PER_SWARM * (i + 1)))" --seed $((i + 1)) --sample=false --report=false --out "$work/s$i" \
-		$dbg $SWARM_ARGS >"$work/swarm$i.log" 2>&1 &
+	waddrs[i]="$ADDR_NET.$((200 + i)):$wport"
+	GOGC=$SWARM_GOGC_PCT KETTLE_TOKEN=$LAB_TOKEN "$bin" swarm worker --listen "${waddrs[i]}" \
+		--source-addrs "$ADDR_NET.$((11 + SRC_PER_SWARM * i))-$ADDR_NET.$((10 + SRC_PER_SWARM * (i + 1)))" $dbg >"$work/worker$i.log" 2>&1 &
 	swarm_pids[i]=$!
 	pids+=("$!")
 done
+for i in $(seq 0 $((WORKERS - 1))); do
+	for _ in $(seq 100); do grep -q "listening on" "$work/worker$i.log" && break; sleep 0.1; done
+	grep -q "listening on" "$work/worker$i.log" || { echo "worker $i did not start:"; tail -5 "$work/worker$i.log"; exit 1; }
+done
+targets=$(for i in $(seq 0 $((NODES - 1))); do printf 'http://127.0.0.1:%s,' "${http[i]}"; done)
+mtargets=$(for i in $(seq 0 $((NODES - 1))); do printf '127.0.0.1:%s,' "${mq[i]}"; done)
+KETTLE_WORKER_TOKEN=$LAB_TOKEN "$work/kettle" swarm --protocol mqtt --target "${targets%,}" --mqtt-target "${mtargets%,}" \
+	--workers "$(IFS=,; echo "${waddrs[*]}")" --operator-token "$OPTOK" --devices "$DEVICES" --hatch-rate "$HATCH" \
+	--interval "${INTERVAL}s" --duration "${dur}s" --seed 1 --sample=false --report=false --out "$work/lab" \
+	$SWARM_ARGS >"$work/lab.log" 2>&1 &
+ctl_pid=$!
+pids+=("$ctl_pid")
 echo "${node_pids[*]} ${swarm_pids[*]}" >"$work/pids"
-swarm_end=$(($(date +%s) + dur)) # the swarms stop by themselves then: the hold must end before
-echo "swarms: pids ${swarm_pids[*]}, $rate kettles/s each, from 127.0.0.11..127.0.0.$((10 + SRC_PER_SWARM * NODES)) ($SRC_PER_SWARM source addresses each)"
+swarm_end=$(($(date +%s) + dur)) # the lab stops by itself then: the hold must end before
+echo "lab: controller pid $ctl_pid, $WORKERS workers (pids ${swarm_pids[*]}) at ${waddrs[*]}, hatch $HATCH kettles/s over the fleet, sources $ADDR_NET.11..$ADDR_NET.$((10 + SRC_PER_SWARM * WORKERS)) ($SRC_PER_SWARM each)"
 
 metric() { # PORT NAME: value of an unlabelled metric; -1 when the node does not answer
 	# `|| true`: with pipefail, a node that does not answer would fail the
@@ -227,7 +250,7 @@ conns_all() { # sum over the nodes that answer; a node that does not is reported
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo -1; }
 pg_ticks() { local s=0 p; for p in $PG_PID $(pgrep -P "$PG_PID" 2>/dev/null); do s=$((s + $(cpu_ticks "$p"))); done; echo "$s"; }
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
-alive() { local p; for p in "${swarm_pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+alive() { kill -0 "$ctl_pid" 2>/dev/null; }
 
 # --- ramp: wait until every kettle is connected ------------------------------------
 t_ramp=$(date +%s)
@@ -254,8 +277,8 @@ snap() { # → arrays: R (readings_total), W (withheld), U (unacked), X (refused
 		X[i]=$(metric "${http[i]}" kettle_mqtt_connects_refused_total)
 		C[i]=$(metric "${http[i]}" kettle_mqtt_connections)
 		TN[i]=$(cpu_ticks "${node_pids[i]}")
-		TS[i]=$(cpu_ticks "${swarm_pids[i]}")
 	done
+	for i in $(seq 0 $((WORKERS - 1))); do TS[i]=$(cpu_ticks "${swarm_pids[i]}"); done
 	TP=$(pg_ticks)
 	M=$(machine)
 }
@@ -307,15 +330,15 @@ for i in $(seq 0 $((NODES - 1))); do
 done
 echo "(KiB/conn: RSS over connections; +KiB/conn: growth since the node was idle, over connections)"
 echo "nodes: $tc connections (lowest during the hold $minc), $(awk -v r=$tr -v w=$win 'BEGIN{printf "%.1f", r/w}') readings/s committed+acked (expected $expect/s), RSS $((nrss / 1024)) MiB = $(awk -v r=$nrss -v c=$tc 'BEGIN{printf "%.1f", (c>0?r/c:0)}') KiB per connection; withheld $tw unacked $tu refused $tx"
-printf "%-6s %9s %9s %10s\n" swarm CPU% RSS_MiB KiB/kettle
-for i in $(seq 0 $((NODES - 1))); do
+printf "%-6s %9s %9s %10s\n" worker CPU% RSS_MiB KiB/kettle
+for i in $(seq 0 $((WORKERS - 1))); do
 	rss=$(rss_kib "${swarm_pids[i]}")
 	srss=$((srss + rss))
-	((TS[i] < 0)) && echo "s$i exited before the end of the hold (see its log)"
-	printf "%-6s %9.1f %9d %10.1f\n" "s$i" "$(awk -v t=$((TS[i] - TS0[i])) -v w=$win -v k="$tck" 'BEGIN{print 100*t/k/w}')" $((rss / 1024)) \
-		"$(awk -v r="$rss" -v c="$per" 'BEGIN{print r/c}')"
+	((TS[i] < 0)) && echo "w$i exited before the end of the hold (see its log)"
+	printf "%-6s %9.1f %9d %10.1f\n" "w$i" "$(awk -v t=$((TS[i] - TS0[i])) -v w=$win -v k="$tck" 'BEGIN{print 100*t/k/w}')" $((rss / 1024)) \
+		"$(awk -v r="$rss" -v c="$wper" 'BEGIN{print r/c}')"
 done
-echo "swarms: RSS $((srss / 1024)) MiB = $(awk -v r=$srss -v c="$DEVICES" 'BEGIN{printf "%.1f", r/c}') KiB per kettle"
+echo "workers: RSS $((srss / 1024)) MiB = $(awk -v r=$srss -v c="$DEVICES" 'BEGIN{printf "%.1f", r/c}') KiB per kettle"
 echo "postgres: CPU $(awk -v t=$((TP - TP0)) -v w=$win -v k="$tck" 'BEGIN{printf "%.1f", 100*t/k/w}')%, RSS (sum over its processes, shared memory counted in each) $(($(pg_rss_kib) / 1024)) MiB"
 ncpu=$(awk -v a="${TN[*]}" -v b="${TN0[*]}" -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];print s/k}')
 scpu=$(awk -v a="${TS[*]}" -v b="${TS0[*]}" -v k="$tck" 'BEGIN{n=split(a,x," ");split(b,y," ");for(i=1;i<=n;i++)s+=x[i]-y[i];print s/k}')
@@ -324,30 +347,50 @@ echo "all nodes CPU $(awk -v a="${TN[*]}" -v b="${TN0[*]}" -v w=$win -v k="$tck"
 
 # --- the swarms finish by themselves, then audit ------------------------------------
 echo
-echo "waiting for the swarms to end (--duration ${dur}s) and audit…"
+echo "waiting for the lab to end (--duration ${dur}s) and audit…"
 while alive; do
 	[ -e "$work/aborted" ] && exit 1
-	(($(date +%s) - t_start > DEADLINE)) && { echo "DEADLINE ${DEADLINE}s passed: killing the swarms"; kill "${swarm_pids[@]}" 2>/dev/null || true; break; }
+	(($(date +%s) - t_start > DEADLINE)) && { echo "DEADLINE ${DEADLINE}s passed: stopping the lab"; kill "$ctl_pid" 2>/dev/null || true; break; }
 	sleep 5
 done
-rc=()
-for i in $(seq 0 $((NODES - 1))); do
-	set +e
-	wait "${swarm_pids[i]}"
-	rc[i]=$?
-	set -e
-done
-echo "swarm exit codes: ${rc[*]} (0 ok, 3 lost, 4 duplicated, 5 SLO)"
-for i in $(seq 0 $((NODES - 1))); do
-	echo "--- swarm $i"
-	grep -E '^  (mqtt_|requests|readings|simulator|mqtt:|process|audit)|^swarm: [^0-9]' "$work/swarm$i.log" | grep -v '^swarm: .*MQTT kettles' || tail -3 "$work/swarm$i.log"
-done
+set +e
+wait "$ctl_pid"
+lrc=$?
+set -e
+echo "lab exit code: $lrc (0 ok, 1 could not run or a worker lost, 3 lost, 4 duplicated, 5 SLO)"
+grep -E '^  (mqtt_|requests|readings|simulator|mqtt:|process|worker|    LOST|audit)|^lab: worker|^kettle swarm' "$work/lab.log" || tail -5 "$work/lab.log"
 echo
 set +e
-"$work/mqttfleet" -from "$h0" -to "$h1" -expect "$expect" "$work"/s*/results.json
+"$work/mqttfleet" -from "$h0" -to "$h1" -expect "$expect" -json "$work/figures.json" "$work/lab/results.json"
 frc=$?
 set -e
 errs=$(cat "$work"/node*.log | grep -ci '"level":"error"' || true)
 echo "node log lines at ERROR: $errs$( ((errs > 0)) && echo "; first: $(grep -hi '"level":"error"' "$work"/node*.log | head -1 | cut -c1-300)")"
 echo "run took $(($(date +%s) - t_start))s"
+# One record of the run in bench/results.jsonl.
+[ -s "$work/figures.json" ] && python3 - "$work/figures.json" "$tc" "$ncpu" "$scpu" "$win" "$srss" "$DEVICES" "$lrc" \
+	"DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh" <<'PY'
+import json, os, subprocess, sys, datetime
+figs = json.load(open(sys.argv[1]))
+conns, ncpu, scpu, win, srss, devices, lrc = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
+figs += [
+    {"name": "connections_at_hold_end", "value": conns, "unit": "connections"},
+    {"name": "nodes_cpu", "value": round(100 * ncpu / win, 1), "unit": "% of a core"},
+    {"name": "workers_cpu", "value": round(100 * scpu / win, 1), "unit": "% of a core"},
+    {"name": "workers_rss_per_kettle", "value": round(srss / devices, 1), "unit": "KiB"},
+    {"name": "lab_exit_code", "value": lrc, "unit": ""},
+]
+rec = {
+    "bench": "mqtt-fleet.sh",
+    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "machine": {"cores": os.cpu_count(), "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
+                "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
+    "command": sys.argv[9],
+    "figures": figs,
+}
+with open("bench/results.jsonl", "a") as f:
+    f.write(json.dumps(rec) + "\n")
+print("recorded in bench/results.jsonl")
+PY
 exit $frc

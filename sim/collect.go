@@ -38,6 +38,9 @@ func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 		sec.CPUSeconds = cpuSeconds()
 		sec.RSSBytes = rss()
 		res.Seconds = append(res.Seconds, sec)
+		if s.cfg.OnSecond != nil {
+			s.cfg.OnSecond(sec)
+		}
 		if s.cfg.Progress != nil && time.Since(lastProgress) >= s.cfg.ProgressEvery-100*time.Millisecond {
 			win := time.Since(lastProgress)
 			pct := (sec.CPUSeconds - lastCPU) / win.Seconds() * 100
@@ -81,6 +84,11 @@ func (s *Swarm) totals(res *Results) {
 			P999Ms:    float64(e.total.ValueAtQuantile(99.9)) / 1000,
 			MaxMs:     float64(e.total.Max()) / 1000,
 			Histogram: string(enc),
+		}
+		for _, sec := range res.Seconds {
+			if es := sec.Endpoints[epNames[i]]; es != nil {
+				et.Offered += es.Offered
+			}
 		}
 		var n int64
 		for _, sec := range res.Seconds[steadyFrom:] {

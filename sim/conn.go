@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -9,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,7 +22,7 @@ import (
 // transport goroutines: an idle kettle connection costs one file descriptor
 // and a small read buffer, which is what lets one process hold ~19,000
 // connections (the fd limit) for 100,000 kettles in well under 1 GB.
-// Responses are parsed by net/http's own ReadResponse.
+// Responses are parsed by readResponse, straight from the read buffer.
 
 // conn is one keep-alive connection.
 type conn struct {
@@ -189,24 +189,144 @@ func (c *conn) roundTrip(raw []byte, deadline time.Time) (rawResponse, error) {
 	if _, err := c.nc.Write(raw); err != nil {
 		return r, err
 	}
-	resp, err := http.ReadResponse(c.br, nil)
+	return readResponse(c.br)
+}
+
+// maxBody bounds a response body the swarm reads.
+const maxBody = 4 << 20
+
+// readResponse reads one HTTP/1.1 response: the status, the few headers the
+// swarm acts on, and the body (Content-Length or chunked). It is the hot
+// path of every request, so it reads straight from the connection's buffer
+// without building a header map; anything it does not understand is an
+// error, counted as such.
+func readResponse(br *bufio.Reader) (rawResponse, error) {
+	var r rawResponse
+	line, err := readLine(br)
 	if err != nil {
 		return r, err
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	resp.Body.Close()
-	if err != nil {
-		return r, err
+	// HTTP/1.1 200 OK
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return r, fmt.Errorf("malformed status line %q", line)
 	}
-	r.status, r.body, r.close = resp.StatusCode, body, resp.Close
-	r.etag = resp.Header.Get("ETag")
-	if ra := resp.Header.Get("Retry-After"); ra != "" {
-		if sec, err := strconv.Atoi(ra); err == nil && sec >= 0 {
-			r.retryAfter = time.Duration(sec) * time.Second
+	code, err := strconv.Atoi(string(line[9:12]))
+	if err != nil || code < 100 {
+		return r, fmt.Errorf("malformed status line %q", line)
+	}
+	r.status = code
+	r.close = line[7] == '0' // HTTP/1.0 closes unless told otherwise
+	length, chunked := int64(-1), false
+	for {
+		line, err = readLine(br)
+		if err != nil {
+			return r, err
+		}
+		if len(line) == 0 {
+			break
+		}
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			return r, fmt.Errorf("malformed header line %q", line)
+		}
+		value = bytes.TrimSpace(value)
+		switch {
+		case headerIs(name, "Content-Length"):
+			if length, err = strconv.ParseInt(string(value), 10, 64); err != nil || length < 0 {
+				return r, fmt.Errorf("bad Content-Length %q", value)
+			}
+		case headerIs(name, "Transfer-Encoding"):
+			chunked = bytes.EqualFold(value, []byte("chunked"))
+			if !chunked {
+				return r, fmt.Errorf("unsupported Transfer-Encoding %q", value)
+			}
+		case headerIs(name, "Connection"):
+			r.close = bytes.EqualFold(value, []byte("close"))
+		case headerIs(name, "ETag"):
+			r.etag = string(value)
+		case headerIs(name, "Retry-After"):
+			if sec, err := strconv.Atoi(string(value)); err == nil && sec >= 0 {
+				r.retryAfter = time.Duration(sec) * time.Second
+			}
+		case headerIs(name, "Cache-Control"):
+			r.maxAge = maxAge(string(value))
 		}
 	}
-	r.maxAge = maxAge(resp.Header.Get("Cache-Control"))
-	return r, nil
+	switch {
+	case r.status == 204 || r.status == 304 || r.status/100 == 1:
+		return r, nil
+	case chunked:
+		r.body, err = readChunked(br)
+	case length >= 0:
+		if length > maxBody {
+			return r, fmt.Errorf("response body of %d bytes: more than %d", length, maxBody)
+		}
+		if length > 0 {
+			r.body = make([]byte, length)
+			_, err = io.ReadFull(br, r.body)
+		}
+	default: // until the server closes
+		r.close = true
+		r.body, err = io.ReadAll(io.LimitReader(br, maxBody))
+	}
+	return r, err
+}
+
+// headerIs compares a header name case-insensitively.
+func headerIs(name []byte, want string) bool {
+	return len(name) == len(want) && strings.EqualFold(string(name), want)
+}
+
+// readLine reads a CRLF- (or LF-) terminated line, without it. The line is
+// valid until the next read.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		return nil, errors.New("response header line longer than the read buffer")
+	}
+	if err != nil {
+		if err == io.EOF && len(line) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return bytes.TrimRight(line, "\r\n"), nil
+}
+
+// readChunked reads a chunked body and its (ignored) trailers.
+func readChunked(br *bufio.Reader) ([]byte, error) {
+	var body []byte
+	for {
+		line, err := readLine(br)
+		if err != nil {
+			return nil, err
+		}
+		if i := bytes.IndexByte(line, ';'); i >= 0 {
+			line = line[:i]
+		}
+		n, err := strconv.ParseInt(string(bytes.TrimSpace(line)), 16, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("bad chunk size %q", line)
+		}
+		if n == 0 {
+			for { // trailers, up to the empty line
+				if line, err = readLine(br); err != nil || len(line) == 0 {
+					return body, err
+				}
+			}
+		}
+		if int64(len(body))+n > maxBody {
+			return nil, fmt.Errorf("chunked response body: more than %d bytes", maxBody)
+		}
+		start := len(body)
+		body = append(body, make([]byte, n)...)
+		if _, err := io.ReadFull(br, body[start:]); err != nil {
+			return nil, err
+		}
+		if line, err = readLine(br); err != nil || len(line) != 0 {
+			return nil, fmt.Errorf("chunk not followed by CRLF: %v", err)
+		}
+	}
 }
 
 // maxAge is the max-age directive of a Cache-Control value (0: none, or

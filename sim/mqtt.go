@@ -414,7 +414,7 @@ func (s *Swarm) mqttPuback(i int, k *kettleState, gen uint32, pa *packets.Puback
 			s.st.recordKind(epMQTTPublish, lat, "0x00", 200, "")
 		}
 		for j := range p.batch {
-			k.acked = append(k.acked, p.batch[j].Time.UnixMicro())
+			k.acked.add(p.batch[j].Time.UnixMicro())
 		}
 		k.attempts, k.retryAt = 0, 0
 		s.st.add(&s.st.acked, int64(len(p.batch)))
@@ -648,7 +648,7 @@ func (s *Swarm) mqttClose() {
 // it returns the number of connections the run will hold.
 func (s *Swarm) mqttSetup(budget int) (int, error) {
 	cfg := &s.cfg
-	addr, err := CheckLoopbackAddr(cfg.MQTTTarget)
+	addr, err := CheckTargetAddr(cfg.MQTTTarget, cfg.AllowHosts)
 	if err != nil {
 		return 0, err
 	}

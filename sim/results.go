@@ -43,9 +43,19 @@ type Results struct {
 	Seconds []Second `json:"seconds"`
 	Totals  Totals   `json:"totals"`
 	Audit   *Audit   `json:"audit,omitempty"` // nil when the audit did not run
+	// AuditSkipped says why the audit did not run ("" when it ran or was
+	// turned off with --audit=false): a run whose readings were never
+	// checked must not pass for a clean one.
+	AuditSkipped string `json:"audit_skipped,omitempty"`
 	// System is what the machine and the processes under test did, sampled
 	// each second (nil when not sampled; files without it stay readable).
 	System *sysstat.Series `json:"system,omitempty"`
+	// Workers are the lab's workers (kettle swarm --workers), one entry
+	// each: its shard, its fate and its own cost (nil for one process).
+	Workers []WorkerResult `json:"workers,omitempty"`
+	// Acked is every acknowledged reading (Config.ExportAcked); it travels
+	// to the lab's controller by its own route, never in results.json.
+	Acked []DeviceAcked `json:"-"`
 }
 
 // Params are the run's parameters, as used (after defaults and caps).
@@ -117,6 +127,9 @@ type Second struct {
 	// resident set now. They include the server when it runs in-process.
 	CPUSeconds float64 `json:"cpu_seconds"`
 	RSSBytes   int64   `json:"rss_bytes"`
+	// Workers is each lab worker's own part of the second, in the order
+	// of Results.Workers (CPUSeconds and RSSBytes above are their sums).
+	Workers []WorkerSecond `json:"workers,omitempty"`
 }
 
 // EndpointSecond counts one endpoint's requests that completed in the second.
@@ -172,6 +185,9 @@ type Totals struct {
 
 // EndpointTotal is one endpoint over the whole run.
 type EndpointTotal struct {
+	// Offered counts requests that came due on the kettles' schedule;
+	// Requests those that completed.
+	Offered   int64   `json:"offered,omitempty"`
 	Requests  int64   `json:"requests"`
 	Errors    int64   `json:"errors"`
 	PerSecond float64 `json:"per_second"` // mean over the steady part (after hatching)
@@ -248,8 +264,8 @@ func (r *Results) Summary(w io.Writer) {
 	sort.Strings(names)
 	for _, n := range names {
 		e := t.Endpoints[n]
-		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d\n",
-			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors)
+		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d  (offered %d)\n",
+			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors, e.Offered)
 	}
 	fmt.Fprintf(w, "  requests %d, errors %d (rate %.5f)%s\n", t.Requests, t.Errors, t.ErrorRate, kinds(t.ErrorsByKind))
 	fmt.Fprintf(w, "  readings %d: acked %d, still buffered %d, dropped %d; server-reported duplicates %d\n",
@@ -270,8 +286,23 @@ func (r *Results) Summary(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  process CPU %.2fs = %.3f CPU-s per 10,000 kettles per minute, %.1f µs per request; max RSS %d MiB%s\n",
 		t.CPUSeconds, t.CPUPer10kKettlesPerMin, t.CPUMicrosPerRequest, t.MaxRSSBytes>>20, note)
-	if r.Audit != nil {
+	for _, wr := range r.Workers {
+		fmt.Fprintf(w, "  worker %s, %d kettles from #%d every %d: %s, %d req, %d errors, %d acked, CPU %.2fs (%.1f µs/req), max RSS %d MiB, max lag %.1f ms",
+			wr.Addr, wr.Devices, wr.First, max(wr.Stride, 1), wr.State, wr.Requests, wr.Errors, wr.Acked, wr.CPUSeconds, wr.CPUMicrosPerRequest, wr.MaxRSSBytes>>20, wr.MaxLagMs)
+		if wr.Audit != nil {
+			fmt.Fprintf(w, ", audit lost=%d duplicated=%d", wr.Audit.Lost, wr.Audit.Duplicated)
+		}
+		fmt.Fprintln(w)
+		if wr.State != stateDone {
+			fmt.Fprintf(w, "    LOST: its share (%d of %d kettles, %.1f%%) is counted until t=%ds only and its readings are not audited (%s)\n",
+				wr.Devices, p.Devices, 100*float64(wr.Devices)/float64(max(p.Devices, 1)), wr.LastT, wr.Error)
+		}
+	}
+	switch {
+	case r.Audit != nil:
 		fmt.Fprintf(w, "  audit: %s\n", r.Audit.Line())
+	case r.AuditSkipped != "":
+		fmt.Fprintf(w, "  audit: skipped (%s)\n", r.AuditSkipped)
 	}
 }
 

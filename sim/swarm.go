@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/url"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,27 @@ type Config struct {
 	// Observer, if set, sees every request as it happens (kettle swarm
 	// --metrics-addr: *metrics.Swarm).
 	Observer Observer
+
+	// The distributed lab (kettle swarm --workers): one shard of a fleet.
+	//
+	// First and Stride place this run in a fleet: kettle i of the shard
+	// is kettle First+i×Stride of the fleet (Stride 0 counts as 1), with
+	// that kettle's physics seed and hatch time, so shards of one fleet
+	// never overlap, and strided shards hatch in step side by side.
+	First, Stride int
+	// AllowHosts names non-loopback hosts the operator allows as Target or
+	// MQTTTarget (exact names or addresses; empty: loopback only).
+	AllowHosts []string
+	// Ready, if set, is called once the kettles are set up; it returns the
+	// wall-clock time the run starts (the fleet's common start) and the
+	// run waits until then.
+	Ready func(ctx context.Context) (time.Time, error)
+	// OnSecond, if set, is given each Second as it closes (from the
+	// collector's goroutine; it must not block).
+	OnSecond func(Second)
+	// ExportAcked fills Results.Acked with every acknowledged reading, for
+	// an audit done elsewhere (the lab's controller audits all shards).
+	ExportAcked bool
 }
 
 // Observer is told about requests as they happen; *metrics.Swarm is one.
@@ -234,7 +256,7 @@ type kettleState struct {
 	pollAt   int64 // no poll before this (the last command's max-age)
 	owed     work  // work that came due while an exchange was outstanding
 	pending  []kettle.Measurement
-	acked    []int64 // device times (unix µs) of acknowledged readings
+	acked    ackLog // device times of acknowledged readings
 	etag     string
 	mq       *mqttKettle // MQTT kettles only
 }
@@ -250,15 +272,19 @@ type Swarm struct {
 	endAt   int64
 	heapMu  sync.Mutex
 	heap    minheap.Heap[event]
-	wg      sync.WaitGroup
-	readers sync.WaitGroup // MQTT: connection attempts, readers, flushers (mqttClose ends them)
-	stop    atomic.Bool
-	st      *stats
-	hatched atomic.Int64
-	busy    atomic.Int64
-	params  Params
-	http    *httpClient
-	mqDial  func() (net.Conn, error) // MQTT: dials the listener
+	wg      sync.WaitGroup // exchanges outstanding
+	// Exchanger goroutines (see startExchange): idle ones wait on idle.
+	idle       chan job
+	idleStop   chan struct{}
+	exchangers sync.WaitGroup
+	readers    sync.WaitGroup // MQTT: connection attempts, readers, flushers (mqttClose ends them)
+	stop       atomic.Bool
+	st         *stats
+	hatched    atomic.Int64
+	busy       atomic.Int64
+	params     Params
+	http       *httpClient
+	mqDial     func() (net.Conn, error) // MQTT: dials the listener
 	// cpuStart is the process CPU when the run started.
 	cpuStart float64
 }
@@ -271,7 +297,7 @@ func (s *Swarm) wall(ns int64) time.Time { return s.start.Add(time.Duration(ns))
 // a bad audit or latency is in the results, for the caller to judge.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
 	cfg.defaults()
-	u, err := CheckLoopback(cfg.Target)
+	u, err := CheckTarget(cfg.Target, cfg.AllowHosts)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +333,8 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.Protocol != ProtocolHTTP && cfg.Protocol != ProtocolMQTT {
 		return nil, fmt.Errorf("--protocol %q: want http or mqtt", cfg.Protocol)
 	}
-	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol)}
+	s := &Swarm{cfg: cfg, base: strings.TrimRight(u.Path, "/"), host: u.Host, st: newStats(cfg.API, cfg.Protocol),
+		idle: make(chan job), idleStop: make(chan struct{})}
 	s.st.obs = cfg.Observer
 	s.http = newHTTPClient(strings.TrimRight(cfg.Target, "/"), cfg.Operator, tlsCfg)
 
@@ -366,6 +393,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	return s.run(ctx)
 }
 
+// fleetIndex is kettle i's index in the whole fleet (see Config.First).
+func (s *Swarm) fleetIndex(i int) int { return s.cfg.First + i*max(s.cfg.Stride, 1) }
+
 // setup creates the kettles and their credentials.
 func (s *Swarm) setup(ctx context.Context) error {
 	cfg := &s.cfg
@@ -391,7 +421,8 @@ func (s *Swarm) setup(ctx context.Context) error {
 	iv := int64(cfg.Interval)
 	for i := range s.kettles {
 		k := &s.kettles[i]
-		k.rng.Seed(cfg.Seed, uint64(i)*0x9e3779b97f4a7c15+1)
+		g := s.fleetIndex(i)
+		k.rng.Seed(cfg.Seed, uint64(g)*0x9e3779b97f4a7c15+1)
 		k.model = NewModel(&k.rng, s.start)
 		switch s.params.Provisioning {
 		case "secret":
@@ -402,7 +433,7 @@ func (s *Swarm) setup(ctx context.Context) error {
 			k.auth = "Authorization: Bearer " + provisioned[i].Token + "\r\n"
 		}
 		if cfg.HatchRate > 0 {
-			k.phase = int64(float64(i) / cfg.HatchRate * 1e9)
+			k.phase = int64(float64(g) / cfg.HatchRate * 1e9)
 		} else {
 			k.phase = int64(k.rng.Float64() * float64(iv))
 		}
@@ -416,8 +447,30 @@ func (s *Swarm) setup(ctx context.Context) error {
 	for i := range s.kettles {
 		s.heap.Push(event{at: s.kettles[i].phase, k: int32(i)})
 	}
-	// The run clock starts now: phases are relative to it.
+	// Setup's garbage (provisioning answers, token derivation) goes back
+	// to the system before the run: the run's RSS is then the kettles'
+	// state and what the run itself needs, not a high-water mark of setup.
+	debug.FreeOSMemory()
+	// The run clock starts now, or at the fleet's common start: phases are
+	// relative to it.
 	s.start = time.Now()
+	if cfg.Ready != nil {
+		at, err := cfg.Ready(ctx)
+		if err != nil {
+			return err
+		}
+		if late := time.Since(at); late > time.Second {
+			return fmt.Errorf("the fleet's start %s passed %s ago: are the machines' clocks in step (NTP)?", at.UTC().Format(time.RFC3339Nano), late.Round(time.Millisecond))
+		}
+		t := time.NewTimer(time.Until(at))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		s.start = at
+	}
 	for i := range s.kettles {
 		s.kettles[i].model.Last = s.start
 	}
@@ -439,8 +492,11 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	go func() { s.wg.Wait(); close(waited) }()
 	select {
 	case <-waited:
+		close(s.idleStop)
+		s.exchangers.Wait()
 	case <-time.After(2*s.cfg.Timeout + 5*time.Second):
 		fmt.Fprintf(s.cfg.Log, "swarm: %d exchanges still outstanding at the end; their readings count as unacknowledged\n", s.busy.Load())
+		close(s.idleStop) // the stuck ones end by their own deadlines
 	}
 	if s.cfg.Protocol == ProtocolMQTT {
 		s.mqttDrain()
@@ -453,6 +509,9 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	}
 	res.End = time.Now()
 	s.totals(res)
+	if s.cfg.ExportAcked {
+		res.Acked = s.ackedDevices()
+	}
 
 	if !s.cfg.NoAudit && s.cfg.Operator != "" {
 		// An interrupted run is still worth auditing.
@@ -580,10 +639,52 @@ func (s *Swarm) fire(ev event) (event, bool) {
 		k.inflight = true
 		s.busy.Add(1)
 		s.wg.Add(1)
-		go s.exchange(int(ev.k), w)
+		s.startExchange(int(ev.k), w)
 	}
 	k.mu.Unlock()
 	return next, hasNext
+}
+
+// exchangerIdle is how long an exchanger goroutine waits for its next
+// exchange before it ends.
+const exchangerIdle = 2 * time.Second
+
+type job struct {
+	i int
+	w work
+}
+
+// startExchange hands kettle i's work to an idle exchanger goroutine, or
+// starts one: the open model never waits for a free one. Exchangers
+// outlive their exchange by up to exchangerIdle, so their stacks, grown by
+// the first request, serve the next ones instead of growing again in a
+// fresh goroutine each time.
+func (s *Swarm) startExchange(i int, w work) {
+	select {
+	case s.idle <- job{i, w}:
+	default:
+		s.exchangers.Add(1)
+		go s.exchanger(job{i, w})
+	}
+}
+
+// exchanger runs exchanges until it has been idle for exchangerIdle or the
+// run ends (s.idleStop).
+func (s *Swarm) exchanger(j job) {
+	defer s.exchangers.Done()
+	t := time.NewTimer(exchangerIdle)
+	defer t.Stop()
+	for {
+		s.exchange(j.i, j.w)
+		t.Reset(exchangerIdle)
+		select {
+		case j = <-s.idle:
+		case <-t.C:
+			return
+		case <-s.idleStop:
+			return
+		}
+	}
 }
 
 // exchange runs a kettle's work, then whatever came due meanwhile.
@@ -661,7 +762,7 @@ func (s *Swarm) runWork(i int, k *kettleState, w work) {
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {
 		s.st.offer(epLogin)
-		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, i)
+		body := fmt.Appendf(nil, `{"username":"kettle-%d"}`, s.fleetIndex(i))
 		resp, ok := s.send(sl, epLogin, at, "POST", "/login", "", body)
 		at = s.now()
 		var lr struct {
@@ -744,7 +845,9 @@ func (s *Swarm) upload(i int, k *kettleState, sl *slot, at int64) int64 {
 		}
 		last := times[len(times)-1]
 		k.mu.Lock()
-		k.acked = append(k.acked, times...)
+		for _, t := range times {
+			k.acked.add(t)
+		}
 		// Readings are buffered in time order; drop those just acknowledged
 		// (the buffer may have shifted while the request was out).
 		d := 0

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -25,6 +26,7 @@ func main() {
 	from := flag.Int64("from", 0, "window start, unix seconds (the hold began)")
 	to := flag.Int64("to", 0, "window end, unix seconds")
 	expect := flag.Float64("expect", 0, "expected readings/s (devices / interval)")
+	jsonOut := flag.String("json", "", "also write the figures to this file, as bench/results.jsonl figures")
 	flag.Parse()
 	if flag.NArg() == 0 || *to <= *from {
 		fmt.Fprintln(os.Stderr, "usage: mqttfleet -from UNIX -to UNIX [-expect R] results.json…")
@@ -95,7 +97,7 @@ func main() {
 	}
 	win := float64(*to - *from)
 	ms := func(q float64) float64 { return float64(hist.ValueAtQuantile(q)) / 1000 }
-	fmt.Printf("fleet over the hold (%d s, %d swarms, %d seconds with data):\n", *to-*from, flag.NArg(), len(seconds))
+	fmt.Printf("fleet over the hold (%d s, %d results files, %d seconds with data):\n", *to-*from, flag.NArg(), len(seconds))
 	fmt.Printf("  readings acknowledged %d = %.1f/s (expected %.1f/s: ratio %.3f); generated %.1f/s; dropped from full kettle buffers %d\n",
 		acked, float64(acked)/win, *expect, float64(acked)/win/max(*expect, 1e-9), float64(readings)/win, dropped)
 	fmt.Printf("  PUBACK latency (from the intended send time) over %d publishes: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms\n",
@@ -111,7 +113,7 @@ func main() {
 		nerr, requests, strings.Join(append([]string{""}, ks...), " "), late, maxLag, commands)
 	fmt.Printf("  swarm connections open at the end of the hold %d; connections lost (whole run) %d\n", open, lost)
 	if audits > 0 {
-		fmt.Printf("  audit (%d of %d swarms): %s\n", audits, flag.NArg(), audit.Line())
+		fmt.Printf("  audit (%d of %d results files): %s\n", audits, flag.NArg(), audit.Line())
 		for i, e := range audit.Examples {
 			if i == 5 {
 				break
@@ -120,6 +122,29 @@ func main() {
 		}
 	} else {
 		fmt.Println("  audit: none ran")
+	}
+	if *jsonOut != "" {
+		type fig struct {
+			Name  string  `json:"name"`
+			Value float64 `json:"value"`
+			Unit  string  `json:"unit"`
+		}
+		figs := []fig{
+			{"readings_acked_per_s", float64(acked) / win, "readings/s"},
+			{"readings_expected_per_s", *expect, "readings/s"},
+			{"puback_p50", ms(50), "ms"},
+			{"puback_p99", ms(99), "ms"},
+			{"puback_p999", ms(99.9), "ms"},
+			{"publish_errors", float64(nerr), "publishes"},
+			{"publishes", float64(requests), "publishes"},
+			{"audit_acked", float64(audit.Acked), "readings"},
+			{"audit_lost", float64(audit.Lost), "readings"},
+			{"audit_duplicated", float64(audit.Duplicated), "readings"},
+		}
+		b, _ := json.Marshal(figs)
+		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "mqttfleet:", err)
+		}
 	}
 	if audits < flag.NArg() || audit.Lost > 0 || audit.Duplicated > 0 {
 		os.Exit(3)

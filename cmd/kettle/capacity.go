@@ -41,6 +41,11 @@ PostgreSQL's checkpoints, WAL and full-page images. When the holding step had
 none of it, a caveat line says that its figure leaves that cost out (a step
 shorter than checkpoint_timeout, or than a merge cycle, may hold none).
 
+With --workers (kettle swarm worker processes, on this machine or others)
+every step is one fleet split over the same workers and merged exactly, so
+capacity can be searched past the sockets one process or machine holds;
+--conns is then split over the workers in proportion to their shards.
+
 Connections are a shared pool (--conns, default 2000): past ~18,000 kettles
 one connection per kettle would exceed the open-file limit. Steps do not
 audit (kettle swarm does). Devices accumulate on the server: each step
@@ -52,7 +57,8 @@ func runCapacity(ctx context.Context, args []string) error {
 	fs := newFlagSet("capacity", "--target URL --slo-p99 100ms [--start 10000 --step 10000 --step-duration 60s --max 1000000]", capacityDoc)
 	var f swarmFlags
 	c := &f.cfg
-	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback, or a host named in --allow-target); with --workers a comma-separated list of nodes")
+	f.registerLab(fs)
 	f.registerTLS(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token, to provision v1 devices when there is no --secret (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir)")
@@ -132,13 +138,16 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 		if err != nil {
 			return err
 		}
-		res, err := sim.Run(ctx, *c)
+		res, err := f.runOnce(ctx)
 		sys := stop()
 		if err != nil {
 			return fmt.Errorf("step %d kettles: %w", n, err)
 		}
 		res.Command = fmt.Sprintf("kettle swarm --target %s --devices %d --interval %s --hatch-rate 0 --duration %s --conns %s --api %s --batch %d --slo-p99 %s --max-error-rate %g",
 			c.Target, n, c.Interval, p.dur, f.conns, c.API, c.Batch, f.sloP99, f.maxErrorRate)
+		if f.workers != "" {
+			res.Command += fmt.Sprintf(" --target %s --workers %s --worker-token …", strings.Join(f.targets, ","), f.workers)
+		}
 		res.System = sys
 		dir := filepath.Join(f.out, fmt.Sprintf("step-%07d", n))
 		path, err := res.WriteFile(dir)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/report"
 	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/sim"
 )
 
 // TestCapacityAndReport steps a tiny fleet against a real in-process server
@@ -77,5 +80,64 @@ func TestCapacityAndReport(t *testing.T) {
 	}
 	if st, err := os.Stat(out); err != nil || st.Size() < 10000 {
 		t.Fatalf("report %v %v", st, err)
+	}
+}
+
+// TestCapacityOverWorkers steps a fleet split over two swarm workers: each
+// step is one merged run of the same workers.
+func TestCapacityOverWorkers(t *testing.T) {
+	dir := t.TempDir()
+	srv, err := server.Start(t.Context(), server.Config{
+		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	const token = "capacity-lab-token-0123"
+	var addrs []string
+	for i := range 2 {
+		ip := net.IPv4(127, 0, 45, byte(41+i))
+		l, err := net.Listen("tcp", ip.String()+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := sim.NewWorker(sim.WorkerConfig{Token: token, SourceAddrs: []net.IP{ip}, ReserveFDs: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := sim.NewWorkerServer(w.Handler())
+		go hs.Serve(l)
+		defer w.Close()
+		defer hs.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	var f swarmFlags
+	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
+	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
+	f.sloP99, f.maxErrorRate, f.sample = 10*time.Second, 0.5, false
+	f.workers, f.workerToken = strings.Join(addrs, ","), token
+	f.seed = new(uint64)
+	f.out = filepath.Join(dir, "cap")
+	f.command = "kettle capacity --workers (test)"
+	if err := f.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	err = f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{20, 40} {
+		r, err := sim.ReadResults(filepath.Join(f.out, fmt.Sprintf("step-%07d", n), "results.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Workers) != 2 || r.Params.Devices != n || r.Workers[0].Devices+r.Workers[1].Devices != n || r.Workers[1].First != 1 || r.Workers[1].Stride != 2 {
+			t.Errorf("step %d: params %+v workers %+v", n, r.Params, r.Workers)
+		}
+		if r.Workers[0].Requests == 0 || r.Workers[1].Requests == 0 || r.Workers[0].Requests+r.Workers[1].Requests != r.Totals.Requests {
+			t.Errorf("step %d: workers' requests %d + %d, merged %d", n, r.Workers[0].Requests, r.Workers[1].Requests, r.Totals.Requests)
+		}
 	}
 }

@@ -138,6 +138,9 @@ func (f *swarmFlags) instrument(ctx context.Context) (stop func() *sysstat.Serie
 			}
 		}
 		cfg := sysstat.Config{ServerPID: pid, PostgresPID: f.postgresPID, MetricsURL: strings.TrimRight(f.cfg.Target, "/") + "/metrics"}
+		if f.workers != "" {
+			cfg.SimulatorPID = -1 // the workers simulate; their CPU and RSS are in the results
+		}
 		if f.cfg.TLS != nil {
 			cfg.Client = &http.Client{Timeout: 800 * time.Millisecond, Transport: &http.Transport{TLSClientConfig: f.cfg.TLS}}
 		}

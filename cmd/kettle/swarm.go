@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -64,8 +65,17 @@ for 100,000 kettles. Measured cost ≈ 20 KiB RSS per MQTT kettle (one reader
 goroutine per connection; the scheduler writes): 100,000 ≈ 2 GiB across
 those processes.
 
+Past one process or one machine: start kettle swarm worker processes
+(kettle swarm worker --help) and give their addresses to --workers with
+their --worker-token. The fleet is split over them (kettle i on worker i
+mod W), started at one common time, merged into one results.json (the
+workers' histograms merged exactly, each worker's CPU, RSS and lag beside)
+and audited once; a worker lost mid-run is marked with its share and the
+run still ends with its report (exit 1). See docs/operations.md.
+
 Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
-localhost. Connections: --conns per-device (one keep-alive connection per
+localhost, unless the operator names a host exactly in --allow-target (and
+each worker in its own --allow-target). Connections: --conns per-device (one keep-alive connection per
 kettle) or a shared pool of N; both capped by the open-file limit less a
 reserve (kettles then share connections; the cap is printed). The server caps
 its connections too (kettle serve --max-conns: its fd limit less 1024) and
@@ -79,6 +89,10 @@ when they reconnect. The handshakes, and how many were resumed, are in the
 summary and results.json. With --protocol mqtt the kettles speak TLS to
 --mqtt-target too (kettle serve --tls-cert makes its MQTT listener TLS).
 
+Memory: the heap of a swarm (and of a swarm worker) is mostly kettle
+state held for the whole run, so the process runs with GOGC=50 unless GOGC
+is set, and gives setup's garbage back before the run starts.
+
 At the end, with the operator token (--operator-token, or the file in
 --data-dir), every acknowledged reading is looked up in the server:
 acked=… stored=… lost=… duplicated=…
@@ -86,7 +100,8 @@ acked=… stored=… lost=… duplicated=…
 Exit status:
   0  run done, audit clean, SLO met
   1  the run could not be done (bad flag, refused target, provisioning or
-     audit request failed)
+     audit request failed), or the audit was skipped (no operator token
+     and no --audit=false: the summary says "audit: skipped")
   3  audit: acknowledged readings lost
   4  audit: acknowledged readings stored more than once
   5  SLO breached: a p99 above --slo-p99 or an error rate above --max-error-rate
@@ -122,6 +137,12 @@ type swarmFlags struct {
 	debugAddr   string // pprof (kettle swarm only)
 	report      bool
 	log         io.Writer // where progress and notes go (run sets it)
+	// The distributed lab (see swarm_worker.go).
+	workers     string   // --workers HOST:PORT,…
+	workerToken string   // --worker-token
+	allowTarget string   // --allow-target HOST,…
+	targets     []string // --target split (several server nodes)
+	mqttTargets []string
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -150,9 +171,10 @@ func (f *swarmFlags) register(fs *flag.FlagSet, devices int, duration time.Durat
 // registerTarget adds the flags that point a swarm at a running server.
 func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	c := &f.cfg
-	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback only)")
+	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback, or a host named in --allow-target); with --workers a comma-separated list of nodes, worker i loading node i mod N (the first one is audited)")
+	f.registerLab(fs)
 	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
-	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883)")
+	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
 	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
@@ -171,7 +193,7 @@ func (f *swarmFlags) registerTLS(fs *flag.FlagSet) {
 
 // tlsConfig is the client side of an https target (nil for http).
 func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
-	u, err := sim.CheckLoopback(f.cfg.Target)
+	u, err := sim.CheckTarget(f.cfg.Target, f.cfg.AllowHosts)
 	if err != nil || u.Scheme != "https" {
 		if f.ca != "" && err == nil {
 			return nil, fmt.Errorf("--ca %s: the target %s is not https", f.ca, f.cfg.Target)
@@ -200,6 +222,10 @@ func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
 }
 
 func runSwarm(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "worker" {
+		return runSwarmWorker(ctx, args[1:])
+	}
+	lowGCHeadroom()
 	fs := newFlagSet("swarm", "--target URL --devices N [flags]", swarmDoc)
 	var f swarmFlags
 	f.register(fs, 1000, time.Minute, 0, "per-device")
@@ -222,11 +248,21 @@ func runSwarm(ctx context.Context, args []string) error {
 	return f.run(ctx, os.Stderr)
 }
 
+// lowGCHeadroom runs a swarm process with GOGC=50 unless GOGC is set: its
+// heap is mostly kettle state that lives the whole run and it allocates
+// little per request, so a smaller headroom keeps RSS near that state for
+// a GC every minute or so.
+func lowGCHeadroom() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
+}
+
 // resolve fills the config from the flags that need parsing or files.
 func (f *swarmFlags) resolve() error {
 	c := &f.cfg
 	c.Seed = *f.seed
-	if _, err := sim.CheckLoopback(c.Target); err != nil {
+	if err := f.resolveLab(); err != nil {
 		return err
 	}
 	tlsCfg, err := f.tlsConfig()
@@ -261,11 +297,16 @@ func (f *swarmFlags) resolve() error {
 			return fmt.Errorf("--mqtt-inflight %d: want 1..1000", c.MQTTInflight)
 		}
 		if c.MQTTTarget == "" {
-			u, _ := sim.CheckLoopback(c.Target)
-			c.MQTTTarget = net.JoinHostPort(u.Hostname(), "1883")
+			for _, t := range f.targets {
+				u, _ := sim.CheckTarget(t, c.AllowHosts)
+				f.mqttTargets = append(f.mqttTargets, net.JoinHostPort(u.Hostname(), "1883"))
+			}
+			c.MQTTTarget = f.mqttTargets[0]
 		}
-		if _, err := sim.CheckLoopbackAddr(c.MQTTTarget); err != nil {
-			return err
+		for _, t := range f.mqttTargets {
+			if _, err := sim.CheckTargetAddr(t, c.AllowHosts); err != nil {
+				return err
+			}
 		}
 	default:
 		return fmt.Errorf("--protocol %q: want http or mqtt", c.Protocol)
@@ -299,8 +340,10 @@ func (f *swarmFlags) resolve() error {
 func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	c := &f.cfg
 	c.Progress, c.Log = w, w
+	skipped := ""
 	if !c.NoAudit && c.Operator == "" {
-		fmt.Fprintln(w, "swarm: no operator token (--operator-token or --data-dir): the audit will be skipped")
+		skipped = "no operator token: give --operator-token or --data-dir, or --audit=false to run without it"
+		fmt.Fprintln(w, "swarm: no operator token (--operator-token or --data-dir): the audit will be skipped and the run will exit 1")
 	}
 	if c.Protocol == sim.ProtocolMQTT {
 		fmt.Fprintf(w, "swarm: %d MQTT kettles → %s (audit via %s), interval %s, hatch %g/s, duration %s, in-flight %d, batch %d\n",
@@ -314,11 +357,12 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := sim.Run(ctx, *c)
+	res, err := f.runOnce(ctx)
 	sys := stop()
 	if res != nil {
 		res.Command = f.command
 		res.System = sys
+		res.AuditSkipped = skipped
 		res.Summary(w)
 		if f.out != "" {
 			p, werr := res.WriteFile(f.out)
@@ -344,8 +388,18 @@ func (f *swarmFlags) judge(res *sim.Results) error {
 			return exitCode{exitLost, fmt.Sprintf("audit failed: %d acknowledged readings lost (%s); e.g. %s", a.Lost, a.Line(), strings.Join(a.Examples, ", "))}
 		}
 		if a.Duplicated > 0 {
-			return exitCode{exitDuplicate, fmt.Sprintf("audit failed: %d acknowledged readings stored more than once (%s)", a.Duplicated, a.Line())}
+			return exitCode{exitDuplicate, fmt.Sprintf("audit failed: %d acknowledged readings stored more than once (%s); e.g. %s", a.Duplicated, a.Line(), strings.Join(a.Examples, ", "))}
 		}
+	}
+	if lost := res.LostWorkers(); len(lost) > 0 {
+		var b []string
+		for _, w := range lost {
+			b = append(b, fmt.Sprintf("%s (%d kettles from #%d every %d, %s)", w.Addr, w.Devices, w.First, max(w.Stride, 1), w.Error))
+		}
+		return fmt.Errorf("%d of %d workers lost, their share measured only until then and not audited: %s", len(lost), len(res.Workers), strings.Join(b, "; "))
+	}
+	if res.AuditSkipped != "" {
+		return fmt.Errorf("audit: skipped (%s)", res.AuditSkipped)
 	}
 	t := res.Totals
 	if f.maxErrorRate >= 0 && t.ErrorRate > f.maxErrorRate {

@@ -1,0 +1,737 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// LabConfig is one fleet driven from several workers (kettle swarm --workers).
+type LabConfig struct {
+	// Config is the fleet: Devices is the whole fleet, split over Workers.
+	Config
+	Workers []string // HOST:PORT of each worker's control listener
+	Token   string   // the workers' shared --token
+	// Targets and MQTTTargets, if set, spread the shards over several
+	// server nodes: worker i loads Targets[i mod len]. Config.Target (the
+	// first node) is where the controller audits.
+	Targets, MQTTTargets []string
+	// LostAfter: a worker that does not answer for this long is lost (0: 5 s).
+	LostAfter time.Duration
+	// SetupTimeout bounds the workers' setup (provisioning) (0: 2 min + 1 s
+	// per 1,000 kettles).
+	SetupTimeout time.Duration
+}
+
+// WorkerResult is one lab worker's part in a run.
+type WorkerResult struct {
+	Addr string `json:"addr"`
+	// Its shard: kettles First, First+Stride, … of the fleet, Devices of them.
+	First   int `json:"first"`
+	Stride  int `json:"stride"`
+	Devices int `json:"devices"`
+	// State is "done", or "lost" (stopped answering, or failed): its
+	// seconds up to LastT are merged, its readings are not audited.
+	State      string  `json:"state"`
+	LastT      int     `json:"last_t"`
+	Error      string  `json:"error,omitempty"`
+	Requests   int64   `json:"requests"`
+	Errors     int64   `json:"errors"`
+	Acked      int64   `json:"acked"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// CPUMicrosPerRequest and MaxRSSBytes are the worker process's own.
+	CPUMicrosPerRequest float64 `json:"cpu_us_per_request"`
+	MaxRSSBytes         int64   `json:"max_rss_bytes"`
+	MaxLagMs            float64 `json:"max_lag_ms"`
+	Audit               *Audit  `json:"audit,omitempty"` // its shard's part of the audit
+}
+
+// WorkerSecond is one worker in one second of the merged run.
+type WorkerSecond struct {
+	Requests   int64   `json:"requests"`
+	CPUSeconds float64 `json:"cpu_seconds"` // the worker process's cumulative CPU
+	RSSBytes   int64   `json:"rss_bytes"`
+	MaxLagMs   float64 `json:"max_lag_ms"`
+}
+
+// labWorker is the controller's view of one worker.
+type labWorker struct {
+	addr     string
+	plan     Plan
+	seconds  []Second
+	lastT    int
+	lastOK   time.Time
+	state    string
+	err      string
+	res      *Results
+	acked    []DeviceAcked
+	cpu, rss float64
+	cpuReady float64 // its process CPU when it was ready: the start of its run's cost
+}
+
+type labClient struct {
+	token string
+	c     *http.Client
+}
+
+// do sends one control request and decodes a 2xx JSON answer into out.
+func (lc *labClient) do(ctx context.Context, timeout time.Duration, method, addr, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+lc.token)
+	resp, err := lc.c.Do(req)
+	if err != nil {
+		return fmt.Errorf("worker %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 512<<20))
+	if err != nil {
+		return fmt.Errorf("worker %s %s: %w", addr, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct{ Error string }
+		_ = json.Unmarshal(b, &e)
+		return fmt.Errorf("worker %s %s: %s: %s", addr, path, resp.Status, e.Error)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("worker %s %s: %w", addr, path, err)
+		}
+	}
+	return nil
+}
+
+// acked streams a worker's acknowledged readings.
+func (lc *labClient) acked(ctx context.Context, addr, run string, max int) ([]DeviceAcked, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+pathAcked+"?run="+url.QueryEscape(run), nil)
+	req.Header.Set("Authorization", "Bearer "+lc.token)
+	resp, err := lc.c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("worker %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return nil, fmt.Errorf("worker %s %s: %s", addr, pathAcked, resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	var out []DeviceAcked
+	for sc.Scan() {
+		var d DeviceAcked
+		if err := json.Unmarshal(sc.Bytes(), &d); err != nil {
+			return nil, fmt.Errorf("worker %s %s: %w", addr, pathAcked, err)
+		}
+		if len(d.Times) == 0 { // the end marker
+			return out, nil
+		}
+		if len(out) >= max {
+			return nil, fmt.Errorf("worker %s: more devices acknowledged than its %d kettles", addr, max)
+		}
+		out = append(out, d)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("worker %s %s: %w", addr, pathAcked, err)
+	}
+	return nil, fmt.Errorf("worker %s %s: the stream ended early", addr, pathAcked)
+}
+
+// RunLab runs one fleet over several workers and merges what they saw into
+// one Results: per-second histograms merged (never percentiles averaged),
+// counts summed, each worker's cost kept beside, and one audit over every
+// shard's acknowledged readings. A worker that stops answering is marked
+// lost and the run goes on without it; its seconds so far stay merged.
+func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
+	cfg := &lc.Config
+	cfg.defaults()
+	if len(lc.Workers) == 0 {
+		return nil, errors.New("--workers: want at least one HOST:PORT")
+	}
+	if len(lc.Token) < MinWorkerToken {
+		return nil, fmt.Errorf("--worker-token: want the workers' --token (at least %d characters)", MinWorkerToken)
+	}
+	if cfg.Devices < len(lc.Workers) {
+		return nil, fmt.Errorf("--devices %d: want at least one kettle per worker (%d workers)", cfg.Devices, len(lc.Workers))
+	}
+	if len(lc.Targets) == 0 {
+		lc.Targets = []string{cfg.Target}
+	}
+	for _, t := range lc.Targets {
+		if _, err := CheckTarget(t, cfg.AllowHosts); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Protocol == ProtocolMQTT && len(lc.MQTTTargets) == 0 {
+		lc.MQTTTargets = []string{cfg.MQTTTarget}
+	}
+	if lc.LostAfter <= 0 {
+		lc.LostAfter = 5 * time.Second
+	}
+	if lc.SetupTimeout <= 0 {
+		lc.SetupTimeout = 2*time.Minute + time.Duration(cfg.Devices/1000)*time.Second
+	}
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	runID := hex.EncodeToString(id)
+	cl := &labClient{token: lc.Token, c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute}}}
+	defer cl.c.CloseIdleConnections()
+
+	ws := make([]*labWorker, len(lc.Workers))
+	for i, p := range shardPlans(&lc, runID) {
+		ws[i] = &labWorker{addr: lc.Workers[i], plan: p, state: stateSetup}
+	}
+	all := func(f func(w *labWorker)) {
+		var wg sync.WaitGroup
+		for _, w := range ws {
+			wg.Go(func() { f(w) })
+		}
+		wg.Wait()
+	}
+	stopAll := func() {
+		all(func(w *labWorker) {
+			_ = cl.do(context.WithoutCancel(ctx), 5*time.Second, "POST", w.addr, pathStop+"?run="+runID, nil, nil)
+		})
+	}
+
+	// Plans out; every worker sets up; one common start.
+	var errs []error
+	var mu sync.Mutex
+	all(func(w *labWorker) {
+		if err := cl.do(ctx, 30*time.Second, "POST", w.addr, pathRun, w.plan, nil); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	})
+	if len(errs) > 0 {
+		stopAll()
+		return nil, errors.Join(errs...)
+	}
+	fmt.Fprintf(cfg.Log, "lab: run %s: %d kettles over %d workers (%s)\n", runID, cfg.Devices, len(ws), shardText(ws))
+	setupEnd := time.Now().Add(lc.SetupTimeout)
+	for {
+		ready, failed := 0, []error(nil)
+		all(func(w *labWorker) {
+			var st WorkerStatus
+			err := cl.do(ctx, 5*time.Second, "GET", w.addr, pathStatus+"?run="+runID, nil, &st)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				failed = append(failed, err)
+			case st.State == stateFailed:
+				failed = append(failed, fmt.Errorf("worker %s: %s", w.addr, st.Error))
+			case st.State == stateReady:
+				ready++
+				w.cpuReady = st.CPUSeconds
+			}
+		})
+		if len(failed) > 0 {
+			stopAll()
+			return nil, fmt.Errorf("lab setup: %w", errors.Join(failed...))
+		}
+		if ready == len(ws) {
+			break
+		}
+		if time.Now().After(setupEnd) || ctx.Err() != nil {
+			stopAll()
+			return nil, fmt.Errorf("lab setup: %d of %d workers ready after %s", ready, len(ws), lc.SetupTimeout)
+		}
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+	start := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	all(func(w *labWorker) {
+		if err := cl.do(ctx, 5*time.Second, "POST", w.addr, pathStart+"?run="+runID, map[string]time.Time{"at": start}, nil); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	})
+	if len(errs) > 0 {
+		stopAll()
+		return nil, fmt.Errorf("lab start: %w", errors.Join(errs...))
+	}
+	for _, w := range ws {
+		w.state, w.lastOK = stateRunning, time.Now()
+	}
+	fmt.Fprintf(cfg.Log, "lab: common start %s\n", start.UTC().Format(time.RFC3339Nano))
+
+	// Follow the run: each worker's new seconds, once a second.
+	end := start.Add(cfg.Duration + 2*cfg.Timeout + 30*time.Second)
+	lastProgress := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	interrupted := false
+	for {
+		all(func(w *labWorker) {
+			if w.state != stateRunning {
+				return
+			}
+			var st WorkerStatus
+			// Not ctx: an interrupted run is followed to its end too.
+			err := cl.do(context.WithoutCancel(ctx), 3*time.Second, "GET", w.addr, pathStatus+"?run="+runID+"&after="+strconv.Itoa(w.lastT), nil, &st)
+			mu.Lock()
+			defer mu.Unlock()
+			now := time.Now()
+			switch {
+			case err != nil:
+				if now.Sub(w.lastOK) > lc.LostAfter {
+					w.state, w.err = "lost", fmt.Sprintf("no answer for %s: %v", now.Sub(w.lastOK).Round(time.Second), err)
+				}
+				return
+			case st.State == stateFailed:
+				w.state, w.err = "lost", "failed: "+st.Error
+			case st.State == stateDone:
+				w.state = stateDone
+			}
+			w.lastOK = now
+			w.cpu, w.rss = st.CPUSeconds, float64(st.RSSBytes)
+			for _, s := range st.Seconds {
+				if s.T > w.lastT {
+					w.seconds = append(w.seconds, s)
+					w.lastT = s.T
+				}
+			}
+		})
+		for _, w := range ws {
+			if w.state == "lost" && w.err != "" {
+				fmt.Fprintf(cfg.Log, "lab: worker %s lost at t=%ds (%d kettles from #%d every %d): %s\n", w.addr, w.lastT, w.plan.Devices, w.plan.First, w.plan.Stride, w.err)
+				w.err = "lost at t=" + strconv.Itoa(w.lastT) + "s: " + w.err
+				w.state = "lost-reported"
+			}
+		}
+		running := 0
+		for _, w := range ws {
+			if w.state == stateRunning {
+				running++
+			}
+		}
+		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery-100*time.Millisecond {
+			fmt.Fprintln(cfg.Progress, labProgress(ws, time.Since(start)))
+			lastProgress = time.Now()
+		}
+		if running == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			for _, w := range ws {
+				if w.state == stateRunning {
+					w.state, w.err = "lost-reported", fmt.Sprintf("lost at t=%ds: not done %s after the run's end", w.lastT, end.Sub(start.Add(cfg.Duration)).Round(time.Second))
+				}
+			}
+			break
+		}
+		if !interrupted && ctx.Err() != nil {
+			// The operator interrupted: the workers stop, the run still
+			// ends with what they did.
+			interrupted = true
+			all(func(w *labWorker) {
+				_ = cl.do(context.WithoutCancel(ctx), 5*time.Second, "POST", w.addr, pathStop+"?run="+runID, nil, nil)
+			})
+		}
+		select {
+		case <-tick.C:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	wctx := context.WithoutCancel(ctx)
+	all(func(w *labWorker) {
+		if w.state != stateDone {
+			return
+		}
+		var res Results
+		err := cl.do(wctx, 10*time.Minute, "GET", w.addr, pathResult+"?run="+runID, nil, &res)
+		var acked []DeviceAcked
+		if err == nil {
+			acked, err = cl.acked(wctx, w.addr, runID, w.plan.Devices)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			w.state, w.err = "lost-reported", fmt.Sprintf("lost after t=%ds: its result could not be fetched: %v", w.lastT, err)
+			return
+		}
+		w.res, w.acked = &res, acked
+		w.seconds = res.Seconds
+	})
+	res := mergeLab(ws, cfg, start, time.Now())
+	res.Params.Target = strings.Join(lc.Targets, ",")
+	if cfg.Protocol == ProtocolMQTT {
+		res.Params.MQTTTarget = strings.Join(lc.MQTTTargets, ",")
+	}
+
+	if !cfg.NoAudit && cfg.Operator != "" {
+		actx, cancel := context.WithTimeout(wctx, 10*time.Minute)
+		defer cancel()
+		total := &Audit{}
+		t0 := time.Now()
+		for i, w := range ws {
+			if w.res == nil {
+				continue
+			}
+			a, err := AuditAcked(actx, cfg.Target, cfg.Operator, cfg.TLS, w.acked)
+			if err != nil {
+				return res, fmt.Errorf("audit of worker %s's shard: %w", w.addr, err)
+			}
+			res.Workers[i].Audit = a
+			total.Devices += a.Devices
+			total.Acked += a.Acked
+			total.Stored += a.Stored
+			total.Lost += a.Lost
+			total.Duplicated += a.Duplicated
+			total.Unacked += a.Unacked
+			for _, e := range a.Examples {
+				if len(total.Examples) < 10 {
+					total.Examples = append(total.Examples, e)
+				}
+			}
+		}
+		total.Seconds = time.Since(t0).Seconds()
+		res.Audit = total
+	}
+	return res, nil
+}
+
+// shardPlans splits the fleet: worker i runs kettles i, i+W, i+2W, … of
+// it: disjoint, and side by side in the hatch order, so every worker (and
+// node) ramps up together.
+func shardPlans(lc *LabConfig, runID string) []Plan {
+	cfg := &lc.Config
+	w := len(lc.Workers)
+	plans := make([]Plan, w)
+	for i := range plans {
+		n := cfg.Devices / w
+		if i < cfg.Devices%w {
+			n++
+		}
+		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
+			First: i, Stride: w, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
+			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
+			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator}
+		if cfg.Conns > 0 {
+			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
+		}
+		if cfg.Protocol == ProtocolMQTT {
+			p.MQTTTarget = lc.MQTTTargets[i%len(lc.MQTTTargets)]
+		}
+		plans[i] = p
+	}
+	return plans
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func shardText(ws []*labWorker) string {
+	var b []string
+	for _, w := range ws {
+		b = append(b, fmt.Sprintf("%s: %d kettles from #%d every %d", w.addr, w.plan.Devices, w.plan.First, w.plan.Stride))
+	}
+	return strings.Join(b, ", ")
+}
+
+// labProgress is the controller's live line: the last second every worker
+// has reported, merged, and each worker's CPU, RSS and lag.
+func labProgress(ws []*labWorker, elapsed time.Duration) string {
+	var b strings.Builder
+	t := -1
+	for _, w := range ws {
+		if w.state == stateRunning && (t < 0 || w.lastT < t) {
+			t = w.lastT
+		}
+	}
+	var secs []Second
+	for _, w := range ws {
+		for j := len(w.seconds) - 1; j >= 0; j-- {
+			if w.seconds[j].T == t {
+				secs = append(secs, w.seconds[j])
+				break
+			}
+		}
+	}
+	m := mergeSecond(t, secs)
+	fmt.Fprintf(&b, "[%4.0fs] lab t=%ds kettles %d", elapsed.Seconds(), t, m.Kettles)
+	names := make([]string, 0, len(m.Endpoints))
+	for n := range m.Endpoints {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		e := m.Endpoints[n]
+		p99 := int64(0)
+		if h, err := hdrhistogram.Decode([]byte(e.Histogram)); err == nil {
+			p99 = h.ValueAtQuantile(99)
+		}
+		var errs int64
+		for _, v := range e.Errors {
+			errs += v
+		}
+		fmt.Fprintf(&b, " | %s offered %d done %d p99 %s errors %d", n, e.Offered, e.Requests, ms(p99), errs)
+	}
+	b.WriteString(" | workers")
+	for _, w := range ws {
+		lag := 0.0
+		if n := len(w.seconds); n > 0 {
+			lag = w.seconds[n-1].MaxLagMs
+		}
+		fmt.Fprintf(&b, " %s %s cpu %.1fs rss %dMiB lag %.0fms;", w.addr, strings.TrimSuffix(w.state, "-reported"), w.cpu, int64(w.rss)>>20, lag)
+	}
+	return b.String()
+}
+
+// mergeSecond merges the workers' seconds of one T: counts summed,
+// histograms merged exactly, the worst lag kept.
+func mergeSecond(t int, secs []Second) Second {
+	m := Second{T: t, Endpoints: map[string]*EndpointSecond{}}
+	hists := map[string]*hdrhistogram.Histogram{}
+	for _, s := range secs {
+		m.Kettles += s.Kettles
+		m.InFlight += s.InFlight
+		m.LateStarts += s.LateStarts
+		m.MaxLagMs = max(m.MaxLagMs, s.MaxLagMs)
+		m.Readings += s.Readings
+		m.Acked += s.Acked
+		m.Dropped += s.Dropped
+		m.OpenConns += s.OpenConns
+		m.CommandsReceived += s.CommandsReceived
+		m.CPUSeconds += s.CPUSeconds
+		m.RSSBytes += s.RSSBytes
+		for name, e := range s.Endpoints {
+			me := m.Endpoints[name]
+			if me == nil {
+				me = &EndpointSecond{}
+				m.Endpoints[name] = me
+				hists[name] = NewHistogram()
+			}
+			me.Offered += e.Offered
+			me.Requests += e.Requests
+			me.Status = addCounts(me.Status, e.Status)
+			me.Errors = addCounts(me.Errors, e.Errors)
+			if e.Histogram != "" {
+				if h, err := hdrhistogram.Decode([]byte(e.Histogram)); err == nil {
+					hists[name].Merge(h)
+				}
+			}
+		}
+	}
+	for name, h := range hists {
+		enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+		m.Endpoints[name].Histogram = string(enc)
+	}
+	return m
+}
+
+func addCounts(dst, src map[string]int64) map[string]int64 {
+	if len(src) == 0 {
+		return dst
+	}
+	if dst == nil {
+		dst = map[string]int64{}
+	}
+	for k, v := range src {
+		dst[k] += v
+	}
+	return dst
+}
+
+// mergeLab builds the fleet's Results from its workers'.
+func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
+	res := &Results{Schema: SchemaVersion, Start: start, End: end}
+	maxT := 0
+	for _, w := range ws {
+		if n := len(w.seconds); n > 0 {
+			maxT = max(maxT, w.seconds[n-1].T)
+		}
+	}
+	// Per T, each worker's second (a worker's T are strictly increasing).
+	byT := make([][]Second, maxT+1)
+	wsec := make([][]WorkerSecond, maxT+1)
+	for t := range wsec {
+		wsec[t] = make([]WorkerSecond, len(ws))
+	}
+	for i, w := range ws {
+		for _, s := range w.seconds {
+			byT[s.T] = append(byT[s.T], s)
+			var req int64
+			for _, e := range s.Endpoints {
+				req += e.Requests
+			}
+			wsec[s.T][i] = WorkerSecond{Requests: req, CPUSeconds: s.CPUSeconds, RSSBytes: s.RSSBytes, MaxLagMs: s.MaxLagMs}
+		}
+	}
+	for t := 1; t <= maxT; t++ {
+		if len(byT[t]) == 0 {
+			continue
+		}
+		s := mergeSecond(t, byT[t])
+		s.Workers = wsec[t]
+		res.Seconds = append(res.Seconds, s)
+	}
+
+	// Totals: latency from the merged histograms, counts summed.
+	tot := Totals{Endpoints: map[string]*EndpointTotal{}, ErrorsByKind: map[string]int64{}}
+	tot.WallSeconds = end.Sub(start).Seconds()
+	steadyFrom := 0
+	if cfg.HatchRate > 0 {
+		steadyFrom = int(float64(cfg.Devices)/cfg.HatchRate) + 1
+	}
+	if steadyFrom >= len(res.Seconds)-1 {
+		steadyFrom = 0
+	}
+	hists := map[string]*hdrhistogram.Histogram{}
+	for j, s := range res.Seconds {
+		for name, e := range s.Endpoints {
+			et := tot.Endpoints[name]
+			if et == nil {
+				et = &EndpointTotal{}
+				tot.Endpoints[name] = et
+				hists[name] = NewHistogram()
+			}
+			if h, err := hdrhistogram.Decode([]byte(e.Histogram)); err == nil {
+				hists[name].Merge(h)
+			}
+			et.Requests += e.Requests
+			et.Offered += e.Offered
+			for k, v := range e.Errors {
+				et.Errors += v
+				tot.ErrorsByKind[k] += v
+			}
+			if j >= steadyFrom {
+				et.PerSecond += float64(e.Requests)
+			}
+		}
+		tot.Readings += s.Readings
+		tot.Acked += s.Acked
+		tot.Dropped += s.Dropped
+		tot.LateStarts += s.LateStarts
+		tot.CommandsReceived += s.CommandsReceived
+		tot.MaxLagMs = max(tot.MaxLagMs, s.MaxLagMs)
+	}
+	for name, et := range tot.Endpoints {
+		h := hists[name]
+		et.P50Ms = float64(h.ValueAtQuantile(50)) / 1000
+		et.P99Ms = float64(h.ValueAtQuantile(99)) / 1000
+		et.P999Ms = float64(h.ValueAtQuantile(99.9)) / 1000
+		et.MaxMs = float64(h.Max()) / 1000
+		enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+		et.Histogram = string(enc)
+		if secs := len(res.Seconds) - steadyFrom; secs > 0 {
+			et.PerSecond /= float64(secs)
+		}
+		tot.Requests += et.Requests
+		tot.Errors += et.Errors
+	}
+	if tot.Requests > 0 {
+		tot.ErrorRate = float64(tot.Errors) / float64(tot.Requests)
+	}
+
+	params := Params{Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
+		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(), Batch: cfg.Batch,
+		TimeoutS: cfg.Timeout.Seconds(), Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0)}
+	if cfg.Protocol == ProtocolMQTT {
+		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
+	}
+	for i, w := range ws {
+		wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
+		for _, s := range w.seconds {
+			for _, e := range s.Endpoints {
+				wr.Requests += e.Requests
+				for _, v := range e.Errors {
+					wr.Errors += v
+				}
+			}
+			wr.Acked += s.Acked
+			wr.MaxLagMs = max(wr.MaxLagMs, s.MaxLagMs)
+			wr.MaxRSSBytes = max(wr.MaxRSSBytes, s.RSSBytes)
+		}
+		if r := w.res; r != nil {
+			t := r.Totals
+			wr.CPUSeconds, wr.MaxRSSBytes, wr.CPUMicrosPerRequest = t.CPUSeconds, t.MaxRSSBytes, t.CPUMicrosPerRequest
+			tot.Unacked += t.Unacked
+			tot.DuplicatesReported += t.DuplicatesReported
+			tot.PollsDeferred += t.PollsDeferred
+			tot.Dials += t.Dials
+			tot.TLSHandshakes += t.TLSHandshakes
+			tot.TLSResumed += t.TLSResumed
+			tot.ConnsLost += t.ConnsLost
+			tot.MaxRSSBytes += t.MaxRSSBytes
+			if i == 0 || params.ConnMode == "" {
+				params.ConnMode, params.Provisioning, params.SourceIPs = r.Params.ConnMode, r.Params.Provisioning, r.Params.SourceIPs
+			}
+			params.Conns += r.Params.Conns
+			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
+		} else {
+			wr.State = "lost"
+			// Its CPU as far as its seconds tell, from when it was ready.
+			if n := len(w.seconds); n > 0 {
+				wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
+			}
+			if wr.Requests > 0 {
+				wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
+			}
+			tot.MaxRSSBytes += wr.MaxRSSBytes
+		}
+		tot.CPUSeconds += wr.CPUSeconds
+		res.Workers = append(res.Workers, wr)
+	}
+	var kettleSeconds float64
+	for _, s := range res.Seconds {
+		kettleSeconds += float64(s.Kettles)
+	}
+	if kettleSeconds > 0 {
+		tot.CPUPer10kKettlesPerMin = tot.CPUSeconds / (kettleSeconds / 60 / 10000)
+	}
+	if tot.Requests > 0 {
+		tot.CPUMicrosPerRequest = tot.CPUSeconds / float64(tot.Requests) * 1e6
+	}
+	res.Params = params
+	res.Totals = tot
+	return res
+}
+
+// LostWorkers lists the workers that did not finish (empty: none).
+func (r *Results) LostWorkers() []WorkerResult {
+	var out []WorkerResult
+	for _, w := range r.Workers {
+		if w.State != stateDone {
+			out = append(out, w)
+		}
+	}
+	return out
+}
