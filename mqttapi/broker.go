@@ -68,6 +68,14 @@ type Config struct {
 	// and each such connection is reported to OnPreviousCredential.
 	PreviousSecret       []byte
 	OnPreviousCredential func(kind string, device kettle.DeviceID)
+	// ServerReference, when set, is where a kettle refused for capacity is
+	// sent (MQTT 5: 0x9C use another server, with this Server Reference,
+	// e.g. "mqtt2.example.net:8883"); empty: 0x97 quota exceeded over the
+	// cap, 0x89 server busy while shedding. MQTT 3.1.1 gets 0x03 either way.
+	ServerReference string
+	// Shedding, when set, reports whether the node is shedding load; new
+	// connections are refused meanwhile (connected kettles stay).
+	Shedding func() bool
 }
 
 func (c *Config) defaults() {
@@ -118,6 +126,9 @@ type Broker struct {
 	// Lines kettles can cause at any rate, thinned (logthin): invalid
 	// payloads, refused connections.
 	badLog, refusedLog logthin.Limiter
+	// shedLog: at most one line a second about capacity refusals, with
+	// their count since the last one.
+	shedLog logthin.Limiter
 }
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
@@ -146,7 +157,8 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
 	}
 	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows),
-		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}}
+		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}, shedLog: logthin.Limiter{Burst: 1}}
+	b.counters.MaxConns.Store(int64(cfg.MaxConns))
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
@@ -178,6 +190,8 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		}
 	}
 	b.ln.ended = h.repairTakeover
+	b.ln.overCap = func(version byte) packets.Packet { return b.shed(ShedQuota, version) }
+	b.ln.refusing = make(chan struct{}, maxRefusing)
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
@@ -189,6 +203,37 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	log.Info("mqtt listener started", "addr", b.Addr(), "max_conns", cfg.MaxConns, "max_packet_bytes", cfg.MaxPacketBytes)
 	return b, nil
 }
+
+// shed counts and logs a capacity refusal and returns the CONNACK that says
+// why (see Config.ServerReference).
+func (b *Broker) shed(why ShedReason, version byte) packets.Packet {
+	code := packets.ErrQuotaExceeded
+	if why == ShedBusy {
+		code = packets.ErrServerBusy
+	}
+	var props packets.Properties
+	if b.cfg.ServerReference != "" {
+		why, code = ShedRedirect, packets.ErrUseAnotherServer
+		props.ServerReference = b.cfg.ServerReference
+	}
+	b.counters.Shed[why].Add(1)
+	if ok, skipped := b.shedLog.Allow(time.Now()); ok {
+		b.log.Warn("mqtt: connections refused for capacity", "reason", ShedReasonNames[why], "open", b.ln.open.Load(), "max_conns", b.cfg.MaxConns,
+			"server_reference", b.cfg.ServerReference, "refused_since_last_line", skipped+1)
+	}
+	ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ProtocolVersion: version, ReasonCode: code.Code}
+	if version < 5 {
+		ack.ReasonCode = v3ServerUnavailable
+	} else {
+		props.ReasonString = code.Reason
+		ack.Properties = props
+	}
+	return ack
+}
+
+// v3ServerUnavailable is MQTT 3.1.1's CONNACK return code 0x03: the
+// connection was refused because the server is unavailable.
+const v3ServerUnavailable = 0x03
 
 // Addr is the bound listen address.
 func (b *Broker) Addr() string { return b.ln.Address() }
@@ -284,6 +329,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		}
 		_ = h.b.srv.SendConnack(cl, sendCode, false, nil)
 		return code
+	}
+	if h.b.cfg.Shedding != nil && h.b.cfg.Shedding() {
+		ack := h.b.shed(ShedBusy, cl.Properties.ProtocolVersion)
+		_ = h.b.srv.SendConnack(cl, packets.Code{Code: ack.ReasonCode, Reason: ack.Properties.ReasonString}, false, &ack.Properties)
+		return packets.ErrServerBusy
 	}
 	if which == 1 && h.b.cfg.OnPreviousCredential != nil {
 		h.b.cfg.OnPreviousCredential("device", uid)
