@@ -73,6 +73,10 @@ type Config struct {
 	// e.g. "mqtt2.example.net:8883"); empty: 0x97 quota exceeded over the
 	// cap, 0x89 server busy while shedding. MQTT 3.1.1 gets 0x03 either way.
 	ServerReference string
+	// StackTrim is how often a garbage collection runs while kettles are
+	// connected (0: never forced), to give back the stack each connection
+	// grew to handle its last packet (stacktrim.go).
+	StackTrim time.Duration
 	// Shedding, when set, reports whether the node is shedding load; new
 	// connections are refused meanwhile (connected kettles stay).
 	Shedding func() bool
@@ -123,6 +127,7 @@ type Broker struct {
 	// (Config.MaxPendingRows); inflight counts their goroutines.
 	rows     *rowBudget
 	inflight sync.WaitGroup
+	bg       sync.WaitGroup // background loops other than the pusher (trimStacks)
 	// Lines kettles can cause at any rate, thinned (logthin): invalid
 	// payloads, refused connections.
 	badLog, refusedLog logthin.Limiter
@@ -200,6 +205,10 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		return nil, fmt.Errorf("mqtt: serve: %w", err)
 	}
 	go b.push.run(b.ctx)
+	if cfg.StackTrim > 0 {
+		b.bg.Add(1)
+		go func() { defer b.bg.Done(); b.trimStacks(b.ctx, cfg.StackTrim) }()
+	}
 	log.Info("mqtt listener started", "addr", b.Addr(), "max_conns", cfg.MaxConns, "max_packet_bytes", cfg.MaxPacketBytes)
 	return b, nil
 }
@@ -248,6 +257,7 @@ func (b *Broker) Counters() *Counters { return b.counters }
 // fleet.Service.Close.
 func (b *Broker) Close() error {
 	b.cancel()
+	b.bg.Wait()
 	err := b.srv.Close()
 	if !b.ln.wait(b.cfg.ShutdownTimeout) {
 		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
