@@ -28,7 +28,8 @@ import (
 type Config struct {
 	// Addr is the listen address, e.g. 127.0.0.1:1883 (":0" for any port).
 	Addr string
-	// MaxConns caps open MQTT connections; the excess is closed at accept.
+	// MaxConns caps open MQTT connections; a CONNECT past it is answered
+	// with a refusal that says why (Broker.shed).
 	// 0: 100,000. Each connection costs one file descriptor: keep it under
 	// the process's open-file limit minus what HTTP and the store need.
 	MaxConns int

@@ -1,16 +1,21 @@
 package mqttapi_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/google/uuid"
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
@@ -112,4 +117,91 @@ func TestRefusedWithReason(t *testing.T) {
 	f("over the cap", mqttapi.Config{MaxConns: 2}, 2, 0x97, "", mqttapi.ShedQuota)
 	f("over the cap, redirected", mqttapi.Config{MaxConns: 1, ServerReference: "mqtt2.example.net:1883"}, 1, 0x9C, "mqtt2.example.net:1883", mqttapi.ShedRedirect)
 	f("shedding", mqttapi.Config{Shedding: func() bool { return true }}, 0, 0x89, "", mqttapi.ShedBusy)
+}
+
+// TestReconnectStorm is make chaos's mqttstorm in small: a node near its
+// cap takes many kettles connecting at once; every CONNECT gets a CONNACK
+// (accepted up to the cap, 0x97 / 0x03 past it) within a bound, none a bare
+// close, and the kettles already connected stay.
+func TestReconnectStorm(t *testing.T) {
+	const held, storm, maxConns = 40, 300, 60
+	e := startWith(t, fleet.Config{}, mqttapi.Config{MaxConns: maxConns}, testLog(t))
+	for range held {
+		c, err := connectAndSubscribe(e.broker.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	var mu sync.Mutex
+	codes := map[byte]int{}
+	var slowest time.Duration
+	var wg sync.WaitGroup
+	for i := range storm {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			version := byte(5)
+			if i%4 == 3 {
+				version = 4
+			}
+			t0 := time.Now()
+			c, code, err := rawConnect(e.broker.Addr(), uuid.New(), version)
+			d := time.Since(t0)
+			if err != nil {
+				t.Errorf("kettle %d (MQTT %d): no CONNACK after %v: %v", i, version, d, err)
+				return
+			}
+			mu.Lock()
+			codes[code]++
+			slowest = max(slowest, d)
+			mu.Unlock()
+			if code == 0 {
+				t.Cleanup(func() { c.Close() })
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("CONNACK codes %v, slowest %v", codes, slowest)
+	if codes[0] != maxConns-held || codes[0x97]+codes[0x03] != storm-(maxConns-held) {
+		t.Errorf("CONNACK codes %v: want %d accepted, the rest 0x97 (MQTT 5) or 0x03 (3.1.1)", codes, maxConns-held)
+	}
+	if slowest > 5*time.Second {
+		t.Errorf("slowest CONNACK %v, want ≤ 5s", slowest)
+	}
+	if got := e.broker.Counters().Connections.Load(); got != maxConns {
+		t.Errorf("%d connections after the storm, want %d", got, maxConns)
+	}
+}
+
+// rawConnect sends a kettle's CONNECT and returns the CONNACK's code (the
+// connection stays open when it is 0).
+func rawConnect(addr string, id uuid.UUID, version byte) (net.Conn, byte, error) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return nil, 0, err
+	}
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: version}
+	pk.Connect = packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 60, ClientIdentifier: id.String(),
+		UsernameFlag: true, Username: []byte(id.String()), PasswordFlag: true, Password: []byte(kettle.DeviceToken(secret, id))}
+	var buf bytes.Buffer
+	_ = pk.ConnectEncode(&buf)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	hdr := make([]byte, 4) // CONNACK: type, length, flags, code (MQTT 5 properties follow)
+	if _, err := io.ReadFull(c, hdr); err != nil {
+		c.Close()
+		return nil, 0, err
+	}
+	if hdr[0] != 0x20 {
+		c.Close()
+		return nil, 0, fmt.Errorf("want CONNACK, got % x", hdr)
+	}
+	if hdr[3] != 0 {
+		c.Close()
+	}
+	return c, hdr[3], nil
 }
