@@ -168,7 +168,10 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities:             caps,
-		ClientNetReadBufferSize:  1024,
+		// Kept per connection for its life: a kettle's PUBLISH of one
+		// reading (~300 bytes) fits in one read; bigger packets are read
+		// straight into their own buffer past it.
+		ClientNetReadBufferSize:  512,
 		ClientNetWriteBufferSize: 1024,
 		SysTopicResendInterval:   3600,
 		InlineClient:             true,
