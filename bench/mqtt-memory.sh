@@ -73,8 +73,12 @@ run() { # TARGET ROUND → one JSON object in $work/runs
 	local rss0
 	rss0=$(rss_kib "$spid")
 	"$work/mqttpub" -addr "$HOST:$mport" -conns "$CONNS" -interval "$INTERVAL" -connect-rate "$CONNECT_RATE" \
-		-warmup "${WARMUP}s" -duration "${HOLD}s" ${secret:+-secret "$secret"} -pid "$spid" -json -label "$t" >"$d/pub.json"
-	if [ "$t" != M ]; then curl -fsS "http://$HOST:$hport/metrics" >"$d/metrics" || true; else : >"$d/metrics"; fi
+		-warmup "${WARMUP}s" -duration "${HOLD}s" ${secret:+-secret "$secret"} -pid "$spid" -json -label "$t" >"$d/pub.json" &
+	local ppid=$!
+	: >"$d/metrics"
+	sleep $((WARMUP + HOLD - 2)) # Go's stack and heap while every kettle is still connected
+	if [ "$t" != M ]; then curl -fsS "http://$HOST:$hport/metrics" >"$d/metrics" || true; fi
+	wait "$ppid"
 	kill "$spid"
 	wait "$spid" 2>/dev/null || true
 	spid=
