@@ -167,7 +167,7 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 	b.counters.MaxConns.Store(int64(cfg.MaxConns))
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
-		Capabilities:             caps,
+		Capabilities: caps,
 		// Kept per connection for its life: a kettle's PUBLISH of one
 		// reading (~300 bytes) fits in one read; bigger packets are read
 		// straight into their own buffer past it.
