@@ -723,7 +723,12 @@ type MQTTStats struct {
 	CommandsDropped              int64
 	Malformed                    int64
 	TakeoverRepairs              int64
+	Shed                         [3]int64 // by MQTTShedReasons
+	MaxConns                     int64
 }
+
+// MQTTShedReasons label MQTTStats.Shed, in order.
+var MQTTShedReasons = [3]string{"quota_exceeded", "server_busy", "use_another_server"}
 
 // RegisterMQTT registers the MQTT metrics, read from stats once per scrape.
 // Call it once, when MQTT is on.
@@ -745,12 +750,14 @@ var (
 	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the broker library's decoder (contained to the connection).", nil, nil)
 	mqttRestored  = prometheus.NewDesc("kettle_mqtt_sessions_restored_total", "New MQTT sessions put back into the broker library's client map or topic index after the end of the session they took over removed them.", nil, nil)
 	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
+	mqttShed      = prometheus.NewDesc("kettle_mqtt_connects_shed_total", "MQTT CONNECTs refused for capacity, by the reason an MQTT 5 kettle is told: quota_exceeded (over --mqtt-max-conns), server_busy (shedding load), use_another_server (either, with --mqtt-server-reference); MQTT 3.1.1 kettles get 0x03 for each.", []string{"reason"}, nil)
+	mqttMaxConns  = prometheus.NewDesc("kettle_mqtt_connections_max", "MQTT device connections this node accepts (--mqtt-max-conns); beyond it CONNECTs are refused with a reason.", nil, nil)
 )
 
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttRestored} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttRestored, mqttShed, mqttMaxConns} {
 		ch <- d
 	}
 }
@@ -775,4 +782,10 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttCmdDrop, s.CommandsDropped)
 	n(mqttMalformed, s.Malformed)
 	n(mqttRestored, s.TakeoverRepairs)
+	for i, v := range s.Shed {
+		n(mqttShed, v, MQTTShedReasons[i])
+	}
+	if s.MaxConns > 0 {
+		ch <- prometheus.MustNewConstMetric(mqttMaxConns, prometheus.GaugeValue, float64(s.MaxConns))
+	}
 }

@@ -28,7 +28,8 @@ import (
 type Config struct {
 	// Addr is the listen address, e.g. 127.0.0.1:1883 (":0" for any port).
 	Addr string
-	// MaxConns caps open MQTT connections; the excess is closed at accept.
+	// MaxConns caps open MQTT connections; a CONNECT past it is answered
+	// with a refusal that says why (Broker.shed).
 	// 0: 100,000. Each connection costs one file descriptor: keep it under
 	// the process's open-file limit minus what HTTP and the store need.
 	MaxConns int
@@ -68,6 +69,18 @@ type Config struct {
 	// and each such connection is reported to OnPreviousCredential.
 	PreviousSecret       []byte
 	OnPreviousCredential func(kind string, device kettle.DeviceID)
+	// ServerReference, when set, is where a kettle refused for capacity is
+	// sent (MQTT 5: 0x9C use another server, with this Server Reference,
+	// e.g. "mqtt2.example.net:8883"); empty: 0x97 quota exceeded over the
+	// cap, 0x89 server busy while shedding. MQTT 3.1.1 gets 0x03 either way.
+	ServerReference string
+	// StackTrim is how often a garbage collection runs while kettles are
+	// connected (0: never forced), to give back the stack each connection
+	// grew to handle its last packet (stacktrim.go).
+	StackTrim time.Duration
+	// Shedding, when set, reports whether the node is shedding load; new
+	// connections are refused meanwhile (connected kettles stay).
+	Shedding func() bool
 }
 
 func (c *Config) defaults() {
@@ -115,9 +128,13 @@ type Broker struct {
 	// (Config.MaxPendingRows); inflight counts their goroutines.
 	rows     *rowBudget
 	inflight sync.WaitGroup
+	bg       sync.WaitGroup // background loops other than the pusher (trimStacks)
 	// Lines kettles can cause at any rate, thinned (logthin): invalid
 	// payloads, refused connections.
 	badLog, refusedLog logthin.Limiter
+	// shedLog: at most one line a second about capacity refusals, with
+	// their count since the last one.
+	shedLog logthin.Limiter
 }
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
@@ -146,11 +163,15 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
 	}
 	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows),
-		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}}
+		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}, shedLog: logthin.Limiter{Burst: 1}}
+	b.counters.MaxConns.Store(int64(cfg.MaxConns))
 	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	b.srv = mqtt.New(&mqtt.Options{
-		Capabilities:             caps,
-		ClientNetReadBufferSize:  1024,
+		Capabilities: caps,
+		// Kept per connection for its life: a kettle's PUBLISH of one
+		// reading (~300 bytes) fits in one read; bigger packets are read
+		// straight into their own buffer past it.
+		ClientNetReadBufferSize:  512,
 		ClientNetWriteBufferSize: 1024,
 		SysTopicResendInterval:   3600,
 		InlineClient:             true,
@@ -178,6 +199,8 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		}
 	}
 	b.ln.ended = h.repairTakeover
+	b.ln.overCap = func(version byte) packets.Packet { return b.shed(ShedQuota, version) }
+	b.ln.refusing = make(chan struct{}, maxRefusing)
 	if err := b.srv.AddListener(b.ln); err != nil {
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
@@ -186,9 +209,44 @@ func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, l
 		return nil, fmt.Errorf("mqtt: serve: %w", err)
 	}
 	go b.push.run(b.ctx)
+	if cfg.StackTrim > 0 {
+		b.bg.Add(1)
+		go func() { defer b.bg.Done(); b.trimStacks(b.ctx, cfg.StackTrim) }()
+	}
 	log.Info("mqtt listener started", "addr", b.Addr(), "max_conns", cfg.MaxConns, "max_packet_bytes", cfg.MaxPacketBytes)
 	return b, nil
 }
+
+// shed counts and logs a capacity refusal and returns the CONNACK that says
+// why (see Config.ServerReference).
+func (b *Broker) shed(why ShedReason, version byte) packets.Packet {
+	code := packets.ErrQuotaExceeded
+	if why == ShedBusy {
+		code = packets.ErrServerBusy
+	}
+	var props packets.Properties
+	if b.cfg.ServerReference != "" {
+		why, code = ShedRedirect, packets.ErrUseAnotherServer
+		props.ServerReference = b.cfg.ServerReference
+	}
+	b.counters.Shed[why].Add(1)
+	if ok, skipped := b.shedLog.Allow(time.Now()); ok {
+		b.log.Warn("mqtt: connections refused for capacity", "reason", ShedReasonNames[why], "open", b.ln.open.Load(), "max_conns", b.cfg.MaxConns,
+			"server_reference", b.cfg.ServerReference, "refused_since_last_line", skipped+1)
+	}
+	ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ProtocolVersion: version, ReasonCode: code.Code}
+	if version < 5 {
+		ack.ReasonCode = v3ServerUnavailable
+	} else {
+		props.ReasonString = code.Reason
+		ack.Properties = props
+	}
+	return ack
+}
+
+// v3ServerUnavailable is MQTT 3.1.1's CONNACK return code 0x03: the
+// connection was refused because the server is unavailable.
+const v3ServerUnavailable = 0x03
 
 // Addr is the bound listen address.
 func (b *Broker) Addr() string { return b.ln.Address() }
@@ -203,6 +261,7 @@ func (b *Broker) Counters() *Counters { return b.counters }
 // fleet.Service.Close.
 func (b *Broker) Close() error {
 	b.cancel()
+	b.bg.Wait()
 	err := b.srv.Close()
 	if !b.ln.wait(b.cfg.ShutdownTimeout) {
 		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
@@ -284,6 +343,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		}
 		_ = h.b.srv.SendConnack(cl, sendCode, false, nil)
 		return code
+	}
+	if h.b.cfg.Shedding != nil && h.b.cfg.Shedding() {
+		ack := h.b.shed(ShedBusy, cl.Properties.ProtocolVersion)
+		_ = h.b.srv.SendConnack(cl, packets.Code{Code: ack.ReasonCode, Reason: ack.Properties.ReasonString}, false, &ack.Properties)
+		return packets.ErrServerBusy
 	}
 	if which == 1 && h.b.cfg.OnPreviousCredential != nil {
 		h.b.cfg.OnPreviousCredential("device", uid)

@@ -30,7 +30,26 @@ type Counters struct {
 	// library's client map or topic index after their predecessor's end
 	// removed them (hook.repairTakeover).
 	TakeoverRepairs atomic.Int64
+	// Shed counts CONNECTs refused for capacity, by the reason an MQTT 5
+	// kettle is told (ShedReason; 3.1.1 kettles get 0x03 for each).
+	Shed [shedReasons]atomic.Int64
+	// MaxConns is the connection cap (gauge), beside Connections.
+	MaxConns atomic.Int64
 }
+
+// ShedReason is why a CONNECT was refused for capacity.
+type ShedReason int
+
+// The capacity refusals, each with its MQTT 5 CONNACK reason code.
+const (
+	ShedQuota    ShedReason = iota // over the connection cap: 0x97 quota exceeded
+	ShedBusy                       // the node is shedding load: 0x89 server busy
+	ShedRedirect                   // either, with a server reference configured: 0x9C use another server
+	shedReasons
+)
+
+// ShedReasonNames are the metric labels of the ShedReasons, in order.
+var ShedReasonNames = [shedReasons]string{"quota_exceeded", "server_busy", "use_another_server"}
 
 // Stats is a plain copy of Counters.
 type Stats struct {
@@ -42,6 +61,8 @@ type Stats struct {
 	CommandsDropped              int64
 	Malformed                    int64
 	TakeoverRepairs              int64
+	Shed                         [shedReasons]int64
+	MaxConns                     int64
 }
 
 // Snapshot copies the counters.
@@ -63,6 +84,10 @@ func (c *Counters) Snapshot() Stats {
 	for i := range s.Publishes {
 		s.Publishes[i] = c.Publishes[i].Load()
 	}
+	for i := range s.Shed {
+		s.Shed[i] = c.Shed[i].Load()
+	}
+	s.MaxConns = c.MaxConns.Load()
 	return s
 }
 
@@ -84,5 +109,8 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int64("commands_dropped", s.CommandsDropped),
 		slog.Int64("malformed", s.Malformed),
 		slog.Int64("sessions_restored", s.TakeoverRepairs),
+		slog.Int64("shed_quota_exceeded", s.Shed[ShedQuota]),
+		slog.Int64("shed_server_busy", s.Shed[ShedBusy]),
+		slog.Int64("shed_use_another_server", s.Shed[ShedRedirect]),
 	)
 }

@@ -90,11 +90,24 @@
 // so a fork or a move to a device-only listener (paho.golang/packets is MQTT
 // 5 only, so it would need a 3.1.1 codec too) stays a local change.
 //
-// Measured (TestConnectionMemory, 5,000 real connections): ~33 KiB of Go
-// memory per connected kettle, three quarters of it the two goroutine stacks
-// mochi keeps per connection (its call chain passes ~1 KiB packets by value,
-// so the read goroutine's stack stays at 16 KiB): 100,000 kettles ≈ 3.2 GiB.
-// Bounded, but that is the main cost of this choice; a device-only listener
-// with one small-stack reader per connection (or an epoll loop) could get to
-// a few KiB, and is the next step if memory, not the store, limits a node.
+// Memory per connection is mostly those two goroutines' stacks. Handling a
+// packet grows the reading goroutine's stack to 16–32 KiB (mochi passes its
+// ~800-byte Packet by value down the call chain), and an idle connection's
+// cannot go below 16 KiB: the frames it waits in (attachClient, Client.Read)
+// hold about 4.5 KiB of locals, and Go halves a stack only while less than
+// a quarter of it is in use. Config.StackTrim (kettle serve
+// --mqtt-stack-trim) forces collections so that stacks get back to that
+// floor, and the heap to its live size, soon after each packet, for CPU.
+// Below that floor takes a device-only listener: one reading goroutine per
+// connection whose idle frames are small (or an epoll loop), on this
+// package's hooks' logic and mochi's packets codec (bench/mqtt-memory.sh
+// compares any of them with a bare Mosquitto).
+//
+// Over Config.MaxConns the listener still reads the CONNECT and answers
+// with a reason (0x97 quota exceeded, 0x9C use another server with
+// Config.ServerReference; 3.1.1: 0x03), as OnConnect does while the node
+// sheds load (0x89): a kettle told why backs off, one whose connection is
+// just closed retries at once. At most maxRefusing refusals run at once;
+// past that the listener stops accepting and the kernel's queue holds the
+// rest.
 package mqttapi

@@ -51,6 +51,13 @@ func start(t testing.TB, fc fleet.Config) *env {
 // startLog is start with the log written to log.
 func startLog(t testing.TB, fc fleet.Config, log *slog.Logger) *env {
 	t.Helper()
+	return startWith(t, fc, mqttapi.Config{}, log)
+}
+
+// startWith is startLog with the listener configured by mc (Addr and
+// CommandTick are set here).
+func startWith(t testing.TB, fc fleet.Config, mc mqttapi.Config, log *slog.Logger) *env {
+	t.Helper()
 	ctx := context.Background()
 	e := &env{path: t.TempDir() + "/k.db"}
 	var err error
@@ -62,7 +69,8 @@ func startLog(t testing.TB, fc fleet.Config, log *slog.Logger) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.broker, err = mqttapi.Start(ctx, mqttapi.Config{Addr: "127.0.0.1:0", CommandTick: 100 * time.Millisecond}, e.svc, secret, log)
+	mc.Addr, mc.CommandTick = "127.0.0.1:0", 100*time.Millisecond
+	e.broker, err = mqttapi.Start(ctx, mc, e.svc, secret, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,12 @@
 package mqttapi
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 var _ listeners.Listener = (*listener)(nil)
@@ -50,7 +54,27 @@ type listener struct {
 	// ended runs on a connection's goroutine once the broker library is
 	// done with its session (see hook.repairTakeover). nil: nothing.
 	ended func(*conn)
+	// overCap builds the CONNACK refusing a CONNECT over maxConns (and
+	// counts it); nil: such connections are closed at accept.
+	overCap func(version byte) packets.Packet
+	// refusing bounds the connections being refused at once: each holds a
+	// file descriptor until its CONNACK is out (refuse).
+	refusing chan struct{}
 }
+
+// maxRefusing is how many connections over the cap are answered at once;
+// past it the listener stops accepting until one is done, so refusals hold
+// at most this many file descriptors beyond the cap, and a storm waits in
+// the kernel's accept queue instead.
+const maxRefusing = 256
+
+// refuseTimeout bounds a refusal: the TLS handshake and the CONNECT must
+// arrive within it (a kettle sends CONNECT at once).
+const refuseTimeout = 3 * time.Second
+
+// maxConnectBytes is the largest CONNECT a refusal reads: a kettle's is a
+// few hundred bytes (no Will: refused anyway).
+const maxConnectBytes = 4 << 10
 
 func (l *listener) Init(log *slog.Logger) error {
 	ln, err := net.Listen("tcp", l.addr)
@@ -82,7 +106,20 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		delay = 0
 		if l.open.Add(1) > l.maxConns {
 			l.open.Add(-1)
-			nc.Close() // over the cap: no CONNACK, the client backs off and retries
+			if l.overCap == nil {
+				nc.Close()
+				continue
+			}
+			// Over the cap: read its CONNECT and say why in a CONNACK, so
+			// the kettle backs off (or goes where it is told) instead of
+			// retrying a bare close at once.
+			l.refusing <- struct{}{} // at most maxRefusing at once: accepting waits
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				defer func() { <-l.refusing }()
+				l.refuse(nc)
+			}()
 			continue
 		}
 		var tc *tls.Conn
@@ -128,6 +165,51 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 				l.ended(c)
 			}
 		}()
+	}
+}
+
+// refuse answers nc's CONNECT with the over-the-cap CONNACK and closes it.
+// A connection that sends no valid CONNECT within refuseTimeout is closed.
+func (l *listener) refuse(nc net.Conn) {
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(refuseTimeout))
+	c := nc
+	if l.tls != nil {
+		tc := tls.Server(nc, l.tls)
+		if err := tc.Handshake(); err != nil {
+			if l.tlsFailed != nil {
+				l.tlsFailed()
+			}
+			return
+		}
+		c = tc
+	}
+	br := bufio.NewReaderSize(c, 512)
+	hb, err := br.ReadByte()
+	if err != nil {
+		return
+	}
+	var fh packets.FixedHeader
+	if fh.Decode(hb) != nil || fh.Type != packets.Connect {
+		return
+	}
+	n, _, err := packets.DecodeLength(br)
+	if err != nil || n > maxConnectBytes {
+		return
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return
+	}
+	fh.Remaining = n
+	pk := packets.Packet{FixedHeader: fh}
+	if err := pk.ConnectDecode(body); err != nil {
+		return
+	}
+	ack := l.overCap(pk.ProtocolVersion)
+	var buf bytes.Buffer
+	if ack.ConnackEncode(&buf) == nil {
+		_, _ = c.Write(buf.Bytes())
 	}
 }
 

@@ -109,8 +109,10 @@ func memNow() mem {
 
 // connectAndSubscribe is a minimal 3.1.1 kettle: bare socket, no buffers
 // kept.
-func connectAndSubscribe(addr string) (net.Conn, error) {
-	id := uuid.New()
+func connectAndSubscribe(addr string) (net.Conn, error) { return connectAs(addr, uuid.New()) }
+
+// connectAs is connectAndSubscribe as device id.
+func connectAs(addr string, id uuid.UUID) (net.Conn, error) {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		return nil, err

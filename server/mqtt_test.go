@@ -37,7 +37,7 @@ func TestMQTTWiring(t *testing.T) {
 		t.Errorf("after PUBACK the store holds %+v", d)
 	}
 	m := c.do("GET", "/metrics", nil, "")
-	for _, want := range []string{`kettle_mqtt_publishes_total{qos="1"} 1`, `kettle_mqtt_readings_total 1`, `kettle_mqtt_connections 1`} {
+	for _, want := range []string{`kettle_mqtt_publishes_total{qos="1"} 1`, `kettle_mqtt_readings_total 1`, `kettle_mqtt_connections 1`, `kettle_mqtt_connections_max `, `kettle_mqtt_connects_shed_total{reason="quota_exceeded"} 0`} {
 		if !strings.Contains(string(m.body), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

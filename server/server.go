@@ -274,7 +274,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.MQTT.TLS = s.tls.Config()
 		cfg.MQTT.TLSHandshakeFailed = func() { s.handshakeErrors.Add(1) }
 	}
+	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
+		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	if cfg.MQTT.Addr != "" {
+		cfg.MQTT.Shedding = s.admit.shedding.Load // new kettles are refused 0x89 while ingest is shed
 		if cfg.MQTT.MaxConns <= 0 {
 			// The open-file limit is one budget: MQTT and HTTP share it.
 			cfg.MQTT.MaxConns = cfg.MaxConns / 2
@@ -305,8 +308,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
 		}
 	}
-	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
-		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
 	s.admit.start()
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret,
 		PreviousOperatorToken: cfg.PreviousOperatorToken, PreviousSecret: []byte(cfg.PreviousSecret), OnPreviousCredential: s.previousUsed,

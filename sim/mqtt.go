@@ -265,7 +265,7 @@ func (s *Swarm) handshake(k *kettleState, c *mqConn) (uint16, error) {
 		return 0, fmt.Errorf("want CONNACK, got %s", p.PacketType())
 	}
 	if ca.ReasonCode >= 0x80 {
-		return 0, refusal{kind: fmt.Sprintf("connack_0x%02x", ca.ReasonCode), busy: busyCode(ca.ReasonCode)}
+		return 0, refusal{kind: connackKind(ca.ReasonCode), busy: busyCode(ca.ReasonCode)}
 	}
 	serverMax := uint16(65535)
 	if ca.Properties != nil && ca.Properties.ReceiveMaximum != nil && *ca.Properties.ReceiveMaximum > 0 {
@@ -303,14 +303,33 @@ func (s *Swarm) handshake(k *kettleState, c *mqConn) (uint16, error) {
 	}
 }
 
-// busyCode tells a reason code that means "not now" (server busy or
-// unavailable, quota, rate) from one that refuses the kettle.
+// busyCode tells a reason code that means "not now, or not here" (server
+// busy or unavailable, quota, rate, use another server) from one that
+// refuses the kettle. The swarm has one target, so a kettle sent to another
+// server retries this one with the longer backoff.
 func busyCode(code byte) bool {
-	switch code {
-	case packets.ConnackServerUnavailable, packets.ConnackServerBusy, packets.ConnackQuotaExceeded, packets.ConnackConnectionRateExceeded:
-		return true
+	_, ok := capacityCodes[code]
+	return ok
+}
+
+// capacityCodes name the CONNACK refusals that are about the server's
+// capacity, not the kettle, for the error counts.
+var capacityCodes = map[byte]string{
+	packets.ConnackServerUnavailable:      "server_unavailable",
+	packets.ConnackServerBusy:             "server_busy",
+	packets.ConnackQuotaExceeded:          "quota_exceeded",
+	packets.ConnackConnectionRateExceeded: "connection_rate_exceeded",
+	packets.ConnackUseAnotherServer:       "use_another_server",
+	packets.ConnackServerMoved:            "server_moved",
+}
+
+// connackKind is the error kind of a refused CONNECT: connack_0x97, and the
+// reason's name for a capacity refusal (connack_0x97_quota_exceeded).
+func connackKind(code byte) string {
+	if name, ok := capacityCodes[code]; ok {
+		return fmt.Sprintf("connack_0x%02x_%s", code, name)
 	}
-	return false
+	return fmt.Sprintf("connack_0x%02x", code)
 }
 
 func isTimeout(err error) bool {

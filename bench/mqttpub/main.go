@@ -20,10 +20,12 @@ package main
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -53,6 +55,8 @@ var (
 	label     = flag.String("label", "", "label printed at the start of the result line")
 	pids      = flag.String("pid", "", "comma-separated pids whose CPU to report (e.g. the broker)")
 	tree      = flag.String("tree", "", "NAME=PID: also report the CPU of PID and its children, summed (e.g. postgres=<postmaster pid>)")
+	interval  = flag.Duration("interval", 0, "open model at a kettle's cadence: each connection sends one message every interval (first at a random offset), one in flight; 0: closed loop, as fast as -inflight allows")
+	jsonOut   = flag.Bool("json", false, "print the result as one JSON object (for scripts) instead of a line")
 )
 
 type stats struct {
@@ -70,6 +74,9 @@ func main() {
 	}
 	if *batch < 1 || *batch > kettle.MaxBatch || *inflight < 1 || *inflight > 65535 {
 		fatal(errors.New("-batch 1..1000, -inflight 1..65535"))
+	}
+	if *interval > 0 {
+		*inflight = 1
 	}
 	st := &stats{hist: hdrhistogram.New(1, 120_000_000, 3)}
 	var up, down atomic.Int64
@@ -104,28 +111,99 @@ func main() {
 	p50, p99 := float64(st.hist.ValueAtQuantile(50))/1000, float64(st.hist.ValueAtQuantile(99))/1000
 	st.mu.Unlock()
 	ok, failed := st.ok.Load(), st.failed.Load()
-	var b strings.Builder
-	if *label != "" {
-		b.WriteString(*label + ": ")
-	}
-	fmt.Fprintf(&b, "%.0f msgs/s, %.0f readings/s (conns %d up %d, inflight %d, batch %d, %.0fs): PUBACK p50 %.1fms p99 %.1fms, failed %d",
-		float64(ok)/el, float64(st.readings.Load())/el, *conns, up.Load()-down.Load(), *inflight, *batch, el, p50, p99, failed)
+	res := result{Label: *label, Conns: *conns, Up: up.Load() - down.Load(), Seconds: el,
+		MsgsPerSec: float64(ok) / el, ReadingsPerSec: float64(st.readings.Load()) / el, Acked: ok, Failed: failed,
+		P50ms: p50, P99ms: p99, CPUSeconds: map[string]float64{}, RSSKiB: rssOf(),
+		PublisherCPUPct: (self1 - self0) / el * 100, MachineBusyPct: busyPct(machine0, machine1), Cores: numCPU()}
 	st.reasons.Range(func(k, v any) bool {
-		fmt.Fprintf(&b, " reason_0x%02x=%d", k, v.(*atomic.Int64).Load())
+		if res.Reasons == nil {
+			res.Reasons = map[string]int64{}
+		}
+		res.Reasons[fmt.Sprintf("0x%02x", k)] = v.(*atomic.Int64).Load()
 		return true
 	})
 	for name, t := range cpu1 {
-		fmt.Fprintf(&b, "; %s CPU %.0f%%", name, (t-cpu0[name])/el*100)
+		res.CPUSeconds[name] = t - cpu0[name]
 	}
-	fmt.Fprintf(&b, "; publisher CPU %.0f%%; machine busy %.0f%% of %d cores", (self1-self0)/el*100,
-		busyPct(machine0, machine1), numCPU())
-	fmt.Println(b.String())
+	if *jsonOut {
+		_ = json.NewEncoder(os.Stdout).Encode(res)
+	} else {
+		fmt.Println(res.line(*inflight, *batch))
+	}
 	if e := firstErr.Load(); e != nil && up.Load()-down.Load() < int64(*conns) {
 		fmt.Fprintf(os.Stderr, "mqttpub: %d of %d connections ended early; first error: %v\n", down.Load(), *conns, e)
 	}
 	if ok == 0 {
 		os.Exit(1)
 	}
+}
+
+// result is one run's figures (-json prints it as is).
+type result struct {
+	Label           string             `json:"label,omitempty"`
+	Conns           int                `json:"conns"`
+	Up              int64              `json:"up"` // connected at the end of the window
+	Seconds         float64            `json:"seconds"`
+	MsgsPerSec      float64            `json:"msgs_per_s"`
+	ReadingsPerSec  float64            `json:"readings_per_s"`
+	Acked           int64              `json:"acked"`
+	Failed          int64              `json:"failed"`
+	Reasons         map[string]int64   `json:"puback_reasons,omitempty"`
+	P50ms           float64            `json:"puback_p50_ms"`
+	P99ms           float64            `json:"puback_p99_ms"`
+	CPUSeconds      map[string]float64 `json:"cpu_s"`   // over the window, per -pid / -tree
+	RSSKiB          map[string]int64   `json:"rss_kib"` // at the end of the window, per -pid
+	PublisherCPUPct float64            `json:"publisher_cpu_pct"`
+	MachineBusyPct  float64            `json:"machine_busy_pct"`
+	Cores           int                `json:"cores"`
+}
+
+func (r result) line(inflight, batch int) string {
+	var b strings.Builder
+	if r.Label != "" {
+		b.WriteString(r.Label + ": ")
+	}
+	fmt.Fprintf(&b, "%.0f msgs/s, %.0f readings/s (conns %d up %d, inflight %d, batch %d, %.0fs): PUBACK p50 %.1fms p99 %.1fms, failed %d",
+		r.MsgsPerSec, r.ReadingsPerSec, r.Conns, r.Up, inflight, batch, r.Seconds, r.P50ms, r.P99ms, r.Failed)
+	for k, v := range r.Reasons {
+		fmt.Fprintf(&b, " reason_%s=%d", k, v)
+	}
+	for name, t := range r.CPUSeconds {
+		fmt.Fprintf(&b, "; %s CPU %.0f%%", name, t/r.Seconds*100)
+	}
+	for name, kib := range r.RSSKiB {
+		fmt.Fprintf(&b, "; %s RSS %d KiB", name, kib)
+	}
+	fmt.Fprintf(&b, "; publisher CPU %.0f%%; machine busy %.0f%% of %d cores", r.PublisherCPUPct, r.MachineBusyPct, r.Cores)
+	return b.String()
+}
+
+// rssOf is the resident set of each -pid process, KiB.
+func rssOf() map[string]int64 {
+	out := map[string]int64{}
+	for _, p := range strings.Split(*pids, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + p + "/status")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kib, _ := strconv.ParseInt(f[1], 10, 64)
+				out[procName(p)] = kib
+			}
+		}
+	}
+	return out
+}
+
+func procName(p string) string {
+	if c, err := os.ReadFile("/proc/" + p + "/comm"); err == nil {
+		return strings.TrimSpace(string(c)) + " (" + p + ")"
+	}
+	return "pid " + p
 }
 
 func fatal(err error) {
@@ -221,10 +299,21 @@ func run(i int, st *stats, up *atomic.Int64) error {
 
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	var seq int64
+	next := time.Now().Add(rand.N(max(*interval, 1))) // open model: this kettle's first send
 	pkt := make([]byte, 0, 512)
 	payload := make([]byte, 0, 256)
 	for {
 		var pid uint16
+		if *interval > 0 {
+			t := time.NewTimer(time.Until(next))
+			select {
+			case <-t.C:
+			case err := <-errc:
+				t.Stop()
+				return err
+			}
+			next = next.Add(*interval)
+		}
 		select {
 		case pid = <-free:
 		case err := <-errc:
@@ -246,9 +335,16 @@ func run(i int, st *stats, up *atomic.Int64) error {
 				payload = append(payload, ']')
 			}
 			pkt = publishPacket(pkt[:0], topic, pid, payload)
-			atomic.StoreInt64(&sent[pid], time.Now().UnixNano())
+			sentAt := time.Now()
+			if *interval > 0 {
+				sentAt = next.Add(-*interval) // from the intended time: a late send counts against the broker
+			}
+			atomic.StoreInt64(&sent[pid], sentAt.UnixNano())
 			if _, err := bw.Write(pkt); err != nil {
 				return err
+			}
+			if *interval > 0 {
+				break
 			}
 			select {
 			case pid = <-free: // more room: keep filling the buffer
@@ -383,12 +479,8 @@ func cpuOf() map[string]float64 {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		name := "pid " + p
-		if c, err := os.ReadFile("/proc/" + p + "/comm"); err == nil {
-			name = strings.TrimSpace(string(c)) + " (" + p + ")"
-		}
 		if t, ok := procCPU(p); ok {
-			out[name] = t
+			out[procName(p)] = t
 		}
 	}
 	if name, root, ok := strings.Cut(*tree, "="); ok {

@@ -126,6 +126,8 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
 	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
+	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")
+	fs.StringVar(&cfg.MQTT.ServerReference, "mqtt-server-reference", "", "where kettles refused for capacity (over --mqtt-max-conns, or while shedding) are sent: MQTT 5 gets CONNACK 0x9C use another server with this Server Reference, e.g. mqtt2.example.net:1883; empty: 0x97 quota exceeded over the cap, 0x89 server busy while shedding (MQTT 3.1.1: 0x03 either way)")
 	fs.DurationVar(&cfg.MQTT.WriteTimeout, "mqtt-write-timeout", 10*time.Second, "a write to a kettle that takes longer closes its connection (a kettle that stops reading cannot stall others)")
 	fs.StringVar(&cfg.MQTTBroker.BrokerURL, "mqtt-broker", "", "consume from an external MQTT 5 broker instead, e.g. tcp://127.0.0.1:1883 or tls://broker:8883 (shared subscription $share/<mqtt-share>/kettles/+/measurements)")
 	fs.StringVar(&cfg.MQTTBroker.CAFile, "mqtt-broker-ca", "", "PEM certificate(s) to trust for a TLS --mqtt-broker (tls://host:8883; empty: the system's roots)")

@@ -59,6 +59,7 @@ var parts = []part{
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
+	{"mqttstorm", "7. MQTT reconnect storm (a lost node's kettles reconnect at once)", partMQTTStorm},
 }
 
 // env is what every part shares.
@@ -72,6 +73,9 @@ type env struct {
 	overloadDuration time.Duration
 	overloadInterval time.Duration
 	log              *os.File // chaos.log: every process's output and our notes
+	// mqttstorm's fleet sizes (mqttstorm.go)
+	stormHeld, stormKettles, stormMaxConns int
+	stormWindow                            time.Duration
 }
 
 func (e *env) logf(format string, a ...any) {
@@ -89,6 +93,7 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
+  mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
 Flags:
@@ -102,6 +107,10 @@ func main() {
 	omc := fs.Int("overload-max-conns", 4000, "overload: kettle serve --max-conns (the swarm uses 3000 connections)")
 	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the 10× load lasts")
 	oiv := fs.Duration("overload-interval", 750*time.Millisecond, "overload: each of the 20,000 swarm kettles' interval (750ms = 10× the request rate of the 80,000 kettles kettle capacity measured at 30 s; 3s = 10× the 20,000-kettle fleet)")
+	sheld := fs.Int("storm-held", 16000, "mqttstorm: MQTT kettles the node holds")
+	skettles := fs.Int("storm-kettles", 16000, "mqttstorm: kettles reconnecting at once")
+	swindow := fs.Duration("storm-window", 10*time.Second, "mqttstorm: the window they reconnect in")
+	smax := fs.Int("storm-max-conns", 18500, "mqttstorm: the node's --mqtt-max-conns (one process has 20,000 open files here)")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	fs.Parse(os.Args[1:])
 	names := fs.Args()
@@ -141,7 +150,8 @@ func main() {
 		fatal(err)
 	}
 	defer logf.Close()
-	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadInterval: *oiv}
+	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadInterval: *oiv,
+		stormHeld: *sheld, stormKettles: *skettles, stormWindow: *swindow, stormMaxConns: *smax}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

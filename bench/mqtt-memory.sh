@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Issue 47: what one MQTT connection costs a node, kettle serve (embedded
+# store) side by side with a bare Mosquitto (Debian's; no auth, no storage,
+# persistence off) under the same publisher: bench/mqttpub holding CONNS
+# kettles, each sending one QoS 1 reading every INTERVAL (open model, one in
+# flight). Per target: RSS per connection ((RSS at the end of the window −
+# RSS before the first connect) / connections up), CPU per acknowledged
+# message (the target's CPU over the window / PUBACKs), PUBACK p99, and for
+# kettle serve its Go stack and heap per connection (/metrics).
+#
+# Targets run one after another, ROUNDS times interleaved (A B M A B M …), so
+# that a neighbour's load on the shared machine falls on all of them alike:
+#   A: KETTLE_A (a prebuilt kettle, e.g. main's) with A_ARGS / A_ENV, if set
+#   B: this tree's kettle with B_ARGS / B_ENV
+#   M: Mosquitto
+#
+#   bench/mqtt-memory.sh
+#   CONNS=2000 HOLD=35 bench/mqtt-memory.sh                        # a quick look
+#   KETTLE_A=/tmp/kettle-main B_ARGS="--mqtt-stack-trim 2s" bench/mqtt-memory.sh
+#
+# Appends one JSON line to bench/results.jsonl. Bounded: each target runs
+# WARMUP+HOLD seconds, every process it starts is killed at exit; traffic
+# goes to 127.0.47.x only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONNS=${CONNS:-10000}
+INTERVAL=${INTERVAL:-30s}
+HOLD=${HOLD:-40}                     # measured seconds (> INTERVAL: every kettle sends in it)
+CONNECT_RATE=${CONNECT_RATE:-2000}
+WARMUP=${WARMUP:-$((CONNS / CONNECT_RATE + 15))}
+ROUNDS=${ROUNDS:-1}
+HOST=${HOST:-127.0.47.1}
+MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
+[ -x "$MOSQUITTO" ] || { echo "mosquitto missing: run make deps (Debian package mosquitto)" >&2; exit 1; }
+[ "$(ulimit -n)" -gt $((CONNS + 200)) ] || { echo "open-file limit $(ulimit -n) too low for CONNS=$CONNS" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/kettle-mqttmem-XXXXXX)
+spid=
+cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+go build -o "$work/B" ./cmd/kettle
+go build -o "$work/mqttpub" ./bench/mqttpub
+targets="B M"
+if [ -n "${KETTLE_A:-}" ]; then cp "$KETTLE_A" "$work/A"; targets="A B M"; fi
+cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" }B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
+echo "rerun: $cmdline"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+rss_kib() { awk '/^VmRSS/{print $2}' "/proc/$1/status"; }
+port=21883
+run() { # TARGET ROUND → one JSON object in $work/runs
+	local t=$1 r=$2 secret="" hport mport
+	port=$((port + 2)); mport=$port; hport=$((port + 1))
+	local d="$work/$t$r"
+	mkdir -p "$d"
+	if [ "$t" = M ]; then
+		printf 'listener %s %s\nallow_anonymous true\npersistence false\nmax_connections -1\nlog_dest none\n' "$mport" "$HOST" >"$d/mosquitto.conf"
+		"$MOSQUITTO" -c "$d/mosquitto.conf" &
+		spid=$!
+		sleep 1
+	else
+		local args env
+		if [ "$t" = A ]; then args=${A_ARGS:-}; env=${A_ENV:-}; else args=${B_ARGS:-}; env=${B_ENV:-}; fi
+		# shellcheck disable=SC2086
+		env $env "$work/$t" serve --data-dir "$d/data" --db "sqlite:$d/data/k.db" --addr "$HOST:$hport" \
+			--mqtt-addr "$HOST:$mport" --mqtt-max-conns $((CONNS + 100)) --access-log-sample 0 --log-level warn $args >"$d/serve.log" 2>&1 &
+		spid=$!
+		for _ in $(seq 150); do curl -fsS "http://$HOST:$hport/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+		curl -fsS "http://$HOST:$hport/readyz" >/dev/null || { cat "$d/serve.log"; exit 1; }
+		secret=$(cat "$d/data/secret")
+		sleep 2
+	fi
+	local rss0
+	rss0=$(rss_kib "$spid")
+	"$work/mqttpub" -addr "$HOST:$mport" -conns "$CONNS" -interval "$INTERVAL" -connect-rate "$CONNECT_RATE" \
+		-warmup "${WARMUP}s" -duration "${HOLD}s" ${secret:+-secret "$secret"} -pid "$spid" -json -label "$t" >"$d/pub.json" &
+	local ppid=$!
+	: >"$d/metrics"
+	sleep $((WARMUP + HOLD - 2)) # Go's stack and heap while every kettle is still connected
+	if [ "$t" != M ]; then curl -fsS "http://$HOST:$hport/metrics" >"$d/metrics" || true; fi
+	wait "$ppid"
+	kill "$spid"
+	wait "$spid" 2>/dev/null || true
+	spid=
+	python3 - "$d" "$t" "$rss0" >>"$work/runs" <<'EOF'
+import json, re, sys
+d, t, rss0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
+p = json.load(open(d + "/pub.json"))
+m = open(d + "/metrics").read()
+def g(name):
+    x = re.search(r"^" + name + r" (\S+)$", m, re.M)
+    return float(x.group(1)) if x else None
+up = max(p["up"], 1)
+rss = list(p["rss_kib"].values())[0]
+cpu = list(p["cpu_s"].values())[0]
+o = {"target": t, "up": p["up"], "rss_per_conn_kib": (rss - rss0) / up, "rss_kib": rss, "rss0_kib": rss0,
+     "cpu_ms_per_msg": cpu * 1000 / max(p["acked"], 1), "cpu_pct": cpu / p["seconds"] * 100,
+     "msgs_per_s": p["msgs_per_s"], "puback_p99_ms": p["puback_p99_ms"], "failed": p["failed"]}
+for k, n in (("stack_per_conn_kib", "go_memstats_stack_inuse_bytes"), ("heap_per_conn_kib", "go_memstats_heap_inuse_bytes")):
+    v = g(n)
+    if v is not None:
+        o[k] = v / up / 1024
+print(json.dumps(o))
+EOF
+	tail -1 "$work/runs"
+}
+for r in $(seq "$ROUNDS"); do
+	for t in $targets; do run "$t" "$r"; done
+done
+
+python3 - "$work/runs" "$cmdline" <<'EOF' | tee -a bench/results.jsonl
+import json, subprocess, sys, time, statistics
+runs = [json.loads(l) for l in open(sys.argv[1])]
+names = {"A": "kettle_a", "B": "kettle", "M": "mosquitto"}
+figs, med = [], {}
+for t in ("A", "B", "M"):
+    rs = [r for r in runs if r["target"] == t]
+    if not rs:
+        continue
+    for key, unit in (("rss_per_conn_kib", "KiB"), ("cpu_ms_per_msg", "ms"), ("puback_p99_ms", "ms"), ("up", "connections"),
+                      ("stack_per_conn_kib", "KiB"), ("heap_per_conn_kib", "KiB")):
+        vals = [r[key] for r in rs if key in r]
+        if vals:
+            med[(t, key)] = statistics.median(vals)
+            figs.append({"name": f"{names[t]}_{key}", "value": round(med[(t, key)], 3), "unit": unit})
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+rec = {"bench": "mqtt-memory.sh", "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+       "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+       "machine": {"cores": len([l for l in open("/proc/cpuinfo") if l.startswith("processor")]), "cpu_model": model,
+                   "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
+       "command": sys.argv[2], "figures": figs}
+if ("B", "rss_per_conn_kib") in med and med.get(("M", "rss_per_conn_kib")):
+    rec["ceiling"] = {"name": "mosquitto_rss_per_conn_kib", "value": round(med[("M", "rss_per_conn_kib")], 3), "unit": "KiB"}
+    rec["ratio"] = round(med[("B", "rss_per_conn_kib")] / med[("M", "rss_per_conn_kib")], 2)
+print(json.dumps(rec))
+EOF
