@@ -22,6 +22,7 @@ import (
 
 	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // ReportingWindow is how recently a device must have stored a reading to
@@ -64,12 +65,21 @@ type API struct {
 	mux    *http.ServeMux
 	routes []string
 	tokens *tokenCache
+	// strict holds every route of mux but its catch-all: asked only for a
+	// request no route took, it tells 405 (with the methods the path
+	// allows) from 404, by the mux's own matching rules.
+	strict *http.ServeMux
+	ids    requestIDs
+	// errLog thins the log lines that carry the internal cause of a
+	// failed request (an outage fails thousands a second).
+	errLog logthin.Limiter
 }
 
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), ids: newRequestIDs()}
+	a.errLog.Burst = 10
 	a.tokens = newTokenCache(cfg.Secret, cfg.PreviousSecret, func(id kettle.DeviceID) { a.previousUsed("device", id) })
 	m := routeRecorder{a}
 	// Case-study protocol.
@@ -96,11 +106,34 @@ func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(OpenAPI)
 	})
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, a.log, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", r.Method, truncate(r.URL.Path, 128)))
-	})
+	a.mux.HandleFunc("/", a.noRoute)
 	return a
 }
+
+// noRoute answers a request no route took: 405 with Allow when the path
+// has routes for other methods, else 404; both as JSON errors.
+func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
+	h, _ := a.strict.Handler(r)
+	probe := &statusProbe{header: http.Header{}}
+	h.ServeHTTP(probe, r)
+	if probe.status == http.StatusMethodNotAllowed {
+		allow := probe.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", truncate(r.Method, 16), truncate(r.URL.Path, 128), allow))
+		return
+	}
+	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", truncate(r.Method, 16), truncate(r.URL.Path, 128)))
+}
+
+// statusProbe records what the strict mux's own 404/405 handler answers.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.status = code }
 
 // routeRecorder registers on the mux and remembers the API's own routes, so
 // a test can hold the OpenAPI document against them.
@@ -108,6 +141,7 @@ type routeRecorder struct{ a *API }
 
 func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 	r.a.mux.HandleFunc(pattern, h)
+	r.a.strict.HandleFunc(pattern, h)
 	if strings.Contains(pattern, " ") {
 		r.a.routes = append(r.a.routes, pattern)
 	}
@@ -117,7 +151,10 @@ func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 func (a *API) Routes() []string { return append([]string(nil), a.routes...) }
 
 // Handle mounts another handler on the API's mux (the dashboard).
-func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+func (a *API) Handle(pattern string, h http.Handler) {
+	a.mux.Handle(pattern, h)
+	a.strict.Handle(pattern, h)
+}
 
 // HandleRoute mounts a handler that is part of the documented API (e.g.
 // /metrics): it is listed by Routes and must be in the OpenAPI document.
@@ -125,15 +162,24 @@ func (a *API) HandleRoute(pattern string, h http.Handler) {
 	routeRecorder{a}.HandleFunc(pattern, h.ServeHTTP)
 }
 
-// ServeHTTP serves the routes.
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the routes. Every answer carries an X-Request-Id (the
+// client's or a proxy's when it sent a usable one): an error body repeats
+// it, and the log line with the error's internal cause names it.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header()[RequestIDHeader] = []string{a.ids.of(r)}
+	a.mux.ServeHTTP(w, r)
+}
 
 // ---- errors and JSON ----
 
-type errorBody struct {
-	Error   kettle.Code         `json:"error"`
-	Message string              `json:"message"`
-	Fields  []kettle.FieldError `json:"fields,omitempty"`
+// ErrorJSON is every error answer's body: a stable code, a message for a
+// person (never the internal cause: no driver, SQL, DSN or path text), the
+// bad fields, and the request id the server's log names it by.
+type ErrorJSON struct {
+	Error     kettle.Code         `json:"error"`
+	Message   string              `json:"message"`
+	Fields    []kettle.FieldError `json:"fields,omitempty"`
+	RequestID string              `json:"request_id"`
 }
 
 // Status maps an error code to its HTTP status — the one place this happens.
@@ -153,6 +199,8 @@ func Status(code kettle.Code) int {
 		return http.StatusTooManyRequests
 	case kettle.EUnavailable:
 		return http.StatusServiceUnavailable
+	case kettle.EMethod:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }
@@ -160,11 +208,16 @@ func Status(code kettle.Code) int {
 // maxFieldsAnswered is how many field errors a 4xx answer lists.
 const maxFieldsAnswered = 100
 
-func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
+func (a *API) writeError(w http.ResponseWriter, err error) {
+	id := w.Header().Get(RequestIDHeader)
 	var e *kettle.Error
 	if !errors.As(err, &e) {
-		e = &kettle.Error{Code: kettle.EInternal, Message: "internal error; see the server log"}
-		log.Error("internal error", "err", err)
+		e = &kettle.Error{Code: kettle.EInternal, Message: "internal error; the server log names this request id", Cause: err}
+	}
+	if e.Cause != nil {
+		if ok, skipped := a.errLog.Allow(time.Now()); ok {
+			a.log.Warn("request failed", "request_id", id, "code", string(e.Code), "err", e.Error(), "similar_not_logged_since_last_line", skipped)
+		}
 	}
 	status := Status(e.Code)
 	if e.Code == kettle.EUnavailable || e.Code == kettle.ETooMany {
@@ -183,7 +236,7 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 		// readings would be a ~500 KB answer to a 3 KB request.
 		fields = append(fields[:maxFieldsAnswered:maxFieldsAnswered], kettle.FieldError{Field: "…", Message: fmt.Sprintf("%d more field errors not listed", len(e.Fields)-maxFieldsAnswered)})
 	}
-	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: fields})
+	writeJSON(w, status, ErrorJSON{Error: e.Code, Message: e.Public(), Fields: fields, RequestID: id})
 }
 
 // writeJSON answers v as JSON with goccy/go-json, as the ingest path
@@ -246,15 +299,15 @@ func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if !ok {
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "operator token required: send Authorization: Bearer <token> (kettle serve prints where it is kept)"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "operator token required: send Authorization: Bearer <token> (kettle serve prints where it is kept)"))
 			return
 		}
 		if !a.isOperator(tok) {
 			if a.isDeviceToken(tok) {
-				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
+				a.writeError(w, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
 				return
 			}
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "wrong operator token"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "wrong operator token"))
 			return
 		}
 		h(w, r)
@@ -336,7 +389,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := uuid.Parse(r.PathValue("id"))
 		if err != nil {
-			writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
+			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
 			return
 		}
 		tok, ok := bearer(r)
@@ -345,21 +398,21 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 			return
 		}
 		if !ok {
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "token required: send Authorization: Bearer <operator or device token>"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "token required: send Authorization: Bearer <operator or device token>"))
 			return
 		}
 		if !a.isOperator(tok) {
 			dev, ok := a.tokens.verify(tok)
 			if !ok || a.svc.Revoked(dev) {
-				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
+				a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
 				return
 			}
 			if dev != id {
-				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
+				a.writeError(w, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
 				return
 			}
 			if err := a.allow(r, id); err != nil { // a device's reads count against its rate
-				writeError(w, a.log, err)
+				a.writeError(w, err)
 				return
 			}
 		}
@@ -385,28 +438,28 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 
 func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
 	if err := holdOverRate(r, a.svc.AllowLogin(remoteAddr(r))); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req struct {
 		Username *string `json:"username"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	if req.Username == nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
 		return
 	}
 	ids, err := a.svc.Register(r.Context(), 1)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]string{"username": ids[0].String()})
@@ -419,7 +472,7 @@ var (
 func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.v0Device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	c, _ := a.svc.Command(id)
@@ -454,7 +507,7 @@ func (a *API) admitIngest(w http.ResponseWriter, r *http.Request) (release func(
 	}
 	release, err := a.cfg.AdmitIngest(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return nil, false
 	}
 	return release, true
@@ -468,21 +521,21 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	id, err := a.v0Device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	m, err := DecodeV0(body, id, a.svc.Window())
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	if _, _, err := a.svc.Ingest(r.Context(), []kettle.Measurement{m}); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -511,9 +564,11 @@ func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery,
 	if len(errs) > 0 {
 		return kettle.Statistics{}, q, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs}
 	}
-	s, err := a.svc.Store().Statistics(r.Context(), q)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	s, err := a.svc.Store().Statistics(ctx, q)
 	if err != nil {
-		return s, q, fleet.StoreErr("statistics", err)
+		return s, q, a.svc.StoreErr("statistics", err)
 	}
 	return s, q, nil
 }
@@ -521,7 +576,7 @@ func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery,
 func (a *API) v0Statistics(w http.ResponseWriter, r *http.Request) {
 	s, _, err := a.statistics(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	hours := make([][2]any, 0, 24)
@@ -626,7 +681,7 @@ func pollSeconds(d time.Duration) int {
 func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	req := struct {
@@ -634,7 +689,7 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	}{}
 	if len(strings.TrimSpace(string(body))) > 0 {
 		if err := decodeJSON(body, &req); err != nil {
-			writeError(w, a.log, err)
+			a.writeError(w, err)
 			return
 		}
 	}
@@ -643,12 +698,12 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 		n = *req.Count
 	}
 	if n < 1 || n > kettle.MaxBatch {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
 		return
 	}
 	ids, err := a.svc.Register(r.Context(), n)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	type dev struct {
@@ -687,12 +742,14 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 		after = id
 	}
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	ds, err := a.svc.Store().Devices(r.Context(), after, limit)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	ds, err := a.svc.Store().Devices(ctx, after, limit)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("list devices", err))
+		a.writeError(w, a.svc.StoreErr("list devices", err))
 		return
 	}
 	out := make([]DeviceJSON, len(ds))
@@ -707,9 +764,11 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) getDevice(w http.ResponseWriter, r *http.Request, id kettle.DeviceID) {
-	d, err := a.svc.Store().Device(r.Context(), id)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	d, err := a.svc.Store().Device(ctx, id)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("get device", err))
+		a.writeError(w, a.svc.StoreErr("get device", err))
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -733,16 +792,18 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 		}
 	}
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	if _, err := a.svc.Store().Device(r.Context(), id); err != nil {
-		writeError(w, a.log, fleet.StoreErr("history", err))
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	if _, err := a.svc.Store().Device(ctx, id); err != nil {
+		a.writeError(w, a.svc.StoreErr("history", err))
 		return
 	}
-	ms, err := a.svc.Store().History(r.Context(), q)
+	ms, err := a.svc.Store().History(ctx, q)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("history", err))
+		a.writeError(w, a.svc.StoreErr("history", err))
 		return
 	}
 	out := make([]*MeasurementJSON, len(ms))
@@ -759,17 +820,17 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req OverrideJSON
 	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	now := a.svc.Now()
@@ -788,17 +849,19 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		errs = append(errs, kettle.FieldError{Field: "charge", Message: "set at least one of charge, fill, flush_ml_per_s"})
 	}
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid override", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid override", Fields: errs})
 		return
 	}
 	o := kettle.Override{Charge: req.Charge, Fill: req.Fill, FlushMLPerS: req.FlushMLPerS, ExpiresAt: req.ExpiresAt.UTC().Truncate(kettle.TimePrecis), SetAt: now.UTC().Truncate(kettle.TimePrecis)}
 	if err := a.svc.SetOverride(r.Context(), id, o); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
-	d, err := a.svc.Store().Device(r.Context(), id)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	d, err := a.svc.Store().Device(ctx, id)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("get device", err))
+		a.writeError(w, a.svc.StoreErr("get device", err))
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -809,11 +872,11 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	if err := a.svc.Revoke(r.Context(), id); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -830,12 +893,12 @@ type PruneJSON struct {
 func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req PruneJSON
 	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	age, err := kettle.ParseAge(req.OlderThan)
@@ -843,7 +906,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("required: an age such as 24h or 7d")
 	}
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune", Fields: []kettle.FieldError{{Field: "older_than", Message: err.Error()}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune", Fields: []kettle.FieldError{{Field: "older_than", Message: err.Error()}}})
 		return
 	}
 	// A registry of a million stale devices takes a thousand transactions:
@@ -851,7 +914,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(pruneWriteTimeout))
 	res, err := a.svc.Prune(r.Context(), age, req.DryRun)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]any{
@@ -869,11 +932,11 @@ const pruneWriteTimeout = 10 * time.Minute
 func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	if err := a.svc.ClearOverride(r.Context(), id); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -904,20 +967,20 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	id, err := a.device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up := getUpload()
 	defer putUpload(up)
 	body, err := readBodyBuf(w, r, up.body)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up.body = body
 	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Window())
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up.ms = ms
@@ -925,7 +988,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	// nothing keeps ms or body past it, so they go back to the pool.
 	stored, dups, err := a.svc.Ingest(r.Context(), ms)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]int{"stored": stored, "duplicates": dups})
@@ -934,7 +997,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	c, next := a.svc.Command(id)
@@ -1009,7 +1072,7 @@ type MeanJSON struct {
 func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 	s, q, err := a.statistics(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	out := StatsJSON{
@@ -1033,8 +1096,14 @@ func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := a.svc.Store().Ping(r.Context()); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "store": err.Error()})
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	if err := a.svc.Store().Ping(ctx); err != nil {
+		id := w.Header().Get(RequestIDHeader)
+		if ok, skipped := a.errLog.Allow(time.Now()); ok {
+			a.log.Warn("not ready: the store does not answer", "request_id", id, "err", err, "similar_not_logged_since_last_line", skipped)
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "store": "unavailable", "request_id": id})
 		return
 	}
 	writeJSON(w, 200, map[string]string{"status": "ready"})

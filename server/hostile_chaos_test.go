@@ -197,7 +197,8 @@ func TestHostileInput(t *testing.T) {
 	})
 
 	// Protocol-level oddities.
-	check("method/unknown-route", "DELETE", "/v1/measurements", tok, "", 404, "no route")
+	check("method/not-allowed", "DELETE", "/v1/measurements", tok, "", 405, "not allowed")
+	check("path/unknown", "GET", "/v1/nothing-here", tok, "", 404, "no route")
 	// Headers over the 16 KiB limit, answered by net/http itself before any
 	// route: every operation documents the 431 (held against openapi.json by
 	// c.do, like every other answer).
