@@ -122,6 +122,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "keep-alive connections idle longer are closed (keep it above the kettles' interval)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
+	fs.DurationVar(&cfg.Ingest.StoreTimeout, "store-timeout", fleet.DefaultStoreTimeout, "deadline of every store call (a batch commit, a registration, an override, a read): an upload whose commit does not finish in time is answered 503 + Retry-After, within twice this even when the database is unreachable (packets dropped), while polls keep being answered from memory")
 	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool (the server opens one more, outside it, for the database server's statistics on /metrics)")
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
