@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,171 +17,11 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
 )
-
-// blackhole is a TCP proxy in front of PostgreSQL that can stop forwarding
-// without closing anything, as a network that drops packets does: while
-// blocked, bytes read from either side are held and new connections are
-// neither refused nor connected; on unblock they flow again (as TCP's
-// retransmissions would deliver them).
-type blackhole struct {
-	ln              net.Listener
-	network, target string
-
-	mu      sync.Mutex
-	cond    *sync.Cond
-	blocked bool
-	closed  bool
-	conns   []net.Conn
-	wg      sync.WaitGroup
-}
-
-func newBlackhole(t *testing.T, network, target string) *blackhole {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &blackhole{ln: ln, network: network, target: target}
-	b.cond = sync.NewCond(&b.mu)
-	b.wg.Add(1)
-	go b.accept()
-	t.Cleanup(b.close)
-	return b
-}
-
-func (b *blackhole) set(blocked bool) {
-	b.mu.Lock()
-	b.blocked = blocked
-	b.cond.Broadcast()
-	b.mu.Unlock()
-}
-
-// pass waits while blocked; false once closed.
-func (b *blackhole) pass() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for b.blocked && !b.closed {
-		b.cond.Wait()
-	}
-	return !b.closed
-}
-
-func (b *blackhole) track(c net.Conn) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		c.Close()
-		return false
-	}
-	b.conns = append(b.conns, c)
-	return true
-}
-
-func (b *blackhole) accept() {
-	defer b.wg.Done()
-	for {
-		c, err := b.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !b.track(c) {
-			return
-		}
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			if !b.pass() { // a SYN into the void: no answer until forwarding resumes
-				return
-			}
-			up, err := net.Dial(b.network, b.target)
-			if err != nil {
-				c.Close()
-				return
-			}
-			if !b.track(up) {
-				c.Close()
-				return
-			}
-			b.wg.Add(2)
-			go b.pipe(up, c)
-			go b.pipe(c, up)
-		}()
-	}
-}
-
-func (b *blackhole) pipe(dst, src net.Conn) {
-	defer b.wg.Done()
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if !b.pass() {
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (b *blackhole) close() {
-	b.ln.Close()
-	b.mu.Lock()
-	b.closed = true
-	b.cond.Broadcast()
-	for _, c := range b.conns {
-		c.Close()
-	}
-	b.mu.Unlock()
-	b.wg.Wait()
-}
-
-// pgTarget is where a pgtest DSN's server listens: a Unix socket (host is a
-// directory) or host:port.
-func pgTarget(t *testing.T, dsn string) (network, addr string) {
-	host, port := "", "5432"
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		host = u.Hostname()
-		if p := u.Port(); p != "" {
-			port = p
-		}
-	} else {
-		for _, kv := range strings.Fields(dsn) {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "host":
-				host = v
-			case "port":
-				port = v
-			}
-		}
-	}
-	if strings.HasPrefix(host, "/") {
-		return "unix", host + "/.s.PGSQL." + port
-	}
-	if host == "" {
-		t.Fatalf("no host in %q", dsn)
-	}
-	return "tcp", net.JoinHostPort(host, port)
-}
-
-// viaProxy is dsn with its host and port replaced by the proxy's.
-func viaProxy(dsn string, proxy net.Addr) string {
-	host, port, _ := net.SplitHostPort(proxy.String())
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Host = net.JoinHostPort(host, port)
-		return u.String()
-	}
-	return dsn + " host=" + host + " port=" + port // a later keyword wins
-}
 
 // TestStoreBlackhole: with PostgreSQL unreachable (a proxy that stops
 // forwarding, not a clean shutdown), every upload is answered 503 +
@@ -192,10 +30,14 @@ func viaProxy(dsn string, proxy net.Addr) string {
 // retries are stored: no acknowledged reading lost, none stored twice.
 func TestStoreBlackhole(t *testing.T) {
 	dsn := pgtest.Start(t)
-	network, target := pgTarget(t, dsn)
-	bh := newBlackhole(t, network, target)
+	network, target := blackhole.Target(dsn)
+	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bh.Close)
 	const timeout = time.Second
-	srv := start(t, viaProxy(dsn, bh.ln.Addr()), func(c *server.Config) {
+	srv := start(t, blackhole.Via(dsn, bh.Addr()), func(c *server.Config) {
 		c.Ingest = fleet.Config{StoreTimeout: timeout}
 		c.Store.PoolSize = 4
 	})
@@ -207,14 +49,14 @@ func TestStoreBlackhole(t *testing.T) {
 	}
 	const kettles = 16
 	var (
-		mu        sync.Mutex
-		acked     []reading
-		slowest   time.Duration // of the 503s
-		refused   atomic.Int64
-		bad       []string
-		blackhole atomic.Bool
-		stop      = make(chan struct{})
-		wg        sync.WaitGroup
+		mu      sync.Mutex
+		acked   []reading
+		slowest time.Duration // of the 503s
+		refused atomic.Int64
+		bad     []string
+		blocked atomic.Bool
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
 	)
 	fail := func(format string, args ...any) {
 		mu.Lock()
@@ -291,7 +133,7 @@ func TestStoreBlackhole(t *testing.T) {
 					return
 				}
 				if took > 2*timeout {
-					fail("upload answered %d after %s, more than 2 × --store-timeout %s (blackhole %v)", res.StatusCode, took.Round(time.Millisecond), timeout, blackhole.Load())
+					fail("upload answered %d after %s, more than 2 × --store-timeout %s (blackhole %v)", res.StatusCode, took.Round(time.Millisecond), timeout, blocked.Load())
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -317,8 +159,8 @@ func TestStoreBlackhole(t *testing.T) {
 		t.Fatalf("%d uploads refused before the blackhole: %v", refused.Load(), bad)
 	}
 
-	bh.set(true)
-	blackhole.Store(true)
+	bh.Block(true)
+	blocked.Store(true)
 	began := time.Now()
 	pollTok := kettle.DeviceToken(srv.Secret(), uuid.New())
 	readyz503 := false
@@ -337,8 +179,8 @@ func TestStoreBlackhole(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	refusedIn := refused.Load()
-	bh.set(false)
-	blackhole.Store(false)
+	bh.Block(false)
+	blocked.Store(false)
 	time.Sleep(2 * timeout)
 	close(stop)
 	wg.Wait()

@@ -1,7 +1,7 @@
 // Command chaos is `make chaos`: faults, overload and hostile input against
 // real kettle serve processes, each part judged from the outside.
 //
-//	go run ./chaos/cmd/chaos [flags] all|crash|outage|overload|slow|badinput|auth ...
+//	go run ./chaos/cmd/chaos [flags] all|crash|outage|outage-blackhole|overload|slow|badinput|auth ...
 //
 // Every part prints one verdict line ("chaos PART: PASS|FAIL — …") and the
 // command exits non-zero if any part failed. `all` runs every part and then
@@ -55,6 +55,7 @@ type part struct {
 var parts = []part{
 	{"crash", "1. Crash (kill -9 mid-run)", partCrash},
 	{"outage", "2. Database outage (PostgreSQL stopped 30 s)", partOutage},
+	{"outage-blackhole", "2b. Database unreachable (packets to PostgreSQL dropped 30 s)", partOutageBlackhole},
 	{"overload", "3. Overload (10× the fleet's request rate, 2 min)", partOverload},
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
@@ -85,6 +86,7 @@ const usage = `usage: chaos [flags] PART...
 Parts (run in the order given; "all" = every part, then docs/reliability.md):
   crash     kill -9 kettle serve under a swarm, restart it; audit (PostgreSQL and SQLite)
   outage    stop PostgreSQL 30 s under a swarm: polls, 503s, /readyz, drain, audit
+  outage-blackhole  the same with PostgreSQL unreachable (a proxy drops its traffic 30 s)
   overload  10× the fleet's request rate for 2 min: memory bound, fast 503s, polls, recovery
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
