@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -144,26 +145,8 @@ func runServe(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if r := cfg.Ingest.DeviceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--device-rate %g: want requests a second per kettle from 0.001 to 1e6 (e.g. 1, or 0.2 for one every 5 s), or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.DeviceBurst; b < 1 || b > 1_000_000 {
-		return fmt.Errorf("--device-burst %d: want 1 to 1000000 (requests a kettle may make at once)", b)
-	}
-	if r := cfg.Ingest.LoginRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--login-rate %g: want registrations a second from 0.001 to 1e6, or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.LoginBurst; b < 1 || b > 10_000_000 {
-		return fmt.Errorf("--login-burst %d: want 1 to 10000000 (registrations at once)", b)
-	}
-	if r := cfg.Ingest.LoginSourceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--login-rate-per-source %g: want registrations a second from one address from 0.001 to 1e6, or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.LoginSourceBurst; b < 1 || b > 10_000_000 {
-		return fmt.Errorf("--login-burst-per-source %d: want 1 to 10000000 (registrations at once from one address)", b)
-	}
-	if n := cfg.Ingest.MaxDevices; n < 0 {
-		return fmt.Errorf("--max-devices %d: want the most devices to register, or 0 for no bound", n)
+	if err := errors.Join(cfg.Validate()...); err != nil {
+		return err
 	}
 	log, err := logger(*logFormat, *logLevel)
 	if err != nil {

@@ -77,8 +77,11 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	pctx, pcancel := context.WithTimeout(ctx, duration+2*time.Minute)
 	defer pcancel()
 	cmdP := newProbe("command", 2, 5*time.Second, dev.commandReq(srv.url))
-	ingP := newProbe("ingest", 4, 15*time.Second, dev.readingReq(srv.url, time.Now().Add(-time.Hour)))
-	readyP := newProbe("readyz", 1, 3*outageStoreTimeout, getReq(srv.url+"/readyz"))
+	// Enough connections that a request never waits for one while the
+	// ones before it wait out --store-timeout (4/s and 2/s for 2 × 5 s):
+	// the probe times the server, not its own connection pool.
+	ingP := newProbe("ingest", 48, 15*time.Second, dev.readingReq(srv.url, time.Now().Add(-time.Hour)))
+	readyP := newProbe("readyz", 24, 3*outageStoreTimeout, getReq(srv.url+"/readyz"))
 	healthP := newProbe("healthz", 1, 5*time.Second, getReq(srv.url+"/healthz"))
 	ingP.once(0) // registers the probe kettle
 
