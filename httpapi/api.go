@@ -5,6 +5,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,7 +72,10 @@ type API struct {
 	// request no route took, it tells 405 (with the methods the path
 	// allows) from 404, by the mux's own matching rules.
 	strict *http.ServeMux
-	ids    requestIDs
+	// literal holds the methods of each path the API names without a
+	// wildcard (literalMethods).
+	literal map[string][]string
+	ids     requestIDs
 	// errLog thins the log lines that carry the internal cause of a
 	// failed request (an outage fails thousands a second).
 	errLog logthin.Limiter
@@ -78,7 +84,7 @@ type API struct {
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), ids: newRequestIDs()}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), literal: map[string][]string{}, ids: newRequestIDs()}
 	a.errLog.Burst = 10
 	a.tokens = newTokenCache(cfg.Secret, cfg.PreviousSecret, func(id kettle.DeviceID) { a.previousUsed("device", id) })
 	m := routeRecorder{a}
@@ -107,22 +113,61 @@ func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
 		w.Write(OpenAPI)
 	})
 	a.mux.HandleFunc("/", a.noRoute)
+	a.literalMethods()
 	return a
+}
+
+// methods are those a route may be declared for (HEAD goes with GET).
+var methods = []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
+
+// literalMethods makes a path the API names literally (/v1/devices/prune)
+// answer 405 to the methods it does not declare, even where a wildcard
+// route (GET /v1/devices/{id}) would take them: to a client it is its own
+// resource, with its own Allow.
+func (a *API) literalMethods() {
+	for path, ms := range a.literal {
+		for _, m := range methods {
+			if slices.Contains(ms, m) {
+				continue
+			}
+			if _, pat := a.strict.Handler(&http.Request{Method: m, URL: &url.URL{Path: path}, Host: "x"}); pat != "" {
+				a.mux.HandleFunc(m+" "+path, a.noRoute)
+			}
+		}
+	}
 }
 
 // noRoute answers a request no route took: 405 with Allow when the path
 // has routes for other methods, else 404; both as JSON errors.
 func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
-	h, _ := a.strict.Handler(r)
-	probe := &statusProbe{header: http.Header{}}
-	h.ServeHTTP(probe, r)
-	if probe.status == http.StatusMethodNotAllowed {
-		allow := probe.header.Get("Allow")
+	allow := ""
+	if ms, ok := a.literal[r.URL.Path]; ok {
+		allow = allowOf(ms)
+	} else {
+		h, _ := a.strict.Handler(r)
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if probe.status == http.StatusMethodNotAllowed {
+			allow = probe.header.Get("Allow")
+		}
+	}
+	if allow != "" {
 		w.Header().Set("Allow", allow)
 		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", truncate(r.Method, 16), truncate(r.URL.Path, 128), allow))
 		return
 	}
 	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", truncate(r.Method, 16), truncate(r.URL.Path, 128)))
+}
+
+// allowOf is an Allow header for the declared methods ms (GET brings HEAD),
+// sorted as net/http sorts its own.
+func allowOf(ms []string) string {
+	all := slices.Clone(ms)
+	if slices.Contains(all, "GET") {
+		all = append(all, "HEAD")
+	}
+	slices.Sort(all)
+	return strings.Join(all, ", ")
 }
 
 // statusProbe records what the strict mux's own 404/405 handler answers.
@@ -142,6 +187,9 @@ type routeRecorder struct{ a *API }
 func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 	r.a.mux.HandleFunc(pattern, h)
 	r.a.strict.HandleFunc(pattern, h)
+	if m, path, ok := strings.Cut(pattern, " "); ok && !strings.Contains(path, "{") {
+		r.a.literal[path] = append(r.a.literal[path], m)
+	}
 	if strings.Contains(pattern, " ") {
 		r.a.routes = append(r.a.routes, pattern)
 	}
@@ -546,21 +594,9 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery, error) {
 	q := kettle.StatsQuery{ReportingSince: a.svc.Now().Add(-ReportingWindow)}
 	var errs []kettle.FieldError
-	parse := func(name string, dst *time.Time) {
-		if v := r.URL.Query().Get(name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				errs = append(errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
-				return
-			}
-			*dst = t.UTC()
-		}
-	}
-	parse("from", &q.From)
-	parse("to", &q.To)
-	if len(errs) == 0 && !q.From.IsZero() && !q.To.IsZero() && !q.To.After(q.From) {
-		errs = append(errs, kettle.FieldError{Field: "to", Message: "must be after from"})
-	}
+	queryTime(r, "from", &q.From, &errs)
+	queryTime(r, "to", &q.To, &errs)
+	checkRange(q.From, q.To, &errs)
 	if len(errs) > 0 {
 		return kettle.Statistics{}, q, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs}
 	}
@@ -687,8 +723,8 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	req := struct {
 		Count *int `json:"count"`
 	}{}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		if err := decodeJSON(body, &req); err != nil {
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := decodeObject(body, &req, "count"); err != nil {
 			a.writeError(w, err)
 			return
 		}
@@ -717,9 +753,42 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]any{"devices": out})
 }
 
+// queryValue is a query parameter's value and whether it was given: a
+// parameter given empty (?after=) is a value the document does not allow,
+// not an absent one.
+func queryValue(r *http.Request, name string) (string, bool) {
+	vs, ok := r.URL.Query()[name]
+	if !ok {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// queryTime parses an RFC 3339 query parameter into dst (UTC) when given.
+func queryTime(r *http.Request, name string, dst *time.Time, errs *[]kettle.FieldError) {
+	v, ok := queryValue(r, name)
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+		return
+	}
+	*dst = t.UTC()
+}
+
+// checkRange refuses a range whose end is not after its start: the same
+// rule for history and statistics, stated in openapi.json's descriptions.
+func checkRange(from, to time.Time, errs *[]kettle.FieldError) {
+	if len(*errs) == 0 && !from.IsZero() && !to.IsZero() && !to.After(from) {
+		*errs = append(*errs, kettle.FieldError{Field: "to", Message: fmt.Sprintf("must be after from (%s), got %s", from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))})
+	}
+}
+
 func queryInt(r *http.Request, name string, def, min, max int, errs *[]kettle.FieldError) int {
-	v := r.URL.Query().Get(name)
-	if v == "" {
+	v, ok := queryValue(r, name)
+	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(v)
@@ -734,7 +803,7 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 	var errs []kettle.FieldError
 	limit := queryInt(r, "limit", 20, 1, 1000, &errs)
 	after := uuid.Nil
-	if v := r.URL.Query().Get("after"); v != "" {
+	if v, ok := queryValue(r, "after"); ok {
 		id, err := uuid.Parse(v)
 		if err != nil {
 			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", truncate(v, 64))})
@@ -778,19 +847,10 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 	var errs []kettle.FieldError
 	q := kettle.HistoryQuery{Device: id}
 	q.Limit = queryInt(r, "limit", 100, 1, 1000, &errs)
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &q.From}, {"to", &q.To}, {"after", &q.After}} {
-		if v := r.URL.Query().Get(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				errs = append(errs, kettle.FieldError{Field: p.name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
-				continue
-			}
-			*p.dst = t.UTC()
-		}
-	}
+	queryTime(r, "from", &q.From, &errs)
+	queryTime(r, "to", &q.To, &errs)
+	queryTime(r, "after", &q.After, &errs)
+	checkRange(q.From, q.To, &errs)
 	if len(errs) > 0 {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
@@ -829,7 +889,7 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req OverrideJSON
-	if err := decodeJSON(body, &req); err != nil {
+	if err := decodeObject(body, &req, "charge", "fill", "flush_ml_per_s", "expires_at"); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -897,7 +957,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req PruneJSON
-	if err := decodeJSON(body, &req); err != nil {
+	if err := decodeObject(body, &req, "older_than", "dry_run"); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -1083,11 +1143,15 @@ func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 		TotalPotentialCmL: s.TotalPotentialCmL, TotalPotentialJ: s.TotalPotentialJ(),
 		ByHour: make([]HourJSON, 24),
 	}
+	// The range aggregated: the stores sum whole hours of rollups, from
+	// the hour holding from up to the hour holding to, that one excluded.
 	if !q.From.IsZero() {
-		out.From = &q.From
+		f := q.From.Truncate(time.Hour)
+		out.From = &f
 	}
 	if !q.To.IsZero() {
-		out.To = &q.To
+		t := q.To.Truncate(time.Hour)
+		out.To = &t
 	}
 	for i, h := range s.ByHour {
 		out.ByHour[i] = HourJSON{Hour: i, Count: h.Water.N, Water: MeanJSON{h.Water.Mean, h.Water.Stddev()}, Ambient: MeanJSON{h.Ambient.Mean, h.Ambient.Stddev()}}
