@@ -16,9 +16,10 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// schemathesisBudget bounds the fuzzer's run (its --max-time); the whole
-// test stays under two minutes.
-const schemathesisBudget = 100 * time.Second
+// schemathesisBudget is the fuzzer's --max-time. It checks the budget
+// between test cases, so a loaded machine overruns it: the test kills it
+// at schemathesisBudget+40s, under two minutes in all.
+const schemathesisBudget = 75 * time.Second
 
 // TestSchemathesis runs the external OpenAPI fuzzer (schemathesis, pinned in
 // deploy/deps/schemathesis.sh) against a real kettle serve with every check
@@ -54,7 +55,7 @@ func TestSchemathesis(t *testing.T) {
 		t.Fatalf("the device to revoke: %d %s", r.status, r.body)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), schemathesisBudget+20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), schemathesisBudget+40*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, st, "--config-file", config, "run", srv.URL()+"/openapi.json",
 		"--seed", "42", "--max-time", strconv.Itoa(int(schemathesisBudget/time.Second)), "--workers", "2",
@@ -70,7 +71,7 @@ func TestSchemathesis(t *testing.T) {
 		t.Logf("schemathesis warnings (not findings):%s", warnings)
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("schemathesis ran past %s:\n%s", schemathesisBudget+20*time.Second, tail(out, 120))
+		t.Fatalf("schemathesis ran past %s:\n%s", schemathesisBudget+40*time.Second, tail(out, 120))
 	}
 	if err != nil {
 		t.Fatalf("schemathesis found something (%v):\n%s", err, tail(out, 200))
