@@ -161,8 +161,14 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	}
 
 	// Ingest during the outage: 503 with Retry-After within twice
-	// --store-timeout; never 500.
-	id := ingP.between(stopped.Add(time.Second), startBegin)
+	// --store-timeout; never 500. Unreachable, a request sent less than
+	// --store-timeout before the database is back is still waiting for it
+	// then, and rightly succeeds: those are not judged.
+	judgedUntil := startBegin
+	if blackholed {
+		judgedUntil = startBegin.Add(-outageStoreTimeout - time.Second)
+	}
+	id := ingP.between(stopped.Add(time.Second), judgedUntil)
 	noRA, slow := 0, 0
 	for _, s := range id {
 		if s.status == 503 && s.retryAfter == "" {
@@ -184,7 +190,7 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	}
 
 	// /readyz: ready before, not ready during, ready again after; time to ready.
-	rb, rd := readyP.between(warm, stopBegin), readyP.between(stopped.Add(time.Second), startBegin)
+	rb, rd := readyP.between(warm, stopBegin), readyP.between(stopped.Add(time.Second), judgedUntil)
 	r.measure("/readyz before: %s; during: %s", fmtCounts(byStatus(rb)), fmtCounts(byStatus(rd)))
 	if countNot(rb, 200) > 0 || countNot(rd, 503) > 0 || len(rd) == 0 {
 		r.fail("/readyz did not say ready before and not ready (503) during the outage")
