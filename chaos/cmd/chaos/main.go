@@ -56,7 +56,7 @@ var parts = []part{
 	{"crash", "1. Crash (kill -9 mid-run)", partCrash},
 	{"outage", "2. Database outage (PostgreSQL stopped 30 s)", partOutage},
 	{"outage-blackhole", "2b. Database unreachable (packets to PostgreSQL dropped 30 s)", partOutageBlackhole},
-	{"overload", "3. Overload (10× the fleet's request rate, 2 min)", partOverload},
+	{"overload", "3. Overload (a multiple of the measured capacity's request rate, 2 min)", partOverload},
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
@@ -71,7 +71,11 @@ type env struct {
 	// overload's --max-conns and duration (flags, to try other limits)
 	overloadMaxConns int
 	overloadDuration time.Duration
-	overloadInterval time.Duration
+	// overload's offered load: overloadMultiple × the request rate of
+	// overloadCapacity kettles at a 30 s interval (0: measured in the same
+	// run by a short kettle capacity).
+	overloadCapacity int
+	overloadMultiple float64
 	log              *os.File // chaos.log: every process's output and our notes
 }
 
@@ -87,7 +91,7 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   crash     kill -9 kettle serve under a swarm, restart it; audit (PostgreSQL and SQLite)
   outage    stop PostgreSQL 30 s under a swarm: polls, 503s, /readyz, drain, audit
   outage-blackhole  the same with PostgreSQL unreachable (a proxy drops its traffic 30 s)
-  overload  10× the fleet's request rate for 2 min: memory bound, fast 503s, polls, recovery
+  overload  a short kettle capacity, then 10× its request rate for 2 min: memory bound, fast 503s, polls, recovery
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
@@ -102,8 +106,9 @@ func main() {
 	doc := fs.String("doc", "", "the generated page (default: ROOT/docs/reliability.md)")
 	fuzztime := fs.Duration("fuzztime", 20*time.Second, "time given to each fuzz target")
 	omc := fs.Int("overload-max-conns", 4000, "overload: kettle serve --max-conns (the swarm uses 3000 connections)")
-	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the 10× load lasts")
-	oiv := fs.Duration("overload-interval", 750*time.Millisecond, "overload: each of the 20,000 swarm kettles' interval (750ms = 10× the request rate of the 80,000 kettles kettle capacity measured at 30 s; 3s = 10× the 20,000-kettle fleet)")
+	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the overload lasts")
+	ocap := fs.Int("overload-capacity", 0, "overload: the kettles (at a 30 s interval) kettle serve holds, whose request rate is multiplied (0: measured first in the same run by a short kettle capacity against the same binary)")
+	omul := fs.Float64("overload-multiple", 10, "overload: the offered request rate as a multiple of --overload-capacity's")
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
 	fs.Parse(os.Args[1:])
 	names := fs.Args()
@@ -143,7 +148,7 @@ func main() {
 		fatal(err)
 	}
 	defer logf.Close()
-	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadInterval: *oiv}
+	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadCapacity: *ocap, overloadMultiple: *omul}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
