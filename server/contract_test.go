@@ -196,3 +196,48 @@ func TestErrorsRevealNothing(t *testing.T) {
 		t.Errorf("poll with the store closed → %d %s", r.status, truncate(r.body))
 	}
 }
+
+// TestContractEdges: the four requests the document calls invalid that were
+// accepted, the three it calls valid that were refused (now stated), and
+// the range /v1/statistics answers: the whole hours it aggregated.
+func TestContractEdges(t *testing.T) {
+	srv := start(t, "sqlite:"+t.TempDir()+"/k.db")
+	c := newClient(t, srv)
+	op := bearer(srv.OperatorToken())
+	dev := uuid.New()
+	if r := c.do("POST", "/v1/measurements", bearer(kettle.DeviceToken(srv.Secret(), dev)), v1Body(time.Now().Add(-time.Minute), 1, 2, 3, 20, 60, 500)); r.status != 200 {
+		t.Fatalf("upload: %d %s", r.status, r.body)
+	}
+	f := func(method, path, body string, status int, field string) {
+		t.Helper()
+		r := c.do(method, path, op, body)
+		if r.status != status {
+			t.Errorf("%s %s %s → %d, want %d: %s", method, path, body, r.status, status, truncate(r.body))
+			return
+		}
+		if field != "" {
+			e := checkErrorBody(t, method+" "+path, r, "invalid")
+			if len(e.Fields) == 0 || e.Fields[0].Field != field {
+				t.Errorf("%s %s %s: fields %+v, want %q named", method, path, body, e.Fields, field)
+			}
+		}
+	}
+	f("GET", "/v1/devices?limit=&after=", "", 400, "limit")
+	f("GET", "/v1/devices?after=", "", 400, "after")
+	f("GET", "/v1/statistics?to=", "", 400, "to")
+	f("GET", "/v1/devices/"+dev.String()+"/measurements?after=", "", 400, "after")
+	f("GET", "/v1/devices/"+dev.String()+"/measurements?from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z", "", 400, "to")
+	f("POST", "/v1/devices", "null", 400, "body")
+	f("POST", "/v1/devices", `{"count":null}`, 400, "count")
+	f("POST", "/v1/devices", `{"count":2,"note":null}`, 201, "") // members it does not name are ignored
+	f("POST", "/v1/devices/prune", `{"older_than":""}`, 400, "older_than")
+	f("POST", "/v1/devices/prune", `{"older_than":"7d","dry_run":null}`, 400, "dry_run")
+	f("PUT", "/v1/devices/"+dev.String()+"/override", `{"charge":true,"expires_at":"2001-01-01T00:00:00Z"}`, 400, "expires_at")
+	f("GET", "/v1/statistics?from=2026-01-01T10:00:00Z&to=2026-01-01T10:00:00Z", "", 400, "to")
+
+	var s struct{ From, To *time.Time }
+	c.do("GET", "/v1/statistics?from=2026-01-01T10:15:00Z&to=2026-01-01T12:45:30Z", op, "").json(t, &s)
+	if s.From == nil || s.To == nil || !s.From.Equal(time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)) || !s.To.Equal(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)) {
+		t.Errorf("statistics over 10:15–12:45:30 answered the range %v–%v, want the whole hours it aggregated, 10:00–12:00", s.From, s.To)
+	}
+}
