@@ -108,6 +108,7 @@ func TestRouterMethods(t *testing.T) {
 	if n < 40 {
 		t.Errorf("only %d undeclared method/path pairs tried", n)
 	}
+	t.Logf("%d undeclared method/path pairs on %d paths answered 405 with the exact Allow", n, len(declared))
 	for _, p := range []string{"/v1/nothing", "/v1/devices/" + uuid.NewString() + "/nothing", "/nothing"} {
 		r := c.do("GET", p, nil, "")
 		if r.status != 404 {
