@@ -42,7 +42,7 @@ func measureCapacity(ctx context.Context, e *env, dir string, maxConns int) (ove
 	}
 	defer srv.stop()
 	args := []string{"capacity", "--target", srv.url, "--data-dir", data, "--interval", capacityInterval.String(),
-		"--start", "40000", "--step", "40000", "--max", "400000", "--step-duration", "20s", "--warmup", "5s", "--pause", "2s",
+		"--start", "20000", "--step", "40000", "--max", "420000", "--step-duration", "20s", "--warmup", "5s", "--pause", "2s",
 		"--sample=false", "--out", filepath.Join(dir, "out")}
 	e.logf("overload: measuring the capacity first: kettle %s", strings.Join(args, " "))
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
