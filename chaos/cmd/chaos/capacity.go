@@ -62,13 +62,16 @@ func measureCapacity(ctx context.Context, e *env, dir string, maxConns int) (ove
 	if err != nil {
 		return overloadCapacity{}, err
 	}
-	var c struct {
-		Holds int    `json:"holds"`
-		Line  string `json:"line"`
+	var doc struct {
+		Capacity struct {
+			Holds int    `json:"holds"`
+			Line  string `json:"line"`
+		} `json:"capacity"`
 	}
-	if err := json.Unmarshal(b, &c); err != nil {
+	if err := json.Unmarshal(b, &doc); err != nil {
 		return overloadCapacity{}, fmt.Errorf("capacity.json: %w", err)
 	}
+	c := doc.Capacity
 	if c.Holds <= 0 {
 		return overloadCapacity{}, fmt.Errorf("kettle capacity found no step that held: %s", c.Line)
 	}
