@@ -58,7 +58,7 @@ func TestSchemathesis(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), schemathesisBudget+40*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, st, "--config-file", config, "run", srv.URL()+"/openapi.json",
-		"--seed", "42", "--max-time", strconv.Itoa(int(schemathesisBudget/time.Second)), "--workers", "2",
+		"--seed", "42", "--max-time", strconv.Itoa(int(schemathesisBudget/time.Second)), "--workers", "1",
 		"--generation-database", "none", "--no-color", "--request-timeout", "15")
 	cmd.Dir = t.TempDir() // anything it writes stays out of the tree
 	cmd.Env = append(os.Environ(),
@@ -78,6 +78,13 @@ func TestSchemathesis(t *testing.T) {
 	}
 	if strings.Contains(string(out), "Authentication failed") {
 		t.Fatalf("schemathesis could not authenticate on some operations (a credential was revoked or is wrong):\n%s", tail(out, 60))
+	}
+	// A phase the tool could not finish (🚫: its own error) tested nothing:
+	// every phase must have run and passed.
+	for _, phase := range []string{"Examples", "Coverage", "Fuzzing", "Stateful"} {
+		if !regexp.MustCompile(`(?m)^\s*✅ ` + phase + `\s*$`).Match(out) {
+			t.Fatalf("schemathesis phase %s did not run to a pass:\n%s", phase, tail(out, 80))
+		}
 	}
 	if !strings.Contains(string(out), "Stateful") || !regexp.MustCompile(`Tested: 1[0-9]`).Match(out) {
 		t.Fatalf("schemathesis did not run its stateful phase over every operation:\n%s", tail(out, 60))
