@@ -13,14 +13,15 @@ type Code string
 
 // Error codes.
 const (
-	EInvalid      Code = "invalid"      // bad input: 400
-	EUnauthorized Code = "unauthorized" // missing or wrong credentials: 401
-	EForbidden    Code = "forbidden"    // right credentials, wrong resource: 403
-	ENotFound     Code = "not_found"    // 404
-	ETooLarge     Code = "too_large"    // body or batch over its limit: 413
-	ETooMany      Code = "rate_limited" // a device over its request rate: 429
-	EUnavailable  Code = "unavailable"  // queue full, store down: 503
-	EInternal     Code = "internal"     // a bug or an unexpected store failure: 500
+	EInvalid      Code = "invalid"            // bad input: 400
+	EUnauthorized Code = "unauthorized"       // missing or wrong credentials: 401
+	EForbidden    Code = "forbidden"          // right credentials, wrong resource: 403
+	ENotFound     Code = "not_found"          // 404
+	EMethod       Code = "method_not_allowed" // a route with other methods: 405
+	ETooLarge     Code = "too_large"          // body or batch over its limit: 413
+	ETooMany      Code = "rate_limited"       // a device over its request rate: 429
+	EUnavailable  Code = "unavailable"        // queue full, store down: 503
+	EInternal     Code = "internal"           // a bug or an unexpected store failure: 500
 )
 
 // FieldError names one bad input field and says what is wrong with it.
@@ -38,7 +39,14 @@ type Error struct {
 	Message    string
 	Fields     []FieldError
 	RetryAfter time.Duration // for EUnavailable and ETooMany
+	// Cause is the internal failure behind the error (a driver error, a
+	// path): in Error() for the log, never in Public() for a client, who
+	// could read host, user, database or file names from it.
+	Cause error
 }
+
+// Unwrap returns the internal cause.
+func (e *Error) Unwrap() error { return e.Cause }
 
 // MaxFieldsInMessage is how many field errors Error's text names; the rest
 // are counted. A batch of 1,000 empty readings has 7,000 field errors: in
@@ -46,7 +54,17 @@ type Error struct {
 // that carries it.
 const MaxFieldsInMessage = 10
 
+// Error is the whole text, with the internal cause: for the log.
 func (e *Error) Error() string {
+	if e.Cause == nil {
+		return e.Public()
+	}
+	return e.Public() + ": " + e.Cause.Error()
+}
+
+// Public is the text a client may read: the message and the fields it
+// names, without the internal cause.
+func (e *Error) Public() string {
 	if len(e.Fields) == 0 {
 		return e.Message
 	}

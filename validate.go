@@ -10,12 +10,17 @@ import (
 // case-study client sends random but plausible values and must never see a
 // 4xx.
 const (
-	MinTempC   = -50.0
-	MaxTempC   = 150.0
-	MaxBatch   = 1000             // readings in one upload
-	MaxBody    = 1 << 20          // bytes in one request body
-	MaxAhead   = 24 * time.Hour   // device clock may run this far ahead of ours
-	TimePrecis = time.Microsecond // every store keeps device time to this
+	MinTempC = -50.0
+	MaxTempC = 150.0
+	// MaxQuantity bounds a charge, capacity, rate (either sign) or level:
+	// a billion mWh or mL is no kettle, and unbounded values overflowed the
+	// fleet's sums (Σ (water − ambient) × level) to ±Inf and NaN, which no
+	// store can keep.
+	MaxQuantity = 1e9
+	MaxBatch    = 1000             // readings in one upload
+	MaxBody     = 1 << 20          // bytes in one request body
+	MaxAhead    = 24 * time.Hour   // device clock may run this far ahead of ours
+	TimePrecis  = time.Microsecond // every store keeps device time to this
 )
 
 // MinTime is the earliest device time accepted.
@@ -60,8 +65,8 @@ func (m *Measurement) Validate(w Window, names *FieldNames, prefix string, errs 
 	nonNeg := func(field string, v float64) {
 		if !finite(v) {
 			bad(field, "must be a finite number")
-		} else if v < 0 {
-			bad(field, fmt.Sprintf("must be ≥ 0, got %v", v))
+		} else if v < 0 || v > MaxQuantity {
+			bad(field, fmt.Sprintf("must be between 0 and %g, got %v", MaxQuantity, v))
 		}
 	}
 	temp := func(field string, v float64) {
@@ -75,6 +80,8 @@ func (m *Measurement) Validate(w Window, names *FieldNames, prefix string, errs 
 	nonNeg(names.Full, m.FullMWh)
 	if !finite(m.RateMW) {
 		bad(names.Rate, "must be a finite number")
+	} else if m.RateMW < -MaxQuantity || m.RateMW > MaxQuantity {
+		bad(names.Rate, fmt.Sprintf("must be between %g and %g, got %v", -MaxQuantity, MaxQuantity, m.RateMW))
 	}
 	temp(names.Ambient, m.AmbientC)
 	temp(names.Water, m.WaterC)
@@ -88,12 +95,12 @@ func (m *Measurement) Validate(w Window, names *FieldNames, prefix string, errs 
 func (m *Measurement) Valid(w Window) bool {
 	// A comparison with NaN is false, and ±Inf is outside every range below.
 	return !m.Time.Before(MinTime) && !m.Time.Before(w.Oldest) && !m.Time.After(w.Now.Add(MaxAhead)) &&
-		m.ChargeMWh >= 0 && m.ChargeMWh <= math.MaxFloat64 &&
-		m.FullMWh >= 0 && m.FullMWh <= math.MaxFloat64 &&
-		m.RateMW >= -math.MaxFloat64 && m.RateMW <= math.MaxFloat64 &&
+		m.ChargeMWh >= 0 && m.ChargeMWh <= MaxQuantity &&
+		m.FullMWh >= 0 && m.FullMWh <= MaxQuantity &&
+		m.RateMW >= -MaxQuantity && m.RateMW <= MaxQuantity &&
 		m.AmbientC >= MinTempC && m.AmbientC <= MaxTempC &&
 		m.WaterC >= MinTempC && m.WaterC <= MaxTempC &&
-		m.LevelML >= 0 && m.LevelML <= math.MaxFloat64
+		m.LevelML >= 0 && m.LevelML <= MaxQuantity
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

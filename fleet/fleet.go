@@ -6,6 +6,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -82,7 +83,18 @@ type Config struct {
 	// past it (EForbidden). Devices a v1 token registers by uploading are
 	// not refused (their tokens come from the operator's secret).
 	MaxDevices int
+	// StoreTimeout bounds every store call the service and the adapters'
+	// reads make (a batch commit, a registration, an override, one prune
+	// transaction, a read): with the database unreachable (packets
+	// dropped, not refused) a call would otherwise wait until TCP gives up,
+	// minutes, and every upload with it. 0: DefaultStoreTimeout.
+	StoreTimeout time.Duration
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default (--store-timeout):
+// longer than any healthy commit of a full batch, short enough that a kettle
+// hears 503 + Retry-After long before its own request times out.
+const DefaultStoreTimeout = 5 * time.Second
 
 func (c *Config) defaults() {
 	if c.QueueRows <= 0 {
@@ -111,6 +123,9 @@ func (c *Config) defaults() {
 	}
 	if c.LoginSourceBurst <= 0 {
 		c.LoginSourceBurst = 1
+	}
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 }
 
@@ -231,7 +246,7 @@ type request struct {
 func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, now func() time.Time, hooks Hooks) (*Service, error) {
 	cfg.defaults()
 	if cfg.PruneUnreported != 0 && cfg.PruneUnreported < MinPruneAge {
-		return nil, fmt.Errorf("prune unreported devices after %s: must be at least %s (a kettle registered just now has not reported yet)", cfg.PruneUnreported, MinPruneAge)
+		return nil, fmt.Errorf("--prune-unreported %s: must be at least %s (a kettle registered just now has not reported yet)", cfg.PruneUnreported, MinPruneAge)
 	}
 	if now == nil {
 		now = time.Now
@@ -598,22 +613,56 @@ func (s *Service) batcher(queue chan *request) {
 			}
 		}
 		s.committing.Add(1)
-		s.commit(reqs, batch)
+		err := s.commit(reqs, batch)
 		s.committing.Add(-1)
+		if err != nil {
+			s.failQueued(queue, err)
+		}
 	}
 }
 
-func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
+// failQueued answers at once, with err, every request that queued while a
+// commit failed. They would otherwise each wait for a commit of their own
+// against a store that just did not answer within StoreTimeout: with the
+// database unreachable, an upload behind k batches would wait k timeouts.
+// Failing them keeps every upload's wait under two timeouts (the commit in
+// progress when it arrived, then its own); the next arrival tries the store
+// again.
+func (s *Service) failQueued(queue chan *request, err error) {
+	n := 0
+	for {
+		select {
+		case r, ok := <-queue:
+			if !ok {
+				return
+			}
+			s.queued.Add(-int64(len(r.rows)))
+			r.err = err
+			close(r.done)
+			if n++; n%wakeChunk == 0 {
+				runtime.Gosched()
+			}
+		default:
+			return
+		}
+	}
+}
+
+// commit writes one batch and wakes its waiters; it returns the error they
+// were answered with.
+func (s *Service) commit(reqs []*request, batch []kettle.Measurement) error {
 	start := time.Now()
 	received := s.now()
-	dup, err := s.store.Write(context.Background(), batch, received)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
+	dup, err := s.store.Write(ctx, batch, received)
+	cancel()
 	took := time.Since(start)
 	s.queued.Add(-int64(len(batch)))
 	ndup := 0
 	rawErr := err
 	if err != nil {
 		s.logStoreError(len(batch), err)
-		err = &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("store unavailable (%v); retry after %s", err, s.cfg.RetryAfter), RetryAfter: s.cfg.RetryAfter}
+		err = s.unavailable("store readings", err)
 	} else {
 		var changed []kettle.DeviceID
 		s.mu.Lock()
@@ -671,6 +720,7 @@ func (s *Service) commit(reqs []*request, batch []kettle.Measurement) {
 			runtime.Gosched()
 		}
 	}
+	return err
 }
 
 // wakeChunk is how many waiters a commit wakes before it yields the CPU
@@ -743,19 +793,15 @@ func (s *Service) RegisterIDs(ctx context.Context, ids []kettle.DeviceID) error 
 	return s.register(ctx, ids, 0)
 }
 
-// registerTimeout bounds a registration's store call, which does not end
-// with its client (register).
-const registerTimeout = 30 * time.Second
-
 // register stores ids and caches them, releasing the reserved slots (see
 // Register) in the same critical section as the devices take theirs. The
 // store call does not run on the client's context: a client that goes away
 // while the registration commits must not leave it stored but unknown to
 // this node (its count, the registry bound and a prune all go by the
-// cache); registerTimeout bounds it instead.
+// cache); Config.StoreTimeout bounds it instead.
 func (s *Service) register(ctx context.Context, ids []kettle.DeviceID, reserved int) error {
 	at := s.now().UTC().Truncate(kettle.TimePrecis)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), registerTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.StoreTimeout)
 	defer cancel()
 	err := s.store.Register(ctx, ids, at)
 	s.mu.Lock()
@@ -767,7 +813,7 @@ func (s *Service) register(ctx context.Context, ids []kettle.DeviceID, reserved 
 	}
 	s.mu.Unlock()
 	if err != nil {
-		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("register devices: store unavailable (%v); retry", err), RetryAfter: s.cfg.RetryAfter}
+		return s.unavailable("register devices", err)
 	}
 	return nil
 }
@@ -795,8 +841,10 @@ func (s *Service) Revoked(id kettle.DeviceID) bool {
 // Revoke decommissions a device durably, then in the cache: from then on its
 // credentials are refused; its history stays in the statistics.
 func (s *Service) Revoke(ctx context.Context, id kettle.DeviceID) error {
+	ctx, cancel := s.StoreContext(ctx)
+	defer cancel()
 	if err := s.store.Revoke(ctx, id, s.now().UTC().Truncate(kettle.TimePrecis)); err != nil {
-		return storeErr("revoke", err)
+		return s.StoreErr("revoke", err)
 	}
 	s.mu.Lock()
 	s.cache.add(id).revoked = true
@@ -848,8 +896,10 @@ func (s *Service) Command(id kettle.DeviceID) (kettle.Command, time.Duration) {
 // SetOverride stores an override durably, then applies it to the cache so
 // the kettle's next poll sees it.
 func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Override) error {
+	ctx, cancel := s.StoreContext(ctx)
+	defer cancel()
 	if err := s.store.SetOverride(ctx, id, o); err != nil {
-		return storeErr("set override", err)
+		return s.StoreErr("set override", err)
 	}
 	s.mu.Lock()
 	if d := s.cache.get(id); d != nil {
@@ -863,11 +913,13 @@ func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.
 
 // ClearOverride removes a device's override, durably, then from the cache.
 func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
+	ctx, cancel := s.StoreContext(ctx)
+	defer cancel()
 	if _, err := s.store.Device(ctx, id); err != nil {
-		return storeErr("clear override", err)
+		return s.StoreErr("clear override", err)
 	}
 	if err := s.store.ClearOverride(ctx, id); err != nil {
-		return storeErr("clear override", err)
+		return s.StoreErr("clear override", err)
 	}
 	s.mu.Lock()
 	if d := s.cache.get(id); d != nil {
@@ -878,16 +930,37 @@ func (s *Service) ClearOverride(ctx context.Context, id kettle.DeviceID) error {
 	return nil
 }
 
-// storeErr keeps domain errors (not found) and turns anything else into a
-// retryable 503: a failing store is an outage, not a bug of the caller.
-func storeErr(what string, err error) error {
+// StoreContext is ctx bounded by Config.StoreTimeout: every store call of
+// the service and of the adapters' reads runs on one.
+func (s *Service) StoreContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.StoreTimeout)
+}
+
+// StoreErr keeps the domain errors a store returns (not found, invalid,
+// forbidden: their messages are the store's own words about the request)
+// and turns anything else into a retryable 503 whose message names what
+// failed but not why: the driver's text (host, user, database, file path,
+// SQL) stays in Cause, for the log.
+func (s *Service) StoreErr(what string, err error) error {
 	switch kettle.ErrorCode(err) {
-	case kettle.EInternal:
-		return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: store unavailable (%v); retry", what, err), RetryAfter: time.Second}
+	case kettle.EInternal, kettle.EUnavailable:
+		return s.unavailable(what, err)
 	default:
 		return err
 	}
 }
 
-// StoreErr is storeErr for the adapters' read paths.
-func StoreErr(what string, err error) error { return storeErr(what, err) }
+// unavailable is the 503 for a failed store call: what failed, when to
+// retry, and the cause kept for the log only.
+func (s *Service) unavailable(what string, err error) error {
+	ra := s.cfg.RetryAfter
+	var e *kettle.Error
+	if errors.As(err, &e) && e.RetryAfter > ra {
+		ra = e.RetryAfter
+	}
+	msg := fmt.Sprintf("%s: the store is unavailable; retry after %s", what, ra)
+	if errors.Is(err, context.DeadlineExceeded) {
+		msg = fmt.Sprintf("%s: the store did not answer within %s (--store-timeout); retry after %s", what, s.cfg.StoreTimeout, ra)
+	}
+	return &kettle.Error{Code: kettle.EUnavailable, Message: msg, RetryAfter: ra, Cause: err}
+}

@@ -52,7 +52,7 @@ func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	defer s.pruneMu.Unlock()
 	start := s.now()
 	res := PruneResult{Before: start.Add(-olderThan).UTC().Truncate(kettle.TimePrecis), DryRun: dryRun}
-	n, err := PruneStore(ctx, s.store, res.Before, dryRun, func(removed []kettle.DeviceID) {
+	n, err := PruneStore(ctx, s.store, res.Before, dryRun, s.cfg.StoreTimeout, func(removed []kettle.DeviceID) {
 		if dryRun {
 			return
 		}
@@ -73,7 +73,7 @@ func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	s.mu.Unlock()
 	res.Removed, res.Took = n, s.now().Sub(start)
 	if err != nil {
-		return res, storeErr("prune devices", err)
+		return res, s.StoreErr("prune devices", err)
 	}
 	return res, nil
 }
@@ -106,14 +106,19 @@ func (s *Service) Pruned() int64 { return s.pruned.Load() }
 // transaction, and calls removed with each transaction's ids once it
 // committed (dryRun: the ids it would remove). It returns how many there
 // were; on an error (or ctx cancelled between transactions), how many
-// before it.
-func PruneStore(ctx context.Context, st kettle.Store, before time.Time, dryRun bool, removed func([]kettle.DeviceID)) (int, error) {
+// before it. timeout, when > 0, bounds each transaction (--store-timeout).
+func PruneStore(ctx context.Context, st kettle.Store, before time.Time, dryRun bool, timeout time.Duration, removed func([]kettle.DeviceID)) (int, error) {
 	n, after := 0, uuid.Nil
 	for {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		ids, next, err := st.Prune(ctx, before, after, pruneBatch, dryRun)
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			tctx, cancel = context.WithTimeout(ctx, timeout)
+		}
+		ids, next, err := st.Prune(tctx, before, after, pruneBatch, dryRun)
+		cancel()
 		if err != nil {
 			return n, err
 		}

@@ -5,6 +5,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +25,7 @@ import (
 
 	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // ReportingWindow is how recently a device must have stored a reading to
@@ -64,12 +68,24 @@ type API struct {
 	mux    *http.ServeMux
 	routes []string
 	tokens *tokenCache
+	// strict holds every route of mux but its catch-all: asked only for a
+	// request no route took, it tells 405 (with the methods the path
+	// allows) from 404, by the mux's own matching rules.
+	strict *http.ServeMux
+	// literal holds the methods of each path the API names without a
+	// wildcard (literalMethods).
+	literal map[string][]string
+	ids     requestIDs
+	// errLog thins the log lines that carry the internal cause of a
+	// failed request (an outage fails thousands a second).
+	errLog logthin.Limiter
 }
 
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
 func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux()}
+	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), literal: map[string][]string{}, ids: newRequestIDs()}
+	a.errLog.Burst = 10
 	a.tokens = newTokenCache(cfg.Secret, cfg.PreviousSecret, func(id kettle.DeviceID) { a.previousUsed("device", id) })
 	m := routeRecorder{a}
 	// Case-study protocol.
@@ -96,11 +112,73 @@ func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(OpenAPI)
 	})
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, a.log, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", r.Method, truncate(r.URL.Path, 128)))
-	})
+	a.mux.HandleFunc("/", a.noRoute)
+	a.literalMethods()
 	return a
 }
+
+// methods are those a route may be declared for (HEAD goes with GET).
+var methods = []string{"GET", "POST", "PUT", "PATCH", "DELETE"}
+
+// literalMethods makes a path the API names literally (/v1/devices/prune)
+// answer 405 to the methods it does not declare, even where a wildcard
+// route (GET /v1/devices/{id}) would take them: to a client it is its own
+// resource, with its own Allow.
+func (a *API) literalMethods() {
+	for path, ms := range a.literal {
+		for _, m := range methods {
+			if slices.Contains(ms, m) {
+				continue
+			}
+			if _, pat := a.strict.Handler(&http.Request{Method: m, URL: &url.URL{Path: path}, Host: "x"}); pat != "" {
+				a.mux.HandleFunc(m+" "+path, a.noRoute)
+			}
+		}
+	}
+}
+
+// noRoute answers a request no route took: 405 with Allow when the path
+// has routes for other methods, else 404; both as JSON errors.
+func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
+	allow := ""
+	if ms, ok := a.literal[r.URL.Path]; ok {
+		allow = allowOf(ms)
+	} else {
+		h, _ := a.strict.Handler(r)
+		probe := &statusProbe{header: http.Header{}}
+		h.ServeHTTP(probe, r)
+		if probe.status == http.StatusMethodNotAllowed {
+			allow = probe.header.Get("Allow")
+		}
+	}
+	if allow != "" {
+		w.Header().Set("Allow", allow)
+		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", truncate(r.Method, 16), truncate(r.URL.Path, 128), allow))
+		return
+	}
+	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", truncate(r.Method, 16), truncate(r.URL.Path, 128)))
+}
+
+// allowOf is an Allow header for the declared methods ms (GET brings HEAD),
+// sorted as net/http sorts its own.
+func allowOf(ms []string) string {
+	all := slices.Clone(ms)
+	if slices.Contains(all, "GET") {
+		all = append(all, "HEAD")
+	}
+	slices.Sort(all)
+	return strings.Join(all, ", ")
+}
+
+// statusProbe records what the strict mux's own 404/405 handler answers.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.status = code }
 
 // routeRecorder registers on the mux and remembers the API's own routes, so
 // a test can hold the OpenAPI document against them.
@@ -108,6 +186,10 @@ type routeRecorder struct{ a *API }
 
 func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 	r.a.mux.HandleFunc(pattern, h)
+	r.a.strict.HandleFunc(pattern, h)
+	if m, path, ok := strings.Cut(pattern, " "); ok && !strings.Contains(path, "{") {
+		r.a.literal[path] = append(r.a.literal[path], m)
+	}
 	if strings.Contains(pattern, " ") {
 		r.a.routes = append(r.a.routes, pattern)
 	}
@@ -117,7 +199,10 @@ func (r routeRecorder) HandleFunc(pattern string, h http.HandlerFunc) {
 func (a *API) Routes() []string { return append([]string(nil), a.routes...) }
 
 // Handle mounts another handler on the API's mux (the dashboard).
-func (a *API) Handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
+func (a *API) Handle(pattern string, h http.Handler) {
+	a.mux.Handle(pattern, h)
+	a.strict.Handle(pattern, h)
+}
 
 // HandleRoute mounts a handler that is part of the documented API (e.g.
 // /metrics): it is listed by Routes and must be in the OpenAPI document.
@@ -125,15 +210,24 @@ func (a *API) HandleRoute(pattern string, h http.Handler) {
 	routeRecorder{a}.HandleFunc(pattern, h.ServeHTTP)
 }
 
-// ServeHTTP serves the routes.
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the routes. Every answer carries an X-Request-Id (the
+// client's or a proxy's when it sent a usable one): an error body repeats
+// it, and the log line with the error's internal cause names it.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header()[RequestIDHeader] = []string{a.ids.of(r)}
+	a.mux.ServeHTTP(w, r)
+}
 
 // ---- errors and JSON ----
 
-type errorBody struct {
-	Error   kettle.Code         `json:"error"`
-	Message string              `json:"message"`
-	Fields  []kettle.FieldError `json:"fields,omitempty"`
+// ErrorJSON is every error answer's body: a stable code, a message for a
+// person (never the internal cause: no driver, SQL, DSN or path text), the
+// bad fields, and the request id the server's log names it by.
+type ErrorJSON struct {
+	Error     kettle.Code         `json:"error"`
+	Message   string              `json:"message"`
+	Fields    []kettle.FieldError `json:"fields,omitempty"`
+	RequestID string              `json:"request_id"`
 }
 
 // Status maps an error code to its HTTP status — the one place this happens.
@@ -153,6 +247,8 @@ func Status(code kettle.Code) int {
 		return http.StatusTooManyRequests
 	case kettle.EUnavailable:
 		return http.StatusServiceUnavailable
+	case kettle.EMethod:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }
@@ -160,11 +256,16 @@ func Status(code kettle.Code) int {
 // maxFieldsAnswered is how many field errors a 4xx answer lists.
 const maxFieldsAnswered = 100
 
-func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
+func (a *API) writeError(w http.ResponseWriter, err error) {
+	id := w.Header().Get(RequestIDHeader)
 	var e *kettle.Error
 	if !errors.As(err, &e) {
-		e = &kettle.Error{Code: kettle.EInternal, Message: "internal error; see the server log"}
-		log.Error("internal error", "err", err)
+		e = &kettle.Error{Code: kettle.EInternal, Message: "internal error; the server log names this request id", Cause: err}
+	}
+	if e.Cause != nil {
+		if ok, skipped := a.errLog.Allow(time.Now()); ok {
+			a.log.Warn("request failed", "request_id", id, "code", string(e.Code), "err", e.Error(), "similar_not_logged_since_last_line", skipped)
+		}
 	}
 	status := Status(e.Code)
 	if e.Code == kettle.EUnavailable || e.Code == kettle.ETooMany {
@@ -183,7 +284,7 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 		// readings would be a ~500 KB answer to a 3 KB request.
 		fields = append(fields[:maxFieldsAnswered:maxFieldsAnswered], kettle.FieldError{Field: "…", Message: fmt.Sprintf("%d more field errors not listed", len(e.Fields)-maxFieldsAnswered)})
 	}
-	writeJSON(w, status, errorBody{Error: e.Code, Message: e.Error(), Fields: fields})
+	writeJSON(w, status, ErrorJSON{Error: e.Code, Message: e.Public(), Fields: fields, RequestID: id})
 }
 
 // writeJSON answers v as JSON with goccy/go-json, as the ingest path
@@ -246,15 +347,15 @@ func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if !ok {
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "operator token required: send Authorization: Bearer <token> (kettle serve prints where it is kept)"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "operator token required: send Authorization: Bearer <token> (kettle serve prints where it is kept)"))
 			return
 		}
 		if !a.isOperator(tok) {
 			if a.isDeviceToken(tok) {
-				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
+				a.writeError(w, kettle.Errorf(kettle.EForbidden, "a device token cannot use operator endpoints"))
 				return
 			}
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "wrong operator token"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "wrong operator token"))
 			return
 		}
 		h(w, r)
@@ -336,7 +437,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := uuid.Parse(r.PathValue("id"))
 		if err != nil {
-			writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
+			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
 			return
 		}
 		tok, ok := bearer(r)
@@ -345,21 +446,21 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 			return
 		}
 		if !ok {
-			writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "token required: send Authorization: Bearer <operator or device token>"))
+			a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "token required: send Authorization: Bearer <operator or device token>"))
 			return
 		}
 		if !a.isOperator(tok) {
 			dev, ok := a.tokens.verify(tok)
 			if !ok || a.svc.Revoked(dev) {
-				writeError(w, a.log, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
+				a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
 				return
 			}
 			if dev != id {
-				writeError(w, a.log, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
+				a.writeError(w, kettle.Errorf(kettle.EForbidden, "a device may read only its own data"))
 				return
 			}
 			if err := a.allow(r, id); err != nil { // a device's reads count against its rate
-				writeError(w, a.log, err)
+				a.writeError(w, err)
 				return
 			}
 		}
@@ -385,28 +486,28 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 
 func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
 	if err := holdOverRate(r, a.svc.AllowLogin(remoteAddr(r))); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req struct {
 		Username *string `json:"username"`
 	}
 	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	if req.Username == nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
 		return
 	}
 	ids, err := a.svc.Register(r.Context(), 1)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]string{"username": ids[0].String()})
@@ -419,7 +520,7 @@ var (
 func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.v0Device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	c, _ := a.svc.Command(id)
@@ -454,7 +555,7 @@ func (a *API) admitIngest(w http.ResponseWriter, r *http.Request) (release func(
 	}
 	release, err := a.cfg.AdmitIngest(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return nil, false
 	}
 	return release, true
@@ -468,21 +569,21 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	id, err := a.v0Device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	m, err := DecodeV0(body, id, a.svc.Window())
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	if _, _, err := a.svc.Ingest(r.Context(), []kettle.Measurement{m}); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -493,27 +594,17 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery, error) {
 	q := kettle.StatsQuery{ReportingSince: a.svc.Now().Add(-ReportingWindow)}
 	var errs []kettle.FieldError
-	parse := func(name string, dst *time.Time) {
-		if v := r.URL.Query().Get(name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				errs = append(errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
-				return
-			}
-			*dst = t.UTC()
-		}
-	}
-	parse("from", &q.From)
-	parse("to", &q.To)
-	if len(errs) == 0 && !q.From.IsZero() && !q.To.IsZero() && !q.To.After(q.From) {
-		errs = append(errs, kettle.FieldError{Field: "to", Message: "must be after from"})
-	}
+	queryTime(r, "from", &q.From, &errs)
+	queryTime(r, "to", &q.To, &errs)
+	checkRange(q.From, q.To, &errs)
 	if len(errs) > 0 {
 		return kettle.Statistics{}, q, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs}
 	}
-	s, err := a.svc.Store().Statistics(r.Context(), q)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	s, err := a.svc.Store().Statistics(ctx, q)
 	if err != nil {
-		return s, q, fleet.StoreErr("statistics", err)
+		return s, q, a.svc.StoreErr("statistics", err)
 	}
 	return s, q, nil
 }
@@ -521,7 +612,7 @@ func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery,
 func (a *API) v0Statistics(w http.ResponseWriter, r *http.Request) {
 	s, _, err := a.statistics(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	hours := make([][2]any, 0, 24)
@@ -626,15 +717,15 @@ func pollSeconds(d time.Duration) int {
 func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	req := struct {
 		Count *int `json:"count"`
 	}{}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		if err := decodeJSON(body, &req); err != nil {
-			writeError(w, a.log, err)
+	if len(bytes.TrimSpace(body)) > 0 {
+		if err := decodeObject(body, &req, "count"); err != nil {
+			a.writeError(w, err)
 			return
 		}
 	}
@@ -643,12 +734,12 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 		n = *req.Count
 	}
 	if n < 1 || n > kettle.MaxBatch {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
 		return
 	}
 	ids, err := a.svc.Register(r.Context(), n)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	type dev struct {
@@ -662,9 +753,42 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]any{"devices": out})
 }
 
+// queryValue is a query parameter's value and whether it was given: a
+// parameter given empty (?after=) is a value the document does not allow,
+// not an absent one.
+func queryValue(r *http.Request, name string) (string, bool) {
+	vs, ok := r.URL.Query()[name]
+	if !ok {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// queryTime parses an RFC 3339 query parameter into dst (UTC) when given.
+func queryTime(r *http.Request, name string, dst *time.Time, errs *[]kettle.FieldError) {
+	v, ok := queryValue(r, name)
+	if !ok {
+		return
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+		return
+	}
+	*dst = t.UTC()
+}
+
+// checkRange refuses a range whose end is not after its start: the same
+// rule for history and statistics, stated in openapi.json's descriptions.
+func checkRange(from, to time.Time, errs *[]kettle.FieldError) {
+	if len(*errs) == 0 && !from.IsZero() && !to.IsZero() && !to.After(from) {
+		*errs = append(*errs, kettle.FieldError{Field: "to", Message: fmt.Sprintf("must be after from (%s), got %s", from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))})
+	}
+}
+
 func queryInt(r *http.Request, name string, def, min, max int, errs *[]kettle.FieldError) int {
-	v := r.URL.Query().Get(name)
-	if v == "" {
+	v, ok := queryValue(r, name)
+	if !ok {
 		return def
 	}
 	n, err := strconv.Atoi(v)
@@ -679,7 +803,7 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 	var errs []kettle.FieldError
 	limit := queryInt(r, "limit", 20, 1, 1000, &errs)
 	after := uuid.Nil
-	if v := r.URL.Query().Get("after"); v != "" {
+	if v, ok := queryValue(r, "after"); ok {
 		id, err := uuid.Parse(v)
 		if err != nil {
 			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", truncate(v, 64))})
@@ -687,12 +811,14 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 		after = id
 	}
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	ds, err := a.svc.Store().Devices(r.Context(), after, limit)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	ds, err := a.svc.Store().Devices(ctx, after, limit)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("list devices", err))
+		a.writeError(w, a.svc.StoreErr("list devices", err))
 		return
 	}
 	out := make([]DeviceJSON, len(ds))
@@ -707,9 +833,11 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) getDevice(w http.ResponseWriter, r *http.Request, id kettle.DeviceID) {
-	d, err := a.svc.Store().Device(r.Context(), id)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	d, err := a.svc.Store().Device(ctx, id)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("get device", err))
+		a.writeError(w, a.svc.StoreErr("get device", err))
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -719,30 +847,23 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 	var errs []kettle.FieldError
 	q := kettle.HistoryQuery{Device: id}
 	q.Limit = queryInt(r, "limit", 100, 1, 1000, &errs)
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &q.From}, {"to", &q.To}, {"after", &q.After}} {
-		if v := r.URL.Query().Get(p.name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				errs = append(errs, kettle.FieldError{Field: p.name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
-				continue
-			}
-			*p.dst = t.UTC()
-		}
-	}
+	queryTime(r, "from", &q.From, &errs)
+	queryTime(r, "to", &q.To, &errs)
+	queryTime(r, "after", &q.After, &errs)
+	checkRange(q.From, q.To, &errs)
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	if _, err := a.svc.Store().Device(r.Context(), id); err != nil {
-		writeError(w, a.log, fleet.StoreErr("history", err))
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	if _, err := a.svc.Store().Device(ctx, id); err != nil {
+		a.writeError(w, a.svc.StoreErr("history", err))
 		return
 	}
-	ms, err := a.svc.Store().History(r.Context(), q)
+	ms, err := a.svc.Store().History(ctx, q)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("history", err))
+		a.writeError(w, a.svc.StoreErr("history", err))
 		return
 	}
 	out := make([]*MeasurementJSON, len(ms))
@@ -759,17 +880,17 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req OverrideJSON
-	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+	if err := decodeObject(body, &req, "charge", "fill", "flush_ml_per_s", "expires_at"); err != nil {
+		a.writeError(w, err)
 		return
 	}
 	now := a.svc.Now()
@@ -788,17 +909,19 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		errs = append(errs, kettle.FieldError{Field: "charge", Message: "set at least one of charge, fill, flush_ml_per_s"})
 	}
 	if len(errs) > 0 {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid override", Fields: errs})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid override", Fields: errs})
 		return
 	}
 	o := kettle.Override{Charge: req.Charge, Fill: req.Fill, FlushMLPerS: req.FlushMLPerS, ExpiresAt: req.ExpiresAt.UTC().Truncate(kettle.TimePrecis), SetAt: now.UTC().Truncate(kettle.TimePrecis)}
 	if err := a.svc.SetOverride(r.Context(), id, o); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
-	d, err := a.svc.Store().Device(r.Context(), id)
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	d, err := a.svc.Store().Device(ctx, id)
 	if err != nil {
-		writeError(w, a.log, fleet.StoreErr("get device", err))
+		a.writeError(w, a.svc.StoreErr("get device", err))
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -809,11 +932,11 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	if err := a.svc.Revoke(r.Context(), id); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -830,12 +953,12 @@ type PruneJSON struct {
 func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 	body, err := readBody(w, r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	var req PruneJSON
-	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, a.log, err)
+	if err := decodeObject(body, &req, "older_than", "dry_run"); err != nil {
+		a.writeError(w, err)
 		return
 	}
 	age, err := kettle.ParseAge(req.OlderThan)
@@ -843,7 +966,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("required: an age such as 24h or 7d")
 	}
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune", Fields: []kettle.FieldError{{Field: "older_than", Message: err.Error()}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid prune", Fields: []kettle.FieldError{{Field: "older_than", Message: err.Error()}}})
 		return
 	}
 	// A registry of a million stale devices takes a thousand transactions:
@@ -851,7 +974,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(pruneWriteTimeout))
 	res, err := a.svc.Prune(r.Context(), age, req.DryRun)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]any{
@@ -869,11 +992,11 @@ const pruneWriteTimeout = 10 * time.Minute
 func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		writeError(w, a.log, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
 	if err := a.svc.ClearOverride(r.Context(), id); err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -904,20 +1027,20 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	id, err := a.device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up := getUpload()
 	defer putUpload(up)
 	body, err := readBodyBuf(w, r, up.body)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up.body = body
 	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Window())
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	up.ms = ms
@@ -925,7 +1048,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	// nothing keeps ms or body past it, so they go back to the pool.
 	stored, dups, err := a.svc.Ingest(r.Context(), ms)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, map[string]int{"stored": stored, "duplicates": dups})
@@ -934,7 +1057,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.device(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	c, next := a.svc.Command(id)
@@ -1009,7 +1132,7 @@ type MeanJSON struct {
 func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 	s, q, err := a.statistics(r)
 	if err != nil {
-		writeError(w, a.log, err)
+		a.writeError(w, err)
 		return
 	}
 	out := StatsJSON{
@@ -1020,11 +1143,15 @@ func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 		TotalPotentialCmL: s.TotalPotentialCmL, TotalPotentialJ: s.TotalPotentialJ(),
 		ByHour: make([]HourJSON, 24),
 	}
+	// The range aggregated: the stores sum whole hours of rollups, from
+	// the hour holding from up to the hour holding to, that one excluded.
 	if !q.From.IsZero() {
-		out.From = &q.From
+		f := q.From.Truncate(time.Hour)
+		out.From = &f
 	}
 	if !q.To.IsZero() {
-		out.To = &q.To
+		t := q.To.Truncate(time.Hour)
+		out.To = &t
 	}
 	for i, h := range s.ByHour {
 		out.ByHour[i] = HourJSON{Hour: i, Count: h.Water.N, Water: MeanJSON{h.Water.Mean, h.Water.Stddev()}, Ambient: MeanJSON{h.Ambient.Mean, h.Ambient.Stddev()}}
@@ -1033,8 +1160,14 @@ func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := a.svc.Store().Ping(r.Context()); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "store": err.Error()})
+	ctx, cancel := a.svc.StoreContext(r.Context())
+	defer cancel()
+	if err := a.svc.Store().Ping(ctx); err != nil {
+		id := w.Header().Get(RequestIDHeader)
+		if ok, skipped := a.errLog.Allow(time.Now()); ok {
+			a.log.Warn("not ready: the store does not answer", "request_id", id, "err", err, "similar_not_logged_since_last_line", skipped)
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "store": "unavailable", "request_id": id})
 		return
 	}
 	writeJSON(w, 200, map[string]string{"status": "ready"})

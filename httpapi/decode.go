@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -269,4 +270,30 @@ func decodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Mea
 		return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
 	}
 	return []kettle.Measurement{m}, nil
+}
+
+// decodeObject decodes a request body that must be one JSON object whose
+// members named in known are never null: the document gives each a type,
+// and null is none of them (taking it as "absent" accepted what the
+// document calls invalid: {"count": null}, and the body null itself, made a
+// device). Other members are ignored, as the document allows.
+func decodeObject(body []byte, v any, known ...string) error {
+	var members map[string]json.RawMessage
+	if err := decodeJSON(body, &members); err != nil {
+		return err
+	}
+	if members == nil {
+		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "body", Message: "must be a JSON object, got null"}}}
+	}
+	var errs []kettle.FieldError
+	for k, raw := range members {
+		if slices.Contains(known, k) && string(bytes.TrimSpace(raw)) == "null" {
+			errs = append(errs, kettle.FieldError{Field: k, Message: "must not be null: leave it out for its default"})
+		}
+	}
+	if len(errs) > 0 {
+		slices.SortFunc(errs, func(a, b kettle.FieldError) int { return strings.Compare(a.Field, b.Field) })
+		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: errs}
+	}
+	return decodeJSON(body, v)
 }

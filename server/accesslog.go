@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
@@ -97,6 +98,8 @@ func accessLog(next http.Handler, log *slog.Logger, sample float64, now func() t
 			slog.Int("bytes_out", sw.bytes),
 			slog.String("device", dev),
 			slog.String("remote", r.RemoteAddr),
+			// the id the error body names, and the error's detail line
+			slog.String("request_id", sw.Header().Get(httpapi.RequestIDHeader)),
 		}
 		if suppressed > 0 {
 			attrs = append(attrs, slog.Int64("suppressed_"+strconv.Itoa(sw.status), suppressed))

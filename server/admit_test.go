@@ -46,7 +46,9 @@ func metricValue(t *testing.T, srv *server.Server, series string) float64 {
 func TestIngestAdmission(t *testing.T) {
 	dir := t.TempDir()
 	srv := start(t, "sqlite:"+dir+"/k.db", func(c *server.Config) {
-		c.Ingest = fleet.Config{QueueRows: 2, BatchRows: 1}
+		// The store's lock is held longer than the default --store-timeout:
+		// this test is about admission, not about the store's deadline.
+		c.Ingest = fleet.Config{QueueRows: 2, BatchRows: 1, StoreTimeout: time.Minute}
 	})
 	c := newClient(t, srv)
 	id := uuid.New()

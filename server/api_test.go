@@ -374,7 +374,8 @@ func TestBadInput(t *testing.T) {
 	f("{\"time\":\"\xff\xfe\"}", 400, "")
 	f(repl("water_temp_c", `"'; DROP TABLE measurements; --"`), 400, "water_temp_c")
 	f(repl("battery_charge_mwh", `{"$gt":0}`), 400, "battery_charge_mwh")
-	f(repl("battery_charge_mwh", `1e308`), 200, "")
+	f(repl("battery_charge_mwh", `1e308`), 400, "battery_charge_mwh")
+	f(repl("battery_charge_mwh", `1e9`), 200, "")
 
 	// Case-study endpoint and operator inputs.
 	id := login(t, c)

@@ -107,16 +107,22 @@ func TestHostileInput(t *testing.T) {
 	v1("nan/string", v1f("water_temp_c", `"NaN"`), 400, "field:water_temp_c")
 	v0("nan/infinity", strings.Replace(v0ok, `"water_temp":60`, `"water_temp":Infinity`, 1), 400, "malformed JSON")
 
-	// Huge numbers: beyond float64 is refused naming the field; a finite
-	// reading that is merely implausible is stored (reject only what cannot
-	// be a reading), but temperatures have a physical range.
+	// Huge numbers: beyond float64 is refused naming the field, and so is
+	// a quantity beyond kettle.MaxQuantity (1e9 mWh, mW or mL: no kettle;
+	// unbounded ones overflowed the fleet's sums to NaN and failed the whole
+	// batch they were in with 503). Up to it, a reading that is merely
+	// implausible is stored; temperatures have a physical range.
 	for _, f := range []string{"battery_charge_mwh", "battery_full_mwh", "battery_rate_mw", "ambient_temp_c", "water_temp_c", "water_level_ml"} {
 		v1("huge/1e309/"+f, v1f(f, `1e309`), 400, "field:"+f)
 		v1("huge/-1e309/"+f, v1f(f, `-1e309`), 400, "field:"+f)
 	}
 	v1("huge/400-digit-integer", v1f("water_level_ml", strings.Repeat("9", 400)), 400, "field:water_level_ml")
 	v1("huge/1e308-temperature", v1f("water_temp_c", `1e308`), 400, "field:water_temp_c")
-	v1("huge/-1e308-rate-is-a-reading", v1f("battery_rate_mw", `-1e308`), 200, "")
+	v1("huge/-1e308-rate", v1f("battery_rate_mw", `-1e308`), 400, "field:battery_rate_mw")
+	v1("huge/1e308-level", v1f("water_level_ml", `1e308`), 400, "field:water_level_ml")
+	v1("huge/-1e9-rate-is-a-reading", v1f("battery_rate_mw", `-1e9`), 200, "")
+	// the largest level at the widest temperature gap: the sums hold it
+	v1("huge/1e9-level-is-a-reading", strings.Replace(strings.Replace(v1f("water_level_ml", `1e9`), `"water_temp_c":60`, `"water_temp_c":150`, 1), `"ambient_temp_c":20`, `"ambient_temp_c":-50`, 1), 200, "")
 	v1("huge/denormal", v1f("water_level_ml", `5e-324`), 200, "")
 	v0("huge/1e309", v0f("charge_full", `1e309`), 400, "field:charge_full")
 
@@ -197,7 +203,8 @@ func TestHostileInput(t *testing.T) {
 	})
 
 	// Protocol-level oddities.
-	check("method/unknown-route", "DELETE", "/v1/measurements", tok, "", 404, "no route")
+	check("method/not-allowed", "DELETE", "/v1/measurements", tok, "", 405, "not allowed")
+	check("path/unknown", "GET", "/v1/nothing-here", tok, "", 404, "no route")
 	// Headers over the 16 KiB limit, answered by net/http itself before any
 	// route: every operation documents the 431 (held against openapi.json by
 	// c.do, like every other answer).

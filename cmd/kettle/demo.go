@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -61,14 +62,18 @@ func runDemo(ctx context.Context, args []string) error {
 	// Both ends of every connection live in this process: give the server
 	// half of the file descriptors.
 	half := sim.FDBudget(0) / 2
-	srv, err := server.Start(ctx, server.Config{
+	scfg := server.Config{
 		Addr:            "127.0.0.1:0",
 		DB:              "sqlite:" + filepath.Join(dir, "kettle.db"),
 		DataDir:         dir,
 		MaxConns:        half,
 		AccessLogSample: 0,
 		Logger:          slog.New(slog.NewJSONHandler(logf, nil)),
-	})
+	}
+	if err := errors.Join(scfg.Validate()...); err != nil {
+		return err
+	}
+	srv, err := server.Start(ctx, scfg)
 	if err != nil {
 		return fmt.Errorf("start the in-process server: %w", err)
 	}

@@ -66,7 +66,7 @@ func runPrune(ctx context.Context, args []string) error {
 	beat()
 	start := time.Now()
 	before := start.Add(-age).UTC().Truncate(kettle.TimePrecis)
-	n, err := fleet.PruneStore(ctx, st, before, *dryRun, func([]kettle.DeviceID) { beat() })
+	n, err := fleet.PruneStore(ctx, st, before, *dryRun, 0, func([]kettle.DeviceID) { beat() })
 	if err != nil {
 		return fmt.Errorf("prune devices registered before %s (%d removed first): %w", before.Format(time.RFC3339), n, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -122,6 +123,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "keep-alive connections idle longer are closed (keep it above the kettles' interval)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
+	fs.DurationVar(&cfg.Ingest.StoreTimeout, "store-timeout", fleet.DefaultStoreTimeout, "deadline of every store call (a batch commit, a registration, an override, a read): an upload whose commit does not finish in time is answered 503 + Retry-After, within twice this even when the database is unreachable (packets dropped), while polls keep being answered from memory")
 	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool (the server opens one more, outside it, for the database server's statistics on /metrics)")
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
@@ -145,26 +147,8 @@ func runServe(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if r := cfg.Ingest.DeviceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--device-rate %g: want requests a second per kettle from 0.001 to 1e6 (e.g. 1, or 0.2 for one every 5 s), or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.DeviceBurst; b < 1 || b > 1_000_000 {
-		return fmt.Errorf("--device-burst %d: want 1 to 1000000 (requests a kettle may make at once)", b)
-	}
-	if r := cfg.Ingest.LoginRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--login-rate %g: want registrations a second from 0.001 to 1e6, or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.LoginBurst; b < 1 || b > 10_000_000 {
-		return fmt.Errorf("--login-burst %d: want 1 to 10000000 (registrations at once)", b)
-	}
-	if r := cfg.Ingest.LoginSourceRate; r != 0 && !(r >= 0.001 && r <= 1e6) {
-		return fmt.Errorf("--login-rate-per-source %g: want registrations a second from one address from 0.001 to 1e6, or 0 for no limit", r)
-	}
-	if b := cfg.Ingest.LoginSourceBurst; b < 1 || b > 10_000_000 {
-		return fmt.Errorf("--login-burst-per-source %d: want 1 to 10000000 (registrations at once from one address)", b)
-	}
-	if n := cfg.Ingest.MaxDevices; n < 0 {
-		return fmt.Errorf("--max-devices %d: want the most devices to register, or 0 for no bound", n)
+	if err := errors.Join(cfg.Validate()...); err != nil {
+		return err
 	}
 	log, err := logger(*logFormat, *logLevel)
 	if err != nil {

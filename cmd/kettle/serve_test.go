@@ -326,6 +326,24 @@ func TestServeHelpIsTheReference(t *testing.T) {
 			t.Errorf("kettle serve %v: %v\n%s\nwant a refusal naming %s", args, err, out, args[len(args)-2])
 		}
 	}
+	// The configuration's own checks (server.Config.Validate), by flag.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ingest-queue", "500"}, "--ingest-queue 500 is smaller than the largest upload (1000 readings)"},
+		{[]string{"--store-timeout", "-1s"}, "--store-timeout -1s:"},
+		{[]string{"--access-log-sample", "2"}, "--access-log-sample 2:"},
+		{[]string{"--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
+	} {
+		out, err := exec.Command(kettleBin, append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, c.args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("kettle serve %v: %v\n%s\nwant a refusal saying %q", c.args, err, out, c.want)
+		}
+	}
+	if !strings.Contains(string(out), "--store-timeout  [KETTLE_STORE_TIMEOUT]") {
+		t.Error("kettle serve --help lacks --store-timeout [KETTLE_STORE_TIMEOUT]")
+	}
 	for _, v := range []string{"5m", "soon", "-1h"} {
 		out, err := exec.Command(kettleBin, "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--prune-unreported", v).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), "prune-unreported") || !strings.Contains(string(out), `"`+v+`"`) {

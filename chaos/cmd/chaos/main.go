@@ -1,7 +1,7 @@
 // Command chaos is `make chaos`: faults, overload and hostile input against
 // real kettle serve processes, each part judged from the outside.
 //
-//	go run ./chaos/cmd/chaos [flags] all|crash|outage|overload|slow|badinput|auth ...
+//	go run ./chaos/cmd/chaos [flags] all|crash|outage|outage-blackhole|overload|slow|badinput|auth ...
 //
 // Every part prints one verdict line ("chaos PART: PASS|FAIL — …") and the
 // command exits non-zero if any part failed. `all` runs every part and then
@@ -55,7 +55,8 @@ type part struct {
 var parts = []part{
 	{"crash", "1. Crash (kill -9 mid-run)", partCrash},
 	{"outage", "2. Database outage (PostgreSQL stopped 30 s)", partOutage},
-	{"overload", "3. Overload (10× the fleet's request rate, 2 min)", partOverload},
+	{"outage-blackhole", "2b. Database unreachable (packets to PostgreSQL dropped 30 s)", partOutageBlackhole},
+	{"overload", "3. Overload (a multiple of the measured capacity's request rate, 2 min)", partOverload},
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
@@ -71,7 +72,11 @@ type env struct {
 	// overload's --max-conns and duration (flags, to try other limits)
 	overloadMaxConns int
 	overloadDuration time.Duration
-	overloadInterval time.Duration
+	// overload's offered load: overloadMultiple × the request rate of
+	// overloadCapacity kettles at a 30 s interval (0: measured in the same
+	// run by a short kettle capacity).
+	overloadCapacity int
+	overloadMultiple float64
 	log              *os.File // chaos.log: every process's output and our notes
 	// mqttstorm's fleet sizes (mqttstorm.go)
 	stormHeld, stormKettles, stormMaxConns int
@@ -89,7 +94,8 @@ const usage = `usage: chaos [flags] PART...
 Parts (run in the order given; "all" = every part, then docs/reliability.md):
   crash     kill -9 kettle serve under a swarm, restart it; audit (PostgreSQL and SQLite)
   outage    stop PostgreSQL 30 s under a swarm: polls, 503s, /readyz, drain, audit
-  overload  10× the fleet's request rate for 2 min: memory bound, fast 503s, polls, recovery
+  outage-blackhole  the same with PostgreSQL unreachable (a proxy drops its traffic 30 s)
+  overload  a short kettle capacity, then 10× its request rate for 2 min: memory bound, fast 503s, polls, recovery
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
@@ -105,8 +111,9 @@ func main() {
 	doc := fs.String("doc", "", "the generated page (default: ROOT/docs/reliability.md)")
 	fuzztime := fs.Duration("fuzztime", 20*time.Second, "time given to each fuzz target")
 	omc := fs.Int("overload-max-conns", 4000, "overload: kettle serve --max-conns (the swarm uses 3000 connections)")
-	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the 10× load lasts")
-	oiv := fs.Duration("overload-interval", 750*time.Millisecond, "overload: each of the 20,000 swarm kettles' interval (750ms = 10× the request rate of the 80,000 kettles kettle capacity measured at 30 s; 3s = 10× the 20,000-kettle fleet)")
+	odur := fs.Duration("overload-duration", 2*time.Minute, "overload: how long the overload lasts")
+	ocap := fs.Int("overload-capacity", 0, "overload: the kettles (at a 30 s interval) kettle serve holds, whose request rate is multiplied (0: measured first in the same run by a short kettle capacity against the same binary)")
+	omul := fs.Float64("overload-multiple", 10, "overload: the offered request rate as a multiple of --overload-capacity's")
 	sheld := fs.Int("storm-held", 16000, "mqttstorm: MQTT kettles the node holds")
 	skettles := fs.Int("storm-kettles", 16000, "mqttstorm: kettles reconnecting at once")
 	swindow := fs.Duration("storm-window", 10*time.Second, "mqttstorm: the window they reconnect in")
@@ -150,7 +157,7 @@ func main() {
 		fatal(err)
 	}
 	defer logf.Close()
-	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadInterval: *oiv,
+	e := &env{root: root, out: *out, fuzztime: *fuzztime, log: logf, overloadMaxConns: *omc, overloadDuration: *odur, overloadCapacity: *ocap, overloadMultiple: *omul,
 		stormHeld: *sheld, stormKettles: *skettles, stormWindow: *swindow, stormMaxConns: *smax}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

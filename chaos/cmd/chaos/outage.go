@@ -5,15 +5,28 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
 // Outage: PostgreSQL is stopped (pg_ctl stop -m fast) for 30 s while a
 // swarm runs. Probes on their own connections measure what a kettle and an
 // orchestrator see before, during and after.
-func partOutage(ctx context.Context, e *env) *Result {
+func partOutage(ctx context.Context, e *env) *Result { return outage(ctx, e, false) }
+
+// Blackhole outage: the same, but PostgreSQL stays up and becomes
+// unreachable: a proxy between kettle serve and it stops forwarding
+// (packets dropped, nothing closed), so only --store-timeout ends a call.
+func partOutageBlackhole(ctx context.Context, e *env) *Result { return outage(ctx, e, true) }
+
+// outageStoreTimeout is the --store-timeout the outage parts run with (the
+// default): uploads must be answered within twice it.
+const outageStoreTimeout = 5 * time.Second
+
+func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	const (
 		devices  = 1000
 		interval = 2 * time.Second
@@ -21,19 +34,32 @@ func partOutage(ctx context.Context, e *env) *Result {
 		outage   = 30 * time.Second
 		duration = 90 * time.Second
 	)
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve on PostgreSQL under kettle swarm (%d v1 kettles, every %s, %s); %s in, PostgreSQL stopped with `pg_ctl stop -m fast` "+
-		"for %s, then started again. Probes on their own keep-alive connections: GET /v1/command 10/s, POST /v1/measurements 4/s, GET /readyz and /healthz 2/s; "+
-		"then the swarm audits every acknowledged reading.", devices, interval, duration, before, outage)}
+	name, how := "outage", "PostgreSQL stopped with `pg_ctl stop -m fast`"
+	if blackholed {
+		name, how = "outage-blackhole", "PostgreSQL made unreachable (a TCP proxy between kettle serve and it stops forwarding: packets dropped, no connection closed)"
+	}
+	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (--store-timeout %s) on PostgreSQL under kettle swarm (%d v1 kettles, every %s, %s); %s in, %s "+
+		"for %s, then back. Probes on their own keep-alive connections: GET /v1/command 10/s, POST /v1/measurements 4/s, GET /readyz and /healthz 2/s; "+
+		"then the swarm audits every acknowledged reading.", outageStoreTimeout, devices, interval, duration, before, how, outage)}
 	pg, err := startPG()
 	if err != nil {
 		return r.fail("start PostgreSQL: %v", err)
 	}
 	defer pg.close()
-	dsn, err := pg.createDB("chaos_outage")
+	dsn, err := pg.createDB("chaos_" + strings.ReplaceAll(name, "-", "_"))
 	if err != nil {
 		return r.fail("create database: %v", err)
 	}
-	dir := filepath.Join(e.out, "outage")
+	var proxy *blackhole.Proxy
+	if blackholed {
+		network, target := blackhole.Target(dsn)
+		if proxy, err = blackhole.Listen("127.0.0.1:0", network, target); err != nil {
+			return r.fail("blackhole proxy: %v", err)
+		}
+		defer proxy.Close()
+		dsn = blackhole.Via(dsn, proxy.Addr())
+	}
+	dir := filepath.Join(e.out, name)
 	os.RemoveAll(dir)
 	data := filepath.Join(dir, "data")
 	os.MkdirAll(data, 0o755)
@@ -41,7 +67,7 @@ func partOutage(ctx context.Context, e *env) *Result {
 	if err != nil {
 		return r.fail("%v", err)
 	}
-	srv, err := startServe(ctx, e, addr, data, dsn, filepath.Join(dir, "serve.log"))
+	srv, err := startServe(ctx, e, addr, data, dsn, filepath.Join(dir, "serve.log"), "--store-timeout", outageStoreTimeout.String())
 	if err != nil {
 		return r.fail("%v", err)
 	}
@@ -51,8 +77,11 @@ func partOutage(ctx context.Context, e *env) *Result {
 	pctx, pcancel := context.WithTimeout(ctx, duration+2*time.Minute)
 	defer pcancel()
 	cmdP := newProbe("command", 2, 5*time.Second, dev.commandReq(srv.url))
-	ingP := newProbe("ingest", 4, 15*time.Second, dev.readingReq(srv.url, time.Now().Add(-time.Hour)))
-	readyP := newProbe("readyz", 1, 5*time.Second, getReq(srv.url+"/readyz"))
+	// Enough connections that a request never waits for one while the
+	// ones before it wait out --store-timeout (4/s and 2/s for 2 × 5 s):
+	// the probe times the server, not its own connection pool.
+	ingP := newProbe("ingest", 48, 15*time.Second, dev.readingReq(srv.url, time.Now().Add(-time.Hour)))
+	readyP := newProbe("readyz", 24, 3*outageStoreTimeout, getReq(srv.url+"/readyz"))
 	healthP := newProbe("healthz", 1, 5*time.Second, getReq(srv.url+"/healthz"))
 	ingP.once(0) // registers the probe kettle
 
@@ -73,19 +102,29 @@ func partOutage(ctx context.Context, e *env) *Result {
 	cpuWarm, warmAt := cpuSeconds(srv.pid()), time.Now()
 	sleep(ctx, before-5*time.Second)
 	cpuStop := cpuSeconds(srv.pid())
-	e.logf("outage: pg_ctl stop -m fast")
 	stopBegin := time.Now()
-	if err := pg.stop(); err != nil {
-		r.fail("stop PostgreSQL: %v", err)
+	if blackholed {
+		e.logf("outage: the proxy to PostgreSQL stops forwarding")
+		proxy.Block(true)
+	} else {
+		e.logf("outage: pg_ctl stop -m fast")
+		if err := pg.stop(); err != nil {
+			r.fail("stop PostgreSQL: %v", err)
+		}
 	}
 	stopped := time.Now()
 	cpuStopped := cpuSeconds(srv.pid())
 	sleep(ctx, outage-stopped.Sub(stopBegin))
 	cpuStart := cpuSeconds(srv.pid())
-	e.logf("outage: pg_ctl start")
 	startBegin := time.Now()
-	if err := pg.start(); err != nil {
-		r.fail("start PostgreSQL again: %v", err)
+	if blackholed {
+		e.logf("outage: the proxy forwards again")
+		proxy.Block(false)
+	} else {
+		e.logf("outage: pg_ctl start")
+		if err := pg.start(); err != nil {
+			r.fail("start PostgreSQL again: %v", err)
+		}
 	}
 	started := time.Now()
 	e.logf("outage: PostgreSQL back (stop took %.1fs, start %.1fs)", stopped.Sub(stopBegin).Seconds(), started.Sub(startBegin).Seconds())
@@ -121,13 +160,26 @@ func partOutage(ctx context.Context, e *env) *Result {
 		r.fail("command poll p99 during the outage %s > %s (p99 before %s)", ms(sd.p99), ms(normal), ms(sb.p99))
 	}
 
-	// Ingest during the outage: 503 with Retry-After, fast; never 500.
-	id := ingP.between(stopped.Add(time.Second), startBegin)
-	noRA := 0
+	// Ingest during the outage: 503 with Retry-After within twice
+	// --store-timeout; never 500. Unreachable, a request sent less than
+	// --store-timeout before the database is back is still waiting for it
+	// then, and rightly succeeds: those are not judged.
+	judgedUntil := startBegin
+	if blackholed {
+		judgedUntil = startBegin.Add(-outageStoreTimeout - time.Second)
+	}
+	id := ingP.between(stopped.Add(time.Second), judgedUntil)
+	noRA, slow := 0, 0
 	for _, s := range id {
 		if s.status == 503 && s.retryAfter == "" {
 			noRA++
 		}
+		if s.lat > 2*outageStoreTimeout {
+			slow++
+		}
+	}
+	if slow > 0 {
+		r.fail("%d of %d ingest requests during the outage took longer than 2 × --store-timeout (%s)", slow, len(id), 2*outageStoreTimeout)
 	}
 	r.measure("POST /v1/measurements during the outage: %s, latency %s, 503s without Retry-After: %d", fmtCounts(byStatus(id)), stats(id, nil), noRA)
 	if n := countNot(id, 503); n > 0 || len(id) == 0 {
@@ -138,7 +190,7 @@ func partOutage(ctx context.Context, e *env) *Result {
 	}
 
 	// /readyz: ready before, not ready during, ready again after; time to ready.
-	rb, rd := readyP.between(warm, stopBegin), readyP.between(stopped.Add(time.Second), startBegin)
+	rb, rd := readyP.between(warm, stopBegin), readyP.between(stopped.Add(time.Second), judgedUntil)
 	r.measure("/readyz before: %s; during: %s", fmtCounts(byStatus(rb)), fmtCounts(byStatus(rd)))
 	if countNot(rb, 200) > 0 || countNot(rd, 503) > 0 || len(rd) == 0 {
 		r.fail("/readyz did not say ready before and not ready (503) during the outage")

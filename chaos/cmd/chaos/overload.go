@@ -11,15 +11,17 @@ import (
 	"time"
 )
 
-// Overload: 10× the request rate of the fleet the server holds, for 2 min.
+// Overload: 10× (-overload-multiple) the request rate of the fleet the
+// server holds, for 2 min.
 //
-// The fleet kettle serve holds: `kettle capacity` measured 80,000 kettles
-// at a 30 s interval on the embedded store (p99 ≤ 100 ms), ≈ 2,700 requests/s
-// per endpoint. 10× that fleet is 800,000 kettles — as many connections as
-// that is far beyond this machine's 20,000 open files per process — so the
-// equivalent offered here is the same 10× request rate from 20,000 kettles
-// at a 750 ms interval (-overload-interval), sharing 3,000 client connections
-// (kettle swarm --conns 3000). The server runs with its defaults except
+// The fleet kettle serve holds is measured first, in the same run, by a
+// short `kettle capacity` on the embedded store at a 30 s interval
+// (measureCapacity), or given with -overload-capacity; the page prints it
+// and where it came from. Ten times that fleet is far more connections than
+// this machine's 20,000 open files per process, so the equivalent offered
+// here is the same multiple of its request rate from 20,000 kettles at a
+// shorter interval, sharing 3,000 client connections (kettle swarm --conns
+// 3000). The server runs with its defaults except
 // what is stated explicitly so that the memory bound can be computed:
 // --max-conns 4000, --ingest-queue 1024, and the collector at Go's default
 // target, --gc-percent 100. kettle serve's own default, 400, trades memory
@@ -58,7 +60,7 @@ import (
 const swarmNice = 10
 
 func partOverload(ctx context.Context, e *env) *Result {
-	maxConns, duration, interval := e.overloadMaxConns, e.overloadDuration, e.overloadInterval
+	maxConns, duration, multiple := e.overloadMaxConns, e.overloadDuration, e.overloadMultiple
 	const (
 		devices = 20000
 		conns   = 3000
@@ -72,12 +74,27 @@ func partOverload(ctx context.Context, e *env) *Result {
 		perRowKiB    = 1
 		perDeviceKiB = 1
 	)
+	capa := overloadCapacity{kettles: e.overloadCapacity, source: fmt.Sprintf("given: chaos -overload-capacity %d", e.overloadCapacity)}
+	if capa.kettles <= 0 {
+		var err error
+		if capa, err = measureCapacity(ctx, e, filepath.Join(e.out, "overload-capacity"), maxConns); err != nil {
+			return (&Result{Pass: true, Done: "overload: " + err.Error()}).fail("capacity: %v", err)
+		}
+	}
+	capRate := float64(capa.kettles) / capacityInterval.Seconds() // requests/s per endpoint
+	// The swarm's kettles, at this interval, offer multiple × capRate.
+	interval := time.Duration(float64(devices) / (multiple * capRate) * float64(time.Second)).Round(time.Millisecond)
+	if interval < 10*time.Millisecond {
+		interval = 10 * time.Millisecond
+	}
+	offered := float64(devices) / interval.Seconds()
 	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (SQLite; --max-conns %d --ingest-queue %d --shed-latency 10ms --shed-window 50ms --shed-windows 2 --shed-runnable 16 --shed-hold 1s --gc-percent 100, other flags default) under kettle swarm (at nice %d: the load stands for other machines, it must not take the server's CPU): %d v1 kettles every %s "+
-		"for %s over %d shared connections = %.1f× the request rate of the 80,000-kettle/30 s fleet kettle capacity measured (≈%.0f req/s per endpoint offered; that many real connections would exceed the fd limit). "+
+		"for %s over %d shared connections ≈ %.0f req/s per endpoint offered = %.1f× the request rate of the fleet kettle serve holds, %d kettles every %s (%.0f req/s per endpoint; capacity %s; that many real connections would exceed the fd limit). "+
 		"The swarm's kettles honour Retry-After on uploads and Cache-Control max-age on command polls (the server asks for both while its CPU is saturated); the probes do not. "+
 		"VmRSS sampled each second; probes on their own connections: GET /v1/command 20/s, POST /v1/measurements 20/s; server-side latency from /metrics. "+
 		"Then a normal swarm (1,000 kettles every 2 s, 30 s) must meet p99 ≤ 100 ms, ≤ 0.1%% errors and a clean audit.",
-		maxConns, queue, swarmNice, devices, interval, duration, conns, float64(devices)/interval.Seconds()/(80000/30.0), float64(devices)/interval.Seconds())}
+		maxConns, queue, swarmNice, devices, interval, duration, conns, offered, offered/capRate, capa.kettles, capacityInterval, capRate, capa.source)}
+	r.measure("offered: %.0f req/s per endpoint = %.1f× the capacity's %.0f req/s (%d kettles every %s; %s)", offered, offered/capRate, capRate, capa.kettles, capacityInterval, capa.source)
 	dir := filepath.Join(e.out, "overload")
 	os.RemoveAll(dir)
 	data := filepath.Join(dir, "data")
@@ -186,7 +203,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 		metricSum(m1, "kettle_http_shedding_seconds_total")-metricSum(m0, "kettle_http_shedding_seconds_total"))
 	switch {
 	case s503 == 0 && refused.n == 0:
-		r.fail("nothing was refused with 503 under 10× load: excess load waited instead (see the latencies)")
+		r.fail("nothing was refused with 503 under %.1f× load: excess load waited instead (see the latencies)", offered/capRate)
 	case refused.n > 0 && refused.p99 > 100*time.Millisecond:
 		r.fail("503s not fast: probe p99 %s > 100 ms", ms(refused.p99))
 	}

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Installs schemathesis (the external OpenAPI fuzzer make test runs against a
+# real kettle serve, httpapi/schemathesis_test.go) into .deps/venv-schemathesis.
+# Idempotent: does nothing when the pinned version is already there.
+set -eu
+VERSION=4.32.5
+root=$(cd "$(dirname "$0")/../.." && pwd)
+venv="$root/.deps/venv-schemathesis"
+if [ -x "$venv/bin/st" ] && "$venv/bin/pip" show schemathesis 2>/dev/null | grep -qx "Version: $VERSION"; then
+	echo "deps: schemathesis $VERSION installed"
+	exit 0
+fi
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+fi
+python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$VERSION"
+echo "deps: schemathesis $VERSION installed in $venv"

@@ -1,0 +1,50 @@
+package server
+
+import (
+	"fmt"
+)
+
+// Validate returns every problem with c, the ingest pipeline's
+// (fleet.Config.Validate) included, each naming the kettle serve flag: serve
+// and demo call it before Start, so both refuse what the other refuses.
+// Zero fields take their defaults and are valid.
+func (c Config) Validate() []error {
+	errs := c.Ingest.Validate()
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.MaxConns < 0 {
+		bad("--max-conns %d: want the open HTTP connections allowed, or 0 for the open-file limit − 1024", c.MaxConns)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("--tls-cert and --tls-key go together: give both PEM files, or neither for plain TCP")
+	}
+	for _, d := range []struct {
+		flag string
+		v    any
+		neg  bool
+	}{
+		{"read-header-timeout", c.ReadHeaderTimeout, c.ReadHeaderTimeout < 0},
+		{"read-timeout", c.ReadTimeout, c.ReadTimeout < 0},
+		{"write-timeout", c.WriteTimeout, c.WriteTimeout < 0},
+		{"idle-timeout", c.IdleTimeout, c.IdleTimeout < 0},
+		{"shutdown-timeout", c.ShutdownTimeout, c.ShutdownTimeout < 0},
+		{"shed-latency", c.Shed.Latency, c.Shed.Latency < 0},
+		{"shed-retry-after", c.ShedRetryAfter, c.ShedRetryAfter < 0},
+		{"pg-statement-timeout", c.Store.StatementTimeout, c.Store.StatementTimeout < 0},
+		{"pg-pool", c.Store.PoolSize, c.Store.PoolSize < 0},
+		{"mqtt-max-conns", c.MQTT.MaxConns, c.MQTT.MaxConns < 0},
+	} {
+		if d.neg {
+			bad("--%s %v: want 0 or more", d.flag, d.v)
+		}
+	}
+	if c.AccessLogSample < 0 || c.AccessLogSample > 1 {
+		bad("--access-log-sample %g: want a fraction from 0 (no access log) to 1 (every request)", c.AccessLogSample)
+	}
+	if c.PreviousOperatorToken != "" && c.PreviousOperatorToken == c.OperatorToken {
+		bad("--operator-token-previous is the operator token in force: to rotate, pass the new token as --operator-token and the old one as --operator-token-previous")
+	}
+	if c.PreviousSecret != "" && c.PreviousSecret == c.Secret {
+		bad("--secret-previous is the secret in force: to rotate, pass the new secret as --secret and the old one as --secret-previous")
+	}
+	return errs
+}
