@@ -88,7 +88,7 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 		// linger would only add to every upload's latency.
 		kgo.ProducerLinger(0),
 		kgo.ProducerBatchCompression(kgo.NoCompression()), // CPU is the scarce part here, not disk
-		kgo.MaxBufferedRecords(cfg.MaxInflight+1), // records ≤ readings: Produce never blocks
+		kgo.MaxBufferedRecords(cfg.MaxInflight+1),         // records ≤ readings: Produce never blocks
 		kgo.RecordDeliveryTimeout(cfg.Timeout),
 	)
 	if err != nil {
@@ -118,7 +118,6 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 		"retention", retention.String(), "max_unwritten_age", cfg.MaxUnwrittenAge.String(), "max_inflight", cfg.MaxInflight)
 	return p, nil
 }
-
 
 // Monitor is the producer's view of the writers' lag.
 func (p *Producer) Monitor() *Monitor { return p.mon }

@@ -114,9 +114,9 @@ type Server struct {
 	mqttc   *mqttapi.Consumer
 	// producer is the readings log's (Config.Log), nil without
 	producer *kafka.Producer
-	http    *http.Server
-	ln      *limitListener
-	tls     *tlscert.Reloader
+	http     *http.Server
+	ln       *limitListener
+	tls      *tlscert.Reloader
 	// handshakeErrors counts failed TLS handshakes (HTTP and MQTT): a
 	// counter, not a log line each, since port scanners, health checks that
 	// only open a TCP connection, and clients that distrust the certificate
