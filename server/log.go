@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -75,6 +76,8 @@ type Writer struct {
 	stop  chan struct{}
 	beat  chan struct{}
 	done  chan error
+	once  sync.Once
+	err   error
 }
 
 // StartWriter opens the store, joins the writers' group on cfg.Log.URL and
@@ -191,12 +194,14 @@ func (w *Writer) closeWriter() {
 // Close stops consuming (the batch under way commits first), leaves the
 // group, and closes the store.
 func (w *Writer) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := w.http.Shutdown(ctx)
-	w.closeWriter()
-	w.log.Info("kettle serve --role writer stopped")
-	return err
+	w.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		w.err = w.http.Shutdown(ctx)
+		w.closeWriter()
+		w.log.Info("kettle serve --role writer stopped")
+	})
+	return w.err
 }
 
 func (s *Server) closeLog() {
