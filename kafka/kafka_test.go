@@ -395,3 +395,107 @@ func metricValue(t *testing.T, base, name string) float64 {
 	}
 	return -1
 }
+
+// TestStaleness: a kettle's poll on another front node sees a reading that
+// went through the log once a writer stored it and that node's cache
+// refresh ran: within (time to the store) + --cache-refresh + one scan.
+// The node that took the upload sees it at once (TestAckAfterLog).
+func TestStaleness(t *testing.T) {
+	needKafka(t)
+	tp := topic(t)
+	dsn := pgtest.Start(t)
+	const refresh = 500 * time.Millisecond
+	fast := func(c *server.Config) { c.Ingest.Refresh = refresh }
+	a := startFront(t, dsn, tp, fast)
+	b := startFront(t, dsn, tp, fast)
+	startWriter(t, dsn, tp)
+	id := uuid.New()
+	at := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for i, level := range []float64{777, 778, 779} {
+		sent := time.Now()
+		if st, body, _ := upload(t, a.URL(), id, "["+reading(at.Add(time.Duration(i)*time.Second), level)+"]"); st != 200 {
+			t.Fatalf("upload: %d %s", st, body)
+		}
+		want := fmt.Sprintf("level %v mL", level)
+		if c, _ := a.Service().Command(id); !strings.Contains(c.Reason, want) {
+			t.Fatalf("the uploading node's command after the ack: %q, want %q", c.Reason, want)
+		}
+		var toStore, toB time.Duration
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for time.Since(sent) < 20*time.Second {
+				if d, err := a.Store().Device(context.Background(), id); err == nil && d.Latest != nil && d.Latest.LevelML == level {
+					toStore = time.Since(sent)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		for time.Since(sent) < 20*time.Second {
+			if c, _ := b.Service().Command(id); strings.Contains(c.Reason, want) {
+				toB = time.Since(sent)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		<-done
+		if toB == 0 || toStore == 0 {
+			t.Fatalf("reading %d: stored after %s, seen by the other node after %s (0: not within 20 s)", i, toStore, toB)
+		}
+		bound := toStore + refresh + time.Second // one period, and a scan of a small store under a loaded CI machine
+		t.Logf("reading %d: in the store after %s, in the other node's command after %s (bound %s)", i, toStore.Round(time.Millisecond), toB.Round(time.Millisecond), bound.Round(time.Millisecond))
+		if toB > bound {
+			t.Errorf("reading %d: the other node saw it after %s, past the bound %s (time to the store + --cache-refresh + 1 s)", i, toB, bound)
+		}
+	}
+}
+
+// TestUnwrittenBound: when readings wait in the log longer than
+// --log-max-unwritten-age (no writer runs), uploads are refused with 503
+// and a Retry-After before any could reach the topic's retention; once a
+// writer caught up they are accepted again, and every acknowledged
+// reading is stored.
+func TestUnwrittenBound(t *testing.T) {
+	needKafka(t)
+	tp := topic(t)
+	dsn := pgtest.Start(t)
+	front := startFront(t, dsn, tp, func(c *server.Config) {
+		c.Log.Retention = time.Hour
+		c.Log.MaxUnwrittenAge = 2 * time.Second
+	})
+	id := uuid.New()
+	at := time.Now().Add(-time.Hour).Truncate(time.Second)
+	acked, i := 0, 0
+	next := func() (int, http.Header) {
+		i++
+		st, _, h := upload(t, front.URL(), id, "["+reading(at.Add(time.Duration(i)*time.Second), 100)+"]")
+		if st == 200 {
+			acked++
+		}
+		return st, h
+	}
+	if st, _ := next(); st != 200 {
+		t.Fatalf("first upload: %d", st)
+	}
+	var h http.Header
+	refusedAfter := waitFor(t, 15*time.Second, "uploads refused while readings wait past --log-max-unwritten-age", func() bool {
+		st, hh := next()
+		h = hh
+		return st == 503
+	})
+	t.Logf("refused %s after the first unwritten reading (bound 2 s, measured every 300 ms)", refusedAfter.Round(time.Millisecond))
+	if h.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	if v := metricValue(t, front.URL(), "kettle_log_unwritten_too_old"); v != 1 {
+		t.Errorf("kettle_log_unwritten_too_old %v, want 1", v)
+	}
+	startWriter(t, dsn, tp)
+	waitFor(t, 30*time.Second, "uploads accepted again after the writer caught up", func() bool {
+		time.Sleep(100 * time.Millisecond)
+		st, _ := next()
+		return st == 200
+	})
+	waitFor(t, 30*time.Second, "every acknowledged reading stored", func() bool { return stats(t, front.Store()).MeasurementCount == int64(acked) })
+}

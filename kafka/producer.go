@@ -149,7 +149,7 @@ func (p *Producer) Append(ctx context.Context, rows []kettle.Measurement, receiv
 		for j < len(rows) && rows[j].Device == rows[i].Device {
 			j++
 		}
-		recs = append(recs, newRecord(rows[i:j], received))
+		recs = append(recs, NewRecord(rows[i:j], received))
 		i = j
 	}
 	start := time.Now()

@@ -90,8 +90,9 @@ func appendValue(b []byte, rows []kettle.Measurement, received time.Time) []byte
 	return append(b, "]}"...)
 }
 
-// newRecord makes the record of one device's readings.
-func newRecord(rows []kettle.Measurement, received time.Time) *kgo.Record {
+// NewRecord makes the record of one device's readings (all of rows are
+// one device's), received being when the front node got them.
+func NewRecord(rows []kettle.Measurement, received time.Time) *kgo.Record {
 	return &kgo.Record{
 		Key:       []byte(rows[0].Device.String()),
 		Value:     appendValue(make([]byte, 0, 64+200*len(rows)), rows, received),
