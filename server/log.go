@@ -121,6 +121,7 @@ func StartWriter(ctx context.Context, cfg Config) (*Writer, error) {
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { rw.Write([]byte(`{"status":"ok"}` + "\n")) })
 	mux.HandleFunc("GET /readyz", w.readyz)
+	mux.HandleFunc("GET /drained", w.drained)
 	w.ln, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		w.closeWriter()
@@ -140,6 +141,27 @@ func (w *Writer) readyz(rw http.ResponseWriter, _ *http.Request) {
 	status := 200
 	if err != nil {
 		status, body["error"] = 503, err.Error()
+	}
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(status)
+	json.NewEncoder(rw).Encode(body)
+}
+
+// drained measures the group's lag now: 200 when every record of the
+// topic is in the store (offsets committed), else 503 with the lag. A
+// benchmark or an audit waits for it before reading the store.
+func (w *Writer) drained(rw http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	mon := w.w.Monitor()
+	status, body := 200, map[string]any{}
+	if err := mon.Measure(ctx); err != nil {
+		status, body["error"] = 503, err.Error()
+	} else if lag := mon.Lag(); lag > 0 {
+		status = 503
+		body["lag"] = lag
+	} else {
+		body["lag"] = 0
 	}
 	rw.Header().Set("Content-Type", "application/json")
 	rw.WriteHeader(status)
@@ -209,3 +231,6 @@ func (s *Server) closeLog() {
 		s.producer.Close()
 	}
 }
+
+// DB is the store's DSN with any password hidden.
+func (w *Writer) DB() string { return redactDSN(w.cfg.DB) }

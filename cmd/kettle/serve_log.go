@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"time"
 
@@ -32,7 +33,7 @@ func runWriter(ctx context.Context, cfg server.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "kettle serve --role writer: %s into %s, metrics on %s/metrics\n", cfg.Log.URL, cfg.DB, w.URL())
+	fmt.Fprintf(os.Stderr, "kettle serve --role writer listening on %s (/metrics, /readyz, /drained), writing %s into %s\n", w.URL(), cfg.Log.URL, w.DB())
 	select {
 	case <-ctx.Done():
 	case err := <-w.Done():
@@ -55,4 +56,31 @@ func checkRole(role string, cfg server.LogConfig) error {
 		return nil
 	}
 	return fmt.Errorf("--role %q: want front or writer", role)
+}
+
+// waitFor200 is kettle swarm --audit-after: it polls url every 500 ms
+// until it answers 200, for at most 5 minutes.
+func waitFor200(url string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		c := &http.Client{Timeout: 10 * time.Second}
+		for {
+			req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+			if err != nil {
+				return err
+			}
+			if res, err := c.Do(req); err == nil {
+				res.Body.Close()
+				if res.StatusCode == 200 {
+					return nil
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("GET %s did not answer 200 within 5 min", url)
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
 }

@@ -59,6 +59,9 @@ var parts = []part{
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
+	{"log-outage", "7a. Readings log: PostgreSQL stopped 60 s behind Kafka", partLogOutage},
+	{"log-broker", "7b. Readings log: kill -9 one Kafka broker", partLogBroker},
+	{"log-writer", "7c. Readings log: kill -9 a writer mid-run", partLogWriter},
 }
 
 // env is what every part shares.
@@ -89,6 +92,8 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
+  log-outage, log-broker, log-writer
+            kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed, a writer killed
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
 Flags:
