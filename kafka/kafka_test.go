@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -499,3 +500,51 @@ func TestUnwrittenBound(t *testing.T) {
 	})
 	waitFor(t, 30*time.Second, "every acknowledged reading stored", func() bool { return stats(t, front.Store()).MeasurementCount == int64(acked) })
 }
+
+// TestMetricsNamedByDashboard: every kettle_log_* series the dashboard and
+// the alerts query is exported by a front or a writer.
+func TestMetricsNamedByDashboard(t *testing.T) {
+	needKafka(t)
+	tp := topic(t)
+	dsn := pgtest.Start(t)
+	front := startFront(t, dsn, tp)
+	w := startWriter(t, dsn, tp)
+	if st, body, _ := upload(t, front.URL(), uuid.New(), "["+reading(time.Now().Add(-time.Minute), 100)+"]"); st != 200 {
+		t.Fatalf("upload: %d %s", st, body)
+	}
+	waitFor(t, 20*time.Second, "the reading written", func() bool { return stats(t, front.Store()).MeasurementCount == 1 })
+	var exported strings.Builder
+	for _, u := range []string{front.URL(), w.URL()} {
+		res, err := http.Get(u + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		exported.Write(b)
+	}
+	root, err := kafkatest.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, f := range []string{"deploy/grafana/kettlefleet.json", "deploy/prometheus/alerts.yml"} {
+		b, err := os.ReadFile(root + "/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range metricName.FindAllString(string(b), -1) {
+			names[n] = true
+		}
+	}
+	if len(names) < 6 {
+		t.Fatalf("the dashboard and alerts name only %v", names)
+	}
+	for n := range names {
+		if !strings.Contains(exported.String(), "\n"+n) {
+			t.Errorf("%s is queried by the dashboard or an alert but exported by neither a front nor a writer", n)
+		}
+	}
+}
+
+var metricName = regexp.MustCompile(`kettle_log_[a-z_]+`)
