@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,7 +51,7 @@ func startLogRig(ctx context.Context, e *env, name string, writers int) (*logRig
 	if r.pg, err = startPG(); err != nil {
 		return r, fmt.Errorf("start PostgreSQL: %w", err)
 	}
-	dsn, err := r.pg.createDB("chaos_" + name)
+	dsn, err := r.pg.createDB("chaos_" + strings.ReplaceAll(name, "-", "_"))
 	if err != nil {
 		return r, err
 	}
