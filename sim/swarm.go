@@ -68,7 +68,7 @@ type Config struct {
 	// AuditAfter, when set, is waited for before the audit: with a
 	// readings log, the acknowledged readings are in the store only once
 	// the writers drained it (kettle swarm --audit-after URL).
-	AuditAfter func(ctx context.Context) error
+	AuditAfter    func(ctx context.Context) error
 	InProcessNote string // recorded in Params, e.g. when the server shares this process
 	// SLOP99 and MaxErrorRate are recorded in Params for the report (the
 	// caller judges the run).
