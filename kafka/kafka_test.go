@@ -291,6 +291,16 @@ func TestAckAfterLog(t *testing.T) {
 	if c, _ := srv.Service().Command(id); strings.Contains(c.Reason, "no reading") {
 		t.Errorf("command after the ack ignores the reading: %+v", c)
 	}
+
+	// Past the in-flight bound: 503 + Retry-After at once, nothing produced.
+	small := startFront(t, dsn, tp, func(c *server.Config) { c.Log.MaxInflight = 1 })
+	st, body, h := upload(t, small.URL(), id, "["+reading(at.Add(time.Hour), 1)+","+reading(at.Add(time.Hour+time.Second), 2)+"]")
+	if st != 503 || h.Get("Retry-After") == "" || !strings.Contains(body, "--log-max-inflight") {
+		t.Errorf("2 readings past a bound of 1: %d %q (Retry-After %q), want 503 naming --log-max-inflight", st, body, h.Get("Retry-After"))
+	}
+	if n := endOffsets(t, tp); n != 3 {
+		t.Errorf("after the 503 the log holds %d records, want still 3", n)
+	}
 }
 
 // TestWriterReplayAndRebalance: writers store what the log holds, once.

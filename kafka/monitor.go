@@ -237,7 +237,7 @@ func (m *Monitor) oldest(ctx context.Context, behind map[int32]int64) (time.Time
 	for len(seen) < len(parts) && ctx.Err() == nil {
 		fs := cl.PollFetches(ctx)
 		fs.EachRecord(func(r *kgo.Record) {
-			if seen[r.Partition] || r.Offset != behind[r.Partition] && r.Offset < behind[r.Partition] {
+			if seen[r.Partition] || r.Offset < behind[r.Partition] {
 				return
 			}
 			seen[r.Partition] = true

@@ -183,6 +183,9 @@ func (w *Writer) writeAll(recs []*kgo.Record, rows []kettle.Measurement) bool {
 		if len(rows) == 0 {
 			return true
 		}
+		if received.IsZero() {
+			received = time.Now() // a value without received_at
+		}
 		ok := w.write(rows, received)
 		rows, received = rows[:0], time.Time{}
 		return ok
