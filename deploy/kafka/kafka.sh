@@ -74,7 +74,7 @@ format() {
 	# A short-lived JVM: the C1 compiler only (starts faster, no C2 threads).
 	# shellcheck disable=SC2046
 	java $(java_opts) -XX:TieredStopAtLevel=1 -cp "$libs/*" kafka.tools.StorageTool format --ignore-formatted \
-		-t "$id" -c "$dir/node$n/server.properties" >"$dir/node$n/format.log" 2>&1 ||
+		--cluster-id="$id" --config="$dir/node$n/server.properties" >"$dir/node$n/format.log" 2>&1 ||
 		{ cat "$dir/node$n/format.log" >&2; die "format node $n failed"; }
 }
 
@@ -120,7 +120,15 @@ dir=$(cd "$dir" && pwd)
 case "$cmd" in
 start)
 	need_libs
-	[ -f "$dir/cluster.id" ] || python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$dir/cluster.id"
+	# A cluster id is a UUID in URL-safe base64, 22 characters; one that
+	# starts with '-' would read as an option, so it is drawn again.
+	[ -s "$dir/cluster.id" ] || python3 -c '
+import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s)
+        break' >"$dir/cluster.id"
 	# Format the three in parallel: each is a JVM start.
 	pids=()
 	for n in $(seq 1 ${#hosts[@]}); do
