@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -78,7 +79,21 @@ func Start(dir string, o Options) (*Cluster, error) {
 		c.Stop()
 		return nil, fmt.Errorf("kafka.sh start: %v\n%s", err, out)
 	}
+	c.reaper()
 	return c, nil
+}
+
+// reaper starts a watcher that stops the nodes once this process is gone
+// however it ended (a test that panics never reaches Stop; the nodes run
+// in their own session and would outlive it).
+func (c *Cluster) reaper() {
+	script := `while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3"`
+	cmd := exec.Command("bash", "-c", script, "reaper", fmt.Sprint(os.Getpid()), c.script, c.Dir)
+	cmd.Env = c.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err == nil {
+		go cmd.Wait()
+	}
 }
 
 func (c *Cluster) run(timeout time.Duration, args ...string) (string, error) {
