@@ -39,6 +39,7 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all installed"; fi
 	deploy/deps/schemathesis.sh
+	deploy/deps/kafka.sh
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build

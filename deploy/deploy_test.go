@@ -350,13 +350,14 @@ type check struct {
 	expr  string
 	// storeOnly: a metric only one store exports (kettle_pg_* on
 	// PostgreSQL), or only a server with --tls-cert (kettle_tls_*, checked
-	// by server.TestTLS); against the plain SQLite server here it must be
-	// valid, but may return nothing.
+	// by server.TestTLS) or --log (kettle_log_*, on a front or a writer,
+	// checked by ./kafka's suite); against the plain SQLite server here it
+	// must be valid, but may return nothing.
 	storeOnly bool
 }
 
 func optional(expr string) bool {
-	return strings.Contains(expr, "kettle_pg_") || strings.Contains(expr, "kettle_tls_")
+	return strings.Contains(expr, "kettle_pg_") || strings.Contains(expr, "kettle_tls_") || strings.Contains(expr, "kettle_log_")
 }
 
 // TestAgainstPrometheus starts an instrumented kettle serve (SQLite, in this

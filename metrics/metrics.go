@@ -39,7 +39,7 @@ var BatchBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 500
 // Rejection reasons of kettle_ingest_rejected_total. Reasons the fleet
 // service reports that are not in this list are counted as "other", so the
 // label stays bounded whatever a future caller passes.
-var RejectReasons = []string{"queue_full", "shutting_down", "store_error", "other"}
+var RejectReasons = []string{"queue_full", "shutting_down", "store_error", "log", "other"}
 
 // StoreErrorKinds are the values of kettle_store_errors_total's kind label
 // (see ErrorKind).

@@ -30,6 +30,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 	"github.com/kettlefleet/kettlefleet/internal/tlscert"
+	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/web"
@@ -89,6 +90,10 @@ type Config struct {
 	// MQTTBroker consumes from an external broker (BrokerURL empty: off).
 	MQTTBroker mqttapi.ConsumerConfig
 
+	// Log, with a URL, puts the readings log between this front and the
+	// store (log.go); the writers run with StartWriter.
+	Log LogConfig
+
 	// Metrics is the registry /metrics serves; nil: a new one.
 	Metrics *prometheus.Registry
 
@@ -107,9 +112,11 @@ type Server struct {
 	metrics *metrics.Server
 	mqtt    *mqttapi.Broker
 	mqttc   *mqttapi.Consumer
-	http    *http.Server
-	ln      *limitListener
-	tls     *tlscert.Reloader
+	// producer is the readings log's (Config.Log), nil without
+	producer *kafka.Producer
+	http     *http.Server
+	ln       *limitListener
+	tls      *tlscert.Reloader
 	// handshakeErrors counts failed TLS handshakes (HTTP and MQTT): a
 	// counter, not a log line each, since port scanners, health checks that
 	// only open a TCP connection, and clients that distrust the certificate
@@ -258,6 +265,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			cfg.Ingest.Refresh = 5 * time.Second // other nodes may share the database
 		}
 	}
+	if err := s.startLog(ctx, &cfg, reg); err != nil {
+		s.store.Close()
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			s.closeLog()
+		}
+	}()
 	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, s.metrics.FleetHooks())
 	if err != nil {
 		s.store.Close()
@@ -346,7 +363,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
 		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "login_rate_per_source", s.svc.Config().LoginSourceRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
-		"operator_token_file", s.tokFile, "secret_file", s.secFile)
+		"operator_token_file", s.tokFile, "secret_file", s.secFile, "log", cfg.Log.URL)
+	started = true
 	return s, nil
 }
 
@@ -473,6 +491,7 @@ func (s *Server) Close() error {
 		s.admit.close()
 		s.closeMQTT() // before the queue drains: readings handed to ingest get their PUBACK
 		s.svc.Close()
+		s.closeLog()
 		stored, dups := s.svc.Counters()
 		if cerr := s.store.Close(); err == nil {
 			err = cerr

@@ -66,6 +66,10 @@ type Config struct {
 	Progress      io.Writer
 	ProgressEvery time.Duration
 	NoAudit       bool
+	// AuditAfter, when set, is waited for before the audit: with a
+	// readings log, the acknowledged readings are in the store only once
+	// the writers drained it (kettle swarm --audit-after URL).
+	AuditAfter    func(ctx context.Context) error
 	InProcessNote string // recorded in Params, e.g. when the server shares this process
 	// SLOP99 and MaxErrorRate are recorded in Params for the report (the
 	// caller judges the run).
@@ -516,6 +520,12 @@ func (s *Swarm) run(ctx context.Context) (*Results, error) {
 	if !s.cfg.NoAudit && s.cfg.Operator != "" {
 		// An interrupted run is still worth auditing.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+		if s.cfg.AuditAfter != nil {
+			if err := s.cfg.AuditAfter(actx); err != nil {
+				cancel()
+				return res, fmt.Errorf("audit: waiting for --audit-after: %w", err)
+			}
+		}
 		a, err := s.audit(actx)
 		cancel()
 		if err != nil {

@@ -142,12 +142,16 @@ func runServe(ctx context.Context, args []string) error {
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 spends about 7% less CPU per request than Go's 100 (bench/pg-ab.sh, 3 rounds: 36 vs 38–39 µs of kettle CPU per single reading) at the price of memory (peak RSS 152 vs 79 MiB under 1,024 connections of single readings; 422–433 vs 234–238 MiB under make chaos's 10× overload, whose memory bound assumes 100); the GOGC environment variable, when set, wins")
 	memLimitMB := fs.Int("memory-limit-mb", 2048, "soft limit of the Go heap in MiB (as GOMEMLIMIT): nearer it the collector runs more often whatever --gc-percent says (0: none); the GOMEMLIMIT environment variable, when set, wins")
+	role := logFlags(fs, &cfg.Log)
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if err := errors.Join(cfg.Validate()...); err != nil {
+		return err
+	}
+	if err := checkRole(*role, cfg.Log); err != nil {
 		return err
 	}
 	log, err := logger(*logFormat, *logLevel)
@@ -168,6 +172,9 @@ func runServe(ctx context.Context, args []string) error {
 			return err
 		}
 		defer stop()
+	}
+	if *role == server.RoleWriter {
+		return runWriter(ctx, cfg, log)
 	}
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {

@@ -127,6 +127,7 @@ type swarmFlags struct {
 	dataDir      string
 	secret       string
 	audit        bool
+	auditAfter   string
 	seed         *uint64
 	command      string // the command line, recorded in results.json
 	// System sampling and the report (see runs.go).
@@ -180,6 +181,7 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
 	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
+	fs.StringVar(&f.auditAfter, "audit-after", "", "before the audit, wait (at most 5 min) until GET of this URL answers 200, e.g. a log writer's http://127.0.0.1:8081/drained (kettle serve --log: acknowledged readings reach the store once the writers drained the log)")
 	fs.IntVar(&f.serverPID, "server-pid", 0, "pid of the server process to sample (0: the process listening on --target's port)")
 	fs.IntVar(&f.postgresPID, "postgres-pid", 0, "postmaster pid: sample that PostgreSQL cluster only (0: every process named postgres; -1: none)")
 	f.registerTLS(fs)
@@ -332,6 +334,9 @@ func (f *swarmFlags) resolve() error {
 		c.Secret = []byte(f.secret)
 	}
 	c.NoAudit = !f.audit
+	if f.auditAfter != "" {
+		c.AuditAfter = waitFor200(f.auditAfter)
+	}
 	c.SLOP99, c.MaxErrorRate = f.sloP99, f.maxErrorRate
 	return nil
 }

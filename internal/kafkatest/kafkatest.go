@@ -1,0 +1,138 @@
+// Package kafkatest runs the three KRaft Kafka nodes of deploy/kafka for
+// tests and make chaos, with deploy/kafka/kafka.sh exactly as an operator
+// runs it. Missing jars or Java fail with a message naming make deps,
+// never a skip.
+package kafkatest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Cluster is three running Kafka nodes.
+type Cluster struct {
+	Dir     string   // data and logs
+	Brokers []string // host:port of each node
+	env     []string
+	script  string
+}
+
+// Options place the nodes; zero values take kafka.sh's defaults
+// (127.0.46.1-3, port 9092).
+type Options struct {
+	Hosts []string
+	Port  int
+}
+
+// Root is the repository root (where go.mod is), found from the working
+// directory up.
+func Root() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "deploy", "kafka", "kafka.sh")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("deploy/kafka/kafka.sh not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Start formats and starts three nodes in dir and returns once each
+// listens. Stop them with Stop.
+func Start(dir string, o Options) (*Cluster, error) {
+	root, err := Root()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		return nil, fmt.Errorf("kafka: no java on PATH: run make deps (deploy/deps/kafka.sh installs openjdk-17 and the Kafka jars)")
+	}
+	if m, _ := filepath.Glob(filepath.Join(root, ".deps", "kafka", "libs", "kafka_2.13-*.jar")); len(m) == 0 {
+		return nil, fmt.Errorf("kafka: no jars in %s: run make deps (deploy/deps/kafka.sh fetches them)", filepath.Join(root, ".deps", "kafka", "libs"))
+	}
+	c := &Cluster{Dir: dir, script: filepath.Join(root, "deploy", "kafka", "kafka.sh"), env: os.Environ()}
+	hosts := o.Hosts
+	if len(hosts) == 0 {
+		hosts = []string{"127.0.46.1", "127.0.46.2", "127.0.46.3"}
+	}
+	port := o.Port
+	if port == 0 {
+		port = 9092
+	}
+	c.env = append(c.env, "KAFKA_HOSTS="+strings.Join(hosts, " "), fmt.Sprintf("KAFKA_PORT=%d", port), fmt.Sprintf("KAFKA_CONTROLLER_PORT=%d", port+1))
+	for _, h := range hosts {
+		c.Brokers = append(c.Brokers, fmt.Sprintf("%s:%d", h, port))
+	}
+	if out, err := c.run(3*time.Minute, "start", dir); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("kafka.sh start: %v\n%s", err, out)
+	}
+	c.reaper()
+	return c, nil
+}
+
+// reaper starts a watcher that stops the nodes once this process is gone
+// however it ended (a test that panics never reaches Stop; the nodes run
+// in their own session and would outlive it).
+func (c *Cluster) reaper() {
+	script := `while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3"`
+	cmd := exec.Command("bash", "-c", script, "reaper", fmt.Sprint(os.Getpid()), c.script, c.Dir)
+	cmd.Env = c.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err == nil {
+		go cmd.Wait()
+	}
+}
+
+func (c *Cluster) run(timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.script, args...)
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// URL is a --log value for topic.
+func (c *Cluster) URL(topic string) string {
+	return "kafka://" + strings.Join(c.Brokers, ",") + "/" + topic
+}
+
+// Kill sends SIGKILL to node n (1-3).
+func (c *Cluster) Kill(n int) error {
+	out, err := c.run(30*time.Second, "kill", c.Dir, fmt.Sprint(n))
+	if err != nil {
+		return fmt.Errorf("kafka.sh kill %d: %v\n%s", n, err, out)
+	}
+	return nil
+}
+
+// StartNode starts node n again.
+func (c *Cluster) StartNode(n int) error {
+	out, err := c.run(2*time.Minute, "start-node", c.Dir, fmt.Sprint(n))
+	if err != nil {
+		return fmt.Errorf("kafka.sh start-node %d: %v\n%s", n, err, out)
+	}
+	return nil
+}
+
+// Stop stops every node (SIGTERM, then SIGKILL).
+func (c *Cluster) Stop() error {
+	out, err := c.run(time.Minute, "stop", c.Dir)
+	if err != nil {
+		return fmt.Errorf("kafka.sh stop: %v\n%s", err, out)
+	}
+	return nil
+}
