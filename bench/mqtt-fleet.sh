@@ -378,7 +378,7 @@ figs += [
     {"name": "nodes_cpu", "value": round(100 * ncpu / win, 1), "unit": "% of a core"},
     {"name": "workers_cpu", "value": round(100 * scpu / win, 1), "unit": "% of a core"},
     {"name": "workers_rss_per_kettle", "value": round(srss / devices, 1), "unit": "KiB"},
-    {"name": "lab_exit_code", "value": lrc, "unit": ""},
+    {"name": "lab_exit_code", "value": lrc, "unit": "exit code"},
 ]
 rec = {
     "bench": "mqtt-fleet.sh",

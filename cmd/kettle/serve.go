@@ -40,7 +40,7 @@ SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
 
 Retention: by default every reading is kept. With --retention 90d, uploads
 older than 90 days (device time) are refused, and at start and every
---expire-every the calendar months (UTC) wholly older are removed from the
+--expire-every the whole UTC days older than that are removed from the
 store together with their share of the statistics; a kettle's latest state
 stays.
 
@@ -107,7 +107,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Ingest.LoginBurst, "login-burst", 20000, "with --login-rate: registrations at once before the rate applies (a whole fleet logging in again after an outage)")
 	fs.Float64Var(&cfg.Ingest.LoginSourceRate, "login-rate-per-source", 0, "case-study registrations (POST /login) a second from one client address (an IPv4 address, an IPv6 /64), checked before --login-rate: one client looping on POST /login is refused on its own instead of using up the rate all clients share; held up to 1 s, then 429 + Retry-After. Kettles behind one NAT share an address: set --login-burst-per-source above the most that log in at once through one. 0: no limit (the default)")
 	fs.IntVar(&cfg.Ingest.LoginSourceBurst, "login-burst-per-source", 100, "with --login-rate-per-source: registrations at once from one address before its rate applies")
-	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory, ~2.4 KiB of RSS measured, and a row, freed only by pruning those that never report: POST /v1/devices/prune, kettle prune); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
+	fs.IntVar(&cfg.Ingest.MaxDevices, "max-devices", 1_000_000, "devices this server registers at most through POST /login and POST /v1/devices (each is a slot in memory and a row, freed only by pruning those that never report: POST /v1/devices/prune, kettle prune); past it they are refused 403. Kettles with v1 tokens register by uploading and are not refused. 0: no bound")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate (chain) file: with --tls-key, serve HTTP and MQTT over TLS only (empty: plain TCP)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of --tls-cert")
 	fs.IntVar(&cfg.MaxConns, "max-conns", 0, "open HTTP connections allowed; the excess is answered 503 and closed (0: open-file limit − 1024)")
@@ -140,7 +140,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 0.01, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
 	sample := fs.Bool("sample", false, "sample this process's CPU, memory, fds, the machine and /metrics every second while serving, written to <data-dir>/system.json at exit (kettle report RESULTS --system FILE)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
-	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 spends about 7% less CPU per request than Go's 100 (bench/pg-ab.sh, 3 rounds: 36 vs 38–39 µs of kettle CPU per single reading) at the price of memory (peak RSS 152 vs 79 MiB under 1,024 connections of single readings; 422–433 vs 234–238 MiB under make chaos's 10× overload, whose memory bound assumes 100); the GOGC environment variable, when set, wins")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); the GOGC environment variable, when set, wins")
 	memLimitMB := fs.Int("memory-limit-mb", 2048, "soft limit of the Go heap in MiB (as GOMEMLIMIT): nearer it the collector runs more often whatever --gc-percent says (0: none); the GOMEMLIMIT environment variable, when set, wins")
 	role := logFlags(fs, &cfg.Log)
 	logFormat := fs.String("log-format", "json", "log format: json or text")
