@@ -38,6 +38,7 @@ deps:
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all installed"; fi
+	deploy/deps/ha.sh
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build

@@ -121,6 +121,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", 15*time.Second, "time allowed to send a whole request")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "keep-alive connections idle longer are closed (keep it above the kettles' interval)")
+	fs.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "behind a load balancer: on SIGTERM, answer /readyz 503 and keep serving this long before closing the listener, so the balancer's health check takes the node out first (above its check interval × fall, e.g. 2s for HAProxy's inter 500ms fall 2 with room); 0: close at once")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
 	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool (the server opens one more, outside it, for the database server's statistics on /metrics)")
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
