@@ -10,7 +10,9 @@
 #
 # usage: deploy/cluster.sh up | down | status | dsn
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy)
-#        deploy/cluster.sh leader                   (the primary's member name)
+#        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
+#        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
+#        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
 #
 # stop is the graceful way (SIGTERM: Patroni hands over, kettle drains);
 # kill is SIGKILL (for pgN: the postmaster and its Patroni together, as when
@@ -146,15 +148,16 @@ dsn() {
 
 patronictl() { "$VENV/bin/patronictl" -c "$DIR/pg1.yml" "$@"; }
 
-# leader: the member holding the leader lock, from any Patroni's REST API.
-leader() {
+# role ROLE: the members in ROLE (leader, sync_standby, replica), from any Patroni's REST API.
+role() {
 	local i
 	for i in 1 2 3; do
 		curl -fsS -m 1 "http://$NET.1$i:8008/cluster" 2>/dev/null |
-			python3 -c 'import json,sys; print(next(m["name"] for m in json.load(sys.stdin)["members"] if m["role"]=="leader"))' 2>/dev/null && return 0
+			ROLE=$1 python3 -c 'import json,os,sys; n=[m["name"] for m in json.load(sys.stdin)["members"] if m["role"]==os.environ["ROLE"]]; print(" ".join(n)); sys.exit(0 if n else 1)' 2>/dev/null && return 0
 	done
 	return 1
 }
+leader() { role leader; }
 
 # healthy: a leader and two streaming standbys, one of them synchronous (with KETTLE_HA_SYNC=true).
 healthy() {
@@ -288,6 +291,7 @@ down) down ;;
 status) status ;;
 dsn) dsn ;;
 leader) leader ;;
+sync) role sync_standby ;;
 healthy) healthy ;;
 patronictl) shift; patronictl "$@" ;;
 start | stop | kill) member "$1" "${2:-}" ;;

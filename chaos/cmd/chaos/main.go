@@ -59,6 +59,7 @@ var parts = []part{
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
+	{"failover", "7. High availability (PostgreSQL failover, switchover, standby loss, node restarts behind HAProxy)", partFailover},
 }
 
 // env is what every part shares.
@@ -89,6 +90,7 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
+  failover  Patroni failover, switchover, standby loss, rolling restart behind HAProxy (go test ./ha/, long)
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
 Flags:
@@ -148,7 +150,7 @@ func main() {
 
 	needBin := false
 	for _, n := range names {
-		if n != "doc" && n != "auth" {
+		if n != "doc" && n != "auth" && n != "failover" {
 			needBin = true
 		}
 	}
