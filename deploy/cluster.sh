@@ -189,6 +189,15 @@ create_db() {
 	if [ "$(psql_leader -c "SELECT 1 FROM pg_database WHERE datname = 'kettle'")" != 1 ]; then
 		psql_leader -c "CREATE DATABASE kettle OWNER kettle" >/dev/null
 	fi
+	# Every member has replayed it: a client of the multi-host DSN may try a
+	# standby first, and "database does not exist" ends its search.
+	local i
+	for i in 1 2 3; do wait_for "database kettle on pg$i" 60 has_db "$i" || return 1; done
+}
+
+has_db() {
+	[ "$(setpriv --reuid=postgres --regid=postgres --init-groups "$PGBIN/psql" -h "$DIR/pg$1" -p 5432 -U postgres -d postgres -qAt \
+		-c "SELECT 1 FROM pg_database WHERE datname = 'kettle'" 2>/dev/null)" = 1 ]
 }
 
 up() {
