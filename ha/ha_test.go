@@ -63,7 +63,11 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 		t.Fatal(err)
 	}
 	tp := &topo{t: t, root: root, dir: dir, bin: bin}
-	tp.env = append(os.Environ(), "KETTLE_HA_NET="+haNet, "KETTLE_HA_DIR="+dir, "KETTLE_BIN="+bin, fmt.Sprintf("KETTLE_HA_NODES=%d", nodes))
+	pw := uuid.NewString()
+	// Reads that tolerate lag go to a standby (--db-read), lag measured.
+	read := fmt.Sprintf("postgres://kettle:%s@%[2]s.11:5432,%[2]s.12:5432,%[2]s.13:5432/kettle?target_session_attrs=prefer-standby&connect_timeout=2&sslmode=disable", pw, haNet)
+	tp.env = append(os.Environ(), "KETTLE_HA_NET="+haNet, "KETTLE_HA_DIR="+dir, "KETTLE_BIN="+bin, fmt.Sprintf("KETTLE_HA_NODES=%d", nodes),
+		"KETTLE_HA_PASSWORD="+pw, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --db-read "+read)
 	tp.env = append(tp.env, extraEnv...)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -83,6 +87,31 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	}
 	figure(t, "topology_up", time.Since(start).Seconds(), "s")
 	return tp
+}
+
+// scrape returns the text of a /metrics page.
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	r, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	defer r.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(r.Body)
+	return b.String()
+}
+
+// metricsExist fails for each series prefix (name and leading labels, as
+// the alerts and the dashboard use them) the page lacks.
+func metricsExist(t *testing.T, url string, series ...string) {
+	t.Helper()
+	page := scrape(t, url)
+	for _, s := range series {
+		if !strings.Contains(page, "\n"+s) {
+			t.Errorf("%s has no %s (deploy/prometheus/alerts.yml and the dashboard use it)", url, s)
+		}
+	}
 }
 
 // cmd runs deploy/cluster.sh args… within limit.
@@ -139,13 +168,17 @@ type swarm struct {
 	done chan error
 }
 
-func (tp *topo) swarm(api string, devices int, d time.Duration) *swarm {
+func (tp *topo) swarm(api string, devices int, d time.Duration, extra ...string) *swarm {
 	tp.t.Helper()
-	out := filepath.Join(tp.dir, "swarm-"+api)
+	name := api
+	if len(extra) > 0 {
+		name = "mqtt"
+	}
+	out := filepath.Join(tp.dir, "swarm-"+name)
 	args := []string{"swarm", "--target", balancer, "--api", api, "--devices", fmt.Sprint(devices), "--interval", "2s",
 		"--duration", d.String(), "--data-dir", filepath.Join(tp.dir, "kettle1"), "--out", out,
 		"--report=false", "--sample=false", "--slo-p99", "0", "--max-error-rate", "-1", "--hatch-rate", "0"}
-	c := exec.Command(tp.bin, args...)
+	c := exec.Command(tp.bin, append(args, extra...)...)
 	var buf bytes.Buffer
 	c.Stdout, c.Stderr = &buf, &buf
 	if err := c.Start(); err != nil {

@@ -35,7 +35,15 @@ from memory. Under overload uploads are refused before their body is read:
 when the queue is full, or, if --shed-latency is set, when the CPU is saturated (then with a long Retry-After, so kettles
 send their readings later in one request), and polls keep being answered
 (while the CPU is saturated, with Cache-Control max-age: poll again later).
-SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
+SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0 (behind a
+load balancer, --drain-delay first answers /readyz 503 while serving on).
+
+High availability: --db may name several hosts
+(postgres://h1,h2,h3/kettle?target_session_attrs=read-write): the node
+connects to whichever is the writable primary and follows it through a
+failover; while none is, uploads get 503 + Retry-After and polls answer
+from memory. --db-read sends reads that tolerate lag to a standby. See
+docs/operations.md, High availability.
 
 Retention: by default every reading is kept. With --retention 90d, uploads
 older than 90 days (device time) are refused, and at start and every
