@@ -124,9 +124,10 @@ start_kettle() {
 	[ -s "$DIR/operator-token" ] || (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/operator-token")
 	[ -s "$DIR/secret" ] || (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/secret")
 	cp "$DIR/operator-token" "$DIR/secret" "$DIR/kettle$i/"
+	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
-	spawn "kettle$i" root "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
-		--db "$(dsn)" --data-dir "$DIR/kettle$i" --drain-delay 2s --log-format text ${KETTLE_HA_SERVE_ARGS:-}
+	spawn "kettle$i" root env KETTLE_DB="$(dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
+		--data-dir "$DIR/kettle$i" --drain-delay 2s --log-format text ${KETTLE_HA_SERVE_ARGS:-}
 }
 
 start_haproxy() {
