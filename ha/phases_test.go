@@ -34,7 +34,7 @@ func failedSpan(ss []sample) (time.Duration, int) {
 // switchover: `patronictl switchover` to the synchronous standby mid-run.
 func switchover(t *testing.T, tp *topo, ingest *probe) window {
 	t.Helper()
-	old, sync := tp.leader(), tp.must(30*time.Second, "sync")
+	old, sync := tp.leader(), syncStandby(t, tp)
 	start := time.Now()
 	out := tp.must(2*time.Minute, "patronictl", "switchover", "--force", "--leader", old, "--candidate", sync, "kettle")
 	t.Logf("switchover: %s", out)
@@ -81,13 +81,26 @@ func nodeKill(t *testing.T, tp *topo) window {
 	return window{"node_kill", start, time.Now()}
 }
 
+// syncStandby waits for Patroni to name a synchronous standby.
+func syncStandby(t *testing.T, tp *topo) string {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if out, err := tp.cmd(10*time.Second, "sync"); err == nil {
+			return out
+		}
+		if time.Now().After(end) {
+			t.Fatal("no synchronous standby named within 30 s")
+		}
+	}
+}
+
 // standbyLoss kills the synchronous standby (writes go on: the other
 // becomes synchronous), then the other one too (synchronous_mode_strict:
 // nothing is acknowledged that one machine holds), then starts both again.
 func standbyLoss(t *testing.T, tp *topo, ingest *probe) time.Time {
 	t.Helper()
 	start := time.Now()
-	sync := tp.must(30*time.Second, "sync")
+	sync := syncStandby(t, tp)
 	one := time.Now()
 	tp.must(30*time.Second, "kill", sync)
 	back := ingest.waitOK(t, one.Add(2*time.Second), 30*time.Second, "an upload with one standby lost")
@@ -97,9 +110,9 @@ func standbyLoss(t *testing.T, tp *topo, ingest *probe) time.Time {
 		slowest = max(slowest, s.done.Sub(s.at))
 	}
 	figure(t, "one_standby_lost_slowest_upload", slowest.Seconds(), "s")
-	t.Logf("one standby (%s, synchronous) killed: %d failed uploads over %.2fs, slowest answer %.2fs; the other is now synchronous: %s", sync, n, span.Seconds(), slowest.Seconds(), tp.must(30*time.Second, "sync"))
+	t.Logf("one standby (%s, synchronous) killed: %d failed uploads over %.2fs, slowest answer %.2fs; the other is now synchronous: %s", sync, n, span.Seconds(), slowest.Seconds(), syncStandby(t, tp))
 
-	other := tp.must(30*time.Second, "sync")
+	other := syncStandby(t, tp)
 	both := time.Now()
 	tp.must(30*time.Second, "kill", other)
 	time.Sleep(40 * time.Second)
