@@ -24,6 +24,7 @@ export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn"
 go build -o bin/kettle ./cmd/kettle
 export KETTLE_BIN=$PWD/bin/kettle
 out=$(mktemp -d /tmp/kha-bench-XXXX)
+chmod 755 "$out" # Patroni runs as postgres and reads its files under it
 trap 'deploy/cluster.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
 
 # cpu DIR: CPU seconds so far of each process of the topology, as JSON.
