@@ -40,6 +40,7 @@ deps:
 	else echo "deps: all installed"; fi
 	deploy/deps/schemathesis.sh
 	deploy/deps/kafka.sh
+	deploy/deps/ha.sh
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build

@@ -789,3 +789,40 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(mqttMaxConns, prometheus.GaugeValue, float64(s.MaxConns))
 	}
 }
+
+// ReplicaStats describe the read replica (kettle serve --db-read); its fields
+// are those of postgres.ReplicaStats, in the same order.
+type ReplicaStats struct {
+	Configured          bool
+	LagSeconds          float64
+	MaxLagSeconds       float64
+	Reads, PrimaryReads uint64
+}
+
+// RegisterReplica registers the read replica's lag and how many reads it
+// took (with --db-read).
+func (m *Server) RegisterReplica(stats func() ReplicaStats) {
+	m.reg.MustRegister(&replicaCollector{stats: stats})
+}
+
+var (
+	replicaLag    = prometheus.NewDesc("kettle_pg_read_replica_lag_seconds", "Replay lag of the --db-read replica, measured every second (0: it has replayed all it received); NaN while it cannot be measured (unreachable, not streaming), when its reads go to the primary.", nil, nil)
+	replicaMaxLag = prometheus.NewDesc("kettle_pg_read_replica_max_lag_seconds", "--max-read-lag: over it the replica's reads go to the primary.", nil, nil)
+	replicaReads  = prometheus.NewDesc("kettle_pg_read_replica_reads_total", "Reads that tolerate lag, by where they went: replica, or primary (the replica's lag over --max-read-lag or unknown).", []string{"target"}, nil)
+)
+
+type replicaCollector struct{ stats func() ReplicaStats }
+
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- replicaLag
+	ch <- replicaMaxLag
+	ch <- replicaReads
+}
+
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	ch <- prometheus.MustNewConstMetric(replicaLag, prometheus.GaugeValue, s.LagSeconds)
+	ch <- prometheus.MustNewConstMetric(replicaMaxLag, prometheus.GaugeValue, s.MaxLagSeconds)
+	ch <- prometheus.MustNewConstMetric(replicaReads, prometheus.CounterValue, float64(s.Reads), "replica")
+	ch <- prometheus.MustNewConstMetric(replicaReads, prometheus.CounterValue, float64(s.PrimaryReads), "primary")
+}

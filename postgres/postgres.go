@@ -78,6 +78,14 @@ type Options struct {
 	// Now is the clock used to choose the partitions created at Open; nil
 	// means time.Now.
 	Now func() time.Time
+	// ReadDSN, when set, is a standby (or a multi-host DSN with
+	// target_session_attrs=prefer-standby) that reads which tolerate lag go
+	// to: device lists, a device's history, the dashboard's charts. Writes,
+	// statistics and the server's own cache loads stay on the primary.
+	ReadDSN string
+	// MaxReadLag: while the replica's replay lag is over it (or cannot be
+	// measured), its reads go to the primary. 0 means 5s.
+	MaxReadLag time.Duration
 	// CompactEvery is how often the changes writers append to
 	// last_seen_moves are folded into last_seen_counts (the statistic adds
 	// both up, so this bounds the rows it reads, not its correctness),
@@ -111,6 +119,12 @@ type Store struct {
 	known   map[kettle.DeviceID]struct{}
 	// entries deleted from known since it was made (forget)
 	knownDeleted int
+
+	// connections whose last commit's wait for the synchronous standby was
+	// cut short (see onNotice)
+	syncCut sync.Map // *pgconn.PgConn → struct{}
+
+	replica *replica // nil without Options.ReadDSN
 
 	stopCompact chan struct{} // closed by Close
 	compactDone chan struct{} // closed when the compactor returned
@@ -160,6 +174,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = time.Second
 	}
+	if opts.MaxReadLag <= 0 {
+		opts.MaxReadLag = 5 * time.Second
+	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = min(opts.MinConns, opts.MaxConns)
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
@@ -187,7 +204,11 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.assignShard(c.PgConn())
 		return nil
 	}
-	cfg.BeforeClose = func(c *pgx.Conn) { s.releaseShard(c.PgConn()) }
+	cfg.BeforeClose = func(c *pgx.Conn) {
+		s.releaseShard(c.PgConn())
+		s.syncCut.Delete(c.PgConn())
+	}
+	cfg.ConnConfig.OnNotice = s.onNotice
 	// Migrate on a plain connection first: AfterConnect needs the schema.
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
@@ -209,6 +230,16 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if err := s.ensureAhead(ctx); err != nil {
 		s.pool.Close()
 		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+	}
+	if opts.ReadDSN != "" {
+		params := map[string]string{"application_name": rp["application_name"], "timezone": "UTC"}
+		if v := rp["statement_timeout"]; v != "" {
+			params["statement_timeout"] = v
+		}
+		if s.replica, err = openReplica(ctx, opts.ReadDSN, opts, params); err != nil {
+			s.pool.Close()
+			return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		}
 	}
 	s.stopCompact, s.compactDone = make(chan struct{}), make(chan struct{})
 	go s.compactor()
@@ -436,6 +467,9 @@ func (s *Store) Close() error {
 		close(s.stopCompact)
 	}
 	<-s.compactDone
+	if s.replica != nil {
+		s.replica.close()
+	}
 	s.monMu.Lock()
 	if s.mon != nil {
 		s.mon.Close(context.Background())
@@ -688,6 +722,8 @@ func unavailable(op string, err error) error {
 		switch {
 		case pgErr.Code == "57014": // query_canceled: statement_timeout
 			return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database timed out (%s); retry later, or raise the statement timeout", op, pgErr.Message), RetryAfter: time.Second}
+		case pgErr.Code == "25006": // read_only_sql_transaction: a standby, or a primary being demoted
+			return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database is read-only (a failover is under way?); retry later", op), RetryAfter: time.Second}
 		case strings.HasPrefix(pgErr.Code, "08"), strings.HasPrefix(pgErr.Code, "53"), strings.HasPrefix(pgErr.Code, "57P"):
 			return &kettle.Error{Code: kettle.EUnavailable, Message: fmt.Sprintf("%s: the database is unavailable (%s %s); retry later", op, pgErr.Code, pgErr.Message), RetryAfter: time.Second}
 		}
@@ -719,4 +755,22 @@ func redact(dsn string) string {
 		return dsn[:i] + "password=xxx" + dsn[i+end:]
 	}
 	return dsn
+}
+
+// errSyncCut: the commit holds on the primary, but its wait for the
+// synchronous standby was cancelled (statement_timeout, a cancel request),
+// so no second machine is known to hold it. The readings are not
+// acknowledged; the kettles send them again and the retry finds them
+// stored (a duplicate), acknowledged once a standby confirms.
+var errSyncCut = &kettle.Error{Code: kettle.EUnavailable, Message: "write: committed on the primary, but no synchronous standby confirmed it in time (standbys lost? see the Patroni cluster); not acknowledged, retry later", RetryAfter: 5 * time.Second}
+
+// onNotice notes the warning PostgreSQL sends instead of an error when a
+// commit's wait for synchronous replication is cancelled: the COMMIT
+// itself then succeeds, and only this notice tells that the transaction
+// may exist on the primary alone. The message is matched in English
+// (lc_messages=C, deploy/patroni/patroni.yml).
+func (s *Store) onNotice(c *pgconn.PgConn, n *pgconn.Notice) {
+	if strings.Contains(n.Message, "wait for synchronous replication") {
+		s.syncCut.Store(c, struct{}{})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/kettlefleet/kettlefleet"
 )
 
@@ -170,11 +171,16 @@ func scanDevice(r pgx.Row) (kettle.DeviceState, error) {
 // Devices lists up to limit devices (all when limit ≤ 0) with ids after the
 // cursor, in id byte order; uuid.Nil starts from the beginning.
 func (s *Store) Devices(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
+	return s.devices(ctx, s.reader(), after, limit)
+}
+
+// devices is Devices on pool.
+func (s *Store) devices(ctx context.Context, pool *pgxpool.Pool, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
 	var rows pgx.Rows
 	if limit > 0 {
-		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+		rows, _ = pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	} else {
-		rows, _ = s.pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id`, after)
+		rows, _ = pool.Query(ctx, `SELECT `+deviceCols+` FROM `+deviceFrom+` WHERE id > $1 ORDER BY id`, after)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kettle.DeviceState, error) { return scanDevice(r) })
 	if err != nil {
@@ -203,7 +209,8 @@ const scanPage = 1000
 // registered during the scan may or may not be seen.
 func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) error {
 	page := func(ctx context.Context, after kettle.DeviceID, limit int) ([]kettle.DeviceState, error) {
-		ds, err := s.Devices(ctx, after, limit)
+		// The primary: Scan loads the server's caches, which must not lag.
+		ds, err := s.devices(ctx, s.pool, after, limit)
 		if err != nil {
 			return nil, fmt.Errorf("postgres scan devices: %w", err)
 		}
@@ -231,8 +238,9 @@ func (s *Store) Scan(ctx context.Context, fn func(kettle.DeviceState) error) err
 // whole range); the cache only decides where they meet.
 func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Measurement, error) {
 	out := []kettle.Measurement{}
+	pool := s.reader()
 	if q.Limit <= 0 {
-		return s.historyWindow(ctx, q, time.Time{}, time.Time{}, out)
+		return s.historyWindow(ctx, pool, q, time.Time{}, time.Time{}, out)
 	}
 	starts, bounded := s.historyStarts(q)
 	var lo, latest time.Time // latest: the kettle's newest reading, once read
@@ -250,7 +258,7 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 		wq := q
 		wq.Limit = q.Limit - len(out)
 		var err error
-		if out, err = s.historyWindow(ctx, wq, lo, hi, out); err != nil {
+		if out, err = s.historyWindow(ctx, pool, wq, lo, hi, out); err != nil {
 			return nil, err
 		}
 		if len(out) >= q.Limit || hi.IsZero() || !latest.IsZero() && hi.After(latest) {
@@ -262,7 +270,7 @@ func (s *Store) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.Me
 			// or went quiet long ago, does not walk to today).
 			latestRead = true
 			var lt *time.Time
-			err := s.pool.QueryRow(ctx, `SELECT latest_t FROM devices WHERE id = $1`, q.Device).Scan(&lt)
+			err := pool.QueryRow(ctx, `SELECT latest_t FROM devices WHERE id = $1`, q.Device).Scan(&lt)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows) || err == nil && lt == nil:
 				return out, nil // no device, or no reading
@@ -332,7 +340,7 @@ func (s *Store) historyStarts(q kettle.HistoryQuery) (starts []int, bounded bool
 // historyWindow appends to out up to q.Limit (all when ≤ 0) of q's rows
 // with times from lo (inclusive) to hi (exclusive); a zero lo or hi is no
 // bound.
-func (s *Store) historyWindow(ctx context.Context, q kettle.HistoryQuery, lo, hi time.Time, out []kettle.Measurement) ([]kettle.Measurement, error) {
+func (s *Store) historyWindow(ctx context.Context, pool *pgxpool.Pool, q kettle.HistoryQuery, lo, hi time.Time, out []kettle.Measurement) ([]kettle.Measurement, error) {
 	conds := []string{"device = $1"}
 	args := []any{q.Device}
 	arg := func(cond string, v any) {
@@ -362,7 +370,7 @@ func (s *Store) historyWindow(ctx context.Context, q kettle.HistoryQuery, lo, hi
 		args = append(args, q.Limit)
 		sql += fmt.Sprintf(" LIMIT $%d", len(args))
 	}
-	rows, _ := s.pool.Query(ctx, sql, args...)
+	rows, _ := pool.Query(ctx, sql, args...)
 	// Every row scanned into one m (not one allocated a row, as with
 	// CollectRows and a Scan of a fresh value's fields) and copied out.
 	m := kettle.Measurement{Device: q.Device}

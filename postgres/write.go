@@ -352,11 +352,15 @@ func (s *Store) writeOnce(ctx context.Context, rows []kettle.Measurement, idx ma
 		s.queueDerived(&b, pg, ids, devs, hours, hods, res.n, newDevs, at, bulk)
 	}
 	b.ExecParams("COMMIT", nil, nil, nil, nil)
+	s.syncCut.Delete(pg)
 	if err := execBatch(ctx, pg, &b, nil); err != nil {
 		return res, fmt.Errorf("update devices, rollups and totals, commit: %w", err)
 	}
 	if st := pg.TxStatus(); st != 'I' {
 		return res, fmt.Errorf("commit: transaction status %q after COMMIT", st)
+	}
+	if _, cut := s.syncCut.LoadAndDelete(pg); cut {
+		return res, errSyncCut
 	}
 	s.markKnown(ids)
 	return res, nil

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net"
@@ -68,6 +69,11 @@ type Config struct {
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
 	ShutdownTimeout   time.Duration
+	// DrainDelay is how long Close keeps serving with /readyz answering
+	// 503 before it stops accepting, so a load balancer checking /readyz
+	// takes the node out first and no request meets a closed port. 0: stop
+	// accepting at once.
+	DrainDelay time.Duration
 
 	// Shed: while goroutines wait longer than Shed.Latency for a CPU (see
 	// ShedPolicy), ingest is refused before its body is read, with a
@@ -136,6 +142,7 @@ type Server struct {
 	secFile        string
 	serveErr       chan error
 	once           sync.Once
+	draining       atomic.Bool // Close began: /readyz is 503
 	closeErr       error
 }
 
@@ -350,7 +357,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ln = tls.NewListener(s.ln, s.ln.tls)
 	}
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.admit.count(s.api), s.log, cfg.AccessLogSample, time.Now)),
+		Handler:           s.metrics.Middleware(accessLog(s.notReadyWhileDraining(s.admit.count(s.api)), s.log, cfg.AccessLogSample, time.Now)),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -484,6 +491,11 @@ func (s *Server) Done() <-chan error { return s.serveErr }
 // readings commit first), drains the ingest queue, and closes the store.
 func (s *Server) Close() error {
 	s.once.Do(func() {
+		s.draining.Store(true)
+		if d := s.cfg.DrainDelay; d > 0 {
+			s.log.Info("draining: /readyz answers 503, serving on until the balancer has taken this node out", "drain_delay", d.String())
+			time.Sleep(d)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 		defer cancel()
 		s.log.Info("shutting down: no new connections, draining in-flight requests and the ingest queue")
@@ -500,6 +512,20 @@ func (s *Server) Close() error {
 		s.log.Info("kettle serve stopped", "stored", stored, "duplicates", dups, "err", errString(err))
 	})
 	return s.closeErr
+}
+
+// notReadyWhileDraining answers GET /readyz 503 once Close has begun, so
+// that a balancer stops sending requests here while in-flight ones finish.
+func (s *Server) notReadyWhileDraining(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() && r.URL.Path == "/readyz" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `{"status":"draining"}`+"\n")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) closeMQTT() {

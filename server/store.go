@@ -21,6 +21,9 @@ var (
 type StoreOptions struct {
 	PoolSize         int
 	StatementTimeout time.Duration
+	// ReadDSN and MaxReadLag: see postgres.Options.
+	ReadDSN    string
+	MaxReadLag time.Duration
 }
 
 // IsPostgresDSN reports whether a --db names a PostgreSQL database: a

@@ -11,7 +11,7 @@ import (
 )
 
 func openPostgres(ctx context.Context, dsn string, opts StoreOptions, log *slog.Logger) (kettle.Store, error) {
-	st, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: int32(opts.PoolSize), StatementTimeout: opts.StatementTimeout})
+	st, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: int32(opts.PoolSize), StatementTimeout: opts.StatementTimeout, ReadDSN: opts.ReadDSN, MaxReadLag: opts.MaxReadLag})
 	if err != nil {
 		return nil, fmt.Errorf("open store %s: %w", redactDSN(dsn), err)
 	}
@@ -32,5 +32,8 @@ func registerPool(m *metrics.Server, st kettle.Store) {
 			st, err := pg.Maintenance(ctx)
 			return metrics.PGMaintenance(st), err
 		})
+		if pg.ReplicaStats().Configured {
+			m.RegisterReplica(func() metrics.ReplicaStats { return metrics.ReplicaStats(pg.ReplicaStats()) })
+		}
 	}
 }

@@ -36,7 +36,15 @@ from memory. Under overload uploads are refused before their body is read:
 when the queue is full, or, if --shed-latency is set, when the CPU is saturated (then with a long Retry-After, so kettles
 send their readings later in one request), and polls keep being answered
 (while the CPU is saturated, with Cache-Control max-age: poll again later).
-SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0.
+SIGTERM/SIGINT: stop accepting, drain the queue, commit, exit 0 (behind a
+load balancer, --drain-delay first answers /readyz 503 while serving on).
+
+High availability: --db may name several hosts
+(postgres://h1,h2,h3/kettle?target_session_attrs=read-write): the node
+connects to whichever is the writable primary and follows it through a
+failover; while none is, uploads get 503 + Retry-After and polls answer
+from memory. --db-read sends reads that tolerate lag to a standby. See
+docs/operations.md, High availability.
 
 Retention: by default every reading is kept. With --retention 90d, uploads
 older than 90 days (device time) are refused, and at start and every
@@ -122,10 +130,13 @@ func runServe(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.ReadTimeout, "read-timeout", 15*time.Second, "time allowed to send a whole request")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 30*time.Second, "time allowed to write a response")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "keep-alive connections idle longer are closed (keep it above the kettles' interval)")
+	fs.DurationVar(&cfg.DrainDelay, "drain-delay", 0, "behind a load balancer: on SIGTERM, answer /readyz 503 and keep serving this long before closing the listener, so the balancer's health check takes the node out first (above its check interval × fall, e.g. 2s for HAProxy's inter 500ms fall 2 with room); 0: close at once")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long to wait for in-flight requests and the queue")
 	fs.DurationVar(&cfg.Ingest.StoreTimeout, "store-timeout", fleet.DefaultStoreTimeout, "deadline of every store call (a batch commit, a registration, an override, a read): an upload whose commit does not finish in time is answered 503 + Retry-After, within twice this even when the database is unreachable (packets dropped), while polls keep being answered from memory")
 	fs.IntVar(&cfg.Store.PoolSize, "pg-pool", 8, "PostgreSQL: connections in the pool (the server opens one more, outside it, for the database server's statistics on /metrics)")
 	fs.DurationVar(&cfg.Store.StatementTimeout, "pg-statement-timeout", 10*time.Second, "PostgreSQL: statement_timeout of every connection")
+	fs.StringVar(&cfg.Store.ReadDSN, "db-read", "", "PostgreSQL: a standby for reads that tolerate lag (device lists, a device's history, the dashboard's charts), e.g. postgres://kettle@h2,h3/kettle?target_session_attrs=prefer-standby; writes, statistics and the node's caches stay on --db. Empty: every read on --db")
+	fs.DurationVar(&cfg.Store.MaxReadLag, "max-read-lag", 5*time.Second, "with --db-read: while the replica's replay lag (kettle_pg_read_replica_lag_seconds, measured every second) is over this or unknown, its reads go to the primary")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
 	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
 	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")

@@ -60,6 +60,7 @@ var parts = []part{
 	{"slow", "4. Slow and hostile clients", partSlow},
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
+	{"failover", "7. High availability (PostgreSQL failover, switchover, standby loss, node restarts behind HAProxy)", partFailover},
 	{"log-outage", "8a. Readings log: PostgreSQL stopped 60 s behind Kafka", partLogOutage},
 	{"log-broker", "8b. Readings log: kill -9 one Kafka broker", partLogBroker},
 	{"log-writer", "8c. Readings log: kill -9 a writer mid-run", partLogWriter},
@@ -102,6 +103,7 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   slow      slowloris headers and bodies, 5,000 idle connections, a client that never reads
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
+  failover  Patroni failover, switchover, standby loss, rolling restart behind HAProxy (go test ./ha/, long)
   log-outage, log-broker, log-writer
             kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed, a writer killed
   mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
@@ -170,7 +172,7 @@ func main() {
 
 	needBin := false
 	for _, n := range names {
-		if n != "doc" && n != "auth" {
+		if n != "doc" && n != "auth" && n != "failover" {
 			needBin = true
 		}
 	}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The high-availability components (idempotent; root; `make deps` runs it):
+# etcd and HAProxy from Debian, Patroni (pinned, deploy/deps/requirements-patroni.txt)
+# in a virtualenv at .deps/venv-patroni made with Debian's python3.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+venv=$repo/.deps/venv-patroni
+req=$repo/deploy/deps/requirements-patroni.txt
+
+pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+	echo "ha.sh: installing:$missing"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
+# The Debian packages start etcd and haproxy as services on their default
+# ports; the topology of deploy/cluster.sh runs its own, elsewhere.
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+	systemctl disable --now etcd haproxy >/dev/null 2>&1 || true
+fi
+
+# Rebuilt when the pins change (the stamp is a copy of the file installed).
+if ! cmp -s "$req" "$venv/.requirements" 2>/dev/null; then
+	echo "ha.sh: Patroni virtualenv at $venv"
+	rm -rf "$venv"
+	/usr/bin/python3 -m venv "$venv"
+	"$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+	cp "$req" "$venv/.requirements"
+fi
+# Patroni runs as the postgres OS user: it must reach the venv.
+chmod -R a+rX "$venv"
+"$venv/bin/patroni" --version

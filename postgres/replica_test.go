@@ -1,0 +1,56 @@
+package postgres_test
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/postgres"
+)
+
+// TestReadReplica: with --db-read a history read goes to the replica while
+// its lag is measured and within the maximum, and to the primary while it
+// cannot be measured (here: nothing listens at the replica's address).
+// ha.TestHA runs it against a real standby.
+func TestReadReplica(t *testing.T) {
+	dsn := pgtest.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "postgres://kettle@" + ln.Addr().String() + "/kettle?connect_timeout=1"
+	ln.Close()
+	f := func(read string, wantReplica bool) {
+		t.Helper()
+		s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 4, ReadDSN: read, MaxReadLag: time.Second})
+		if err != nil {
+			t.Fatalf("Open with ReadDSN %s: %v", read, err)
+		}
+		defer s.Close()
+		rng := rand.New(rand.NewPCG(3, 4))
+		if _, err := s.Write(context.Background(), []kettle.Measurement{rowAt(rng, devID(1), time.Now().UTC().Truncate(time.Second))}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		h, err := s.History(context.Background(), kettle.HistoryQuery{Device: devID(1), Limit: 10})
+		if err != nil || len(h) != 1 {
+			t.Fatalf("History: %d rows, %v", len(h), err)
+		}
+		st := s.ReplicaStats()
+		if !st.Configured || st.MaxLagSeconds != 1 {
+			t.Errorf("ReplicaStats %+v: want configured, max lag 1 s", st)
+		}
+		if wantReplica && (st.Reads != 1 || st.PrimaryReads != 0 || st.LagSeconds != 0) {
+			t.Errorf("a replica with no lag: %+v, want the read there and lag 0", st)
+		}
+		if !wantReplica && (st.Reads != 0 || st.PrimaryReads != 1 || !math.IsNaN(st.LagSeconds)) {
+			t.Errorf("an unreachable replica: %+v, want the read on the primary and lag NaN", st)
+		}
+	}
+	f(dsn, true) // the primary as its own "replica": lag 0
+	f(dead, false)
+}
