@@ -137,7 +137,11 @@ func TestHA(t *testing.T) {
 	// failover included, or, on a machine whose noise already puts the p99
 	// before the kill near it, within 1.5× that (as chaos's outage part
 	// judges). The failover's own seconds are a figure: the reconnection
-	// attempts of the nodes take CPU from the polls there.
+	// attempts of the nodes take CPU from the polls there. make test runs
+	// this beside every other package on two cores, so there the bound is
+	// the one that tells "answered from memory" from "waited on the
+	// database" (1 s, a fifth of --store-timeout); the 100 ms goal is judged
+	// by make chaos's failover part, which runs alone.
 	for _, r := range []struct {
 		name string
 		res  *sim.Results
@@ -147,7 +151,11 @@ func TestHA(t *testing.T) {
 		failover, _ := swarmP99(r.res, "command", kill, back.Add(5*time.Second))
 		figure(t, "polls_p99_"+r.name, whole.Seconds()*1000, "ms")
 		figure(t, "polls_p99_failover_"+r.name, failover.Seconds()*1000, "ms")
-		if limit := max(100*time.Millisecond, before*3/2); whole > limit {
+		limit := max(100*time.Millisecond, before*3/2)
+		if !long {
+			limit = max(limit, time.Second)
+		}
+		if whole > limit {
 			t.Errorf("%s polls p99 %s over the run (from the kill to 5 s after the first commit: %s), want ≤ %s (100 ms, or 1.5× the %s before the kill)", r.name, whole, failover, limit, before)
 		}
 	}
