@@ -21,15 +21,7 @@ import (
 // (SQLite) and checks the answer, the steps, and that kettle report reads
 // what a step wrote.
 func TestCapacityAndReport(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	dir, srv := sqliteServer(t)
 	var f swarmFlags
 	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
 	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
@@ -40,7 +32,7 @@ func TestCapacityAndReport(t *testing.T) {
 	if err := f.resolve(); err != nil {
 		t.Fatal(err)
 	}
-	err = f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
+	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,15 +78,7 @@ func TestCapacityAndReport(t *testing.T) {
 // TestCapacityOverWorkers steps a fleet split over two swarm workers: each
 // step is one merged run of the same workers.
 func TestCapacityOverWorkers(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	dir, srv := sqliteServer(t)
 	const token = "capacity-lab-token-0123"
 	var addrs []string
 	for i := range 2 {
@@ -124,7 +108,7 @@ func TestCapacityOverWorkers(t *testing.T) {
 	if err := f.resolve(); err != nil {
 		t.Fatal(err)
 	}
-	err = f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
+	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,4 +124,20 @@ func TestCapacityOverWorkers(t *testing.T) {
 			t.Errorf("step %d: workers' requests %d + %d, merged %d", n, r.Workers[0].Requests, r.Workers[1].Requests, r.Totals.Requests)
 		}
 	}
+}
+
+// sqliteServer starts a real kettle serve in this process on a fresh SQLite
+// store in a temporary data dir, stopped when the test ends.
+func sqliteServer(t *testing.T) (string, *server.Server) {
+	t.Helper()
+	dir := t.TempDir()
+	srv, err := server.Start(t.Context(), server.Config{
+		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return dir, srv
 }
