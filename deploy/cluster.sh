@@ -36,7 +36,8 @@ NET=${KETTLE_HA_NET:-127.0.44}
 DIR=${KETTLE_HA_DIR:-/tmp/kettle-ha}
 NODES=${KETTLE_HA_NODES:-2}
 SYNC=${KETTLE_HA_SYNC:-true}
-VENV=${KETTLE_HA_VENV:-$repo/.deps/venv-patroni}
+# resolved: the postgres user runs it by its real path, outside the checkout
+VENV=$(readlink -m "${KETTLE_HA_VENV:-$repo/.deps/venv-patroni}")
 KETTLE_BIN=${KETTLE_BIN:-$repo/bin/kettle}
 if [ -z "${KETTLE_HA_PGBIN:-}" ]; then
 	KETTLE_HA_PGBIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4 -n | tail -1 || true)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The high-availability components (idempotent; root; `make deps` runs it):
 # etcd and HAProxy from Debian, Patroni (pinned, deploy/deps/requirements-patroni.txt)
-# in a virtualenv at .deps/venv-patroni made with Debian's python3.
+# in a virtualenv made with Debian's python3 at /opt/kettlefleet/venv-patroni,
+# linked from .deps/venv-patroni. Patroni runs as the postgres OS user, who
+# may not traverse a checkout's parents (mktemp -d makes them 0700), so the
+# virtualenv lives outside any checkout.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-venv=$repo/.deps/venv-patroni
+venv=${KETTLE_HA_VENV_HOME:-/opt/kettlefleet/venv-patroni}
+link=$repo/.deps/venv-patroni
 req=$repo/deploy/deps/requirements-patroni.txt
 
 pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
@@ -25,10 +29,15 @@ fi
 if ! cmp -s "$req" "$venv/.requirements" 2>/dev/null; then
 	echo "ha.sh: Patroni virtualenv at $venv"
 	rm -rf "$venv"
+	mkdir -p "$(dirname "$venv")"
 	/usr/bin/python3 -m venv "$venv"
 	"$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
 	cp "$req" "$venv/.requirements"
 fi
 # Patroni runs as the postgres OS user: it must reach the venv.
 chmod -R a+rX "$venv"
+chmod a+rX "$(dirname "$venv")"
+mkdir -p "$repo/.deps"
+[ -L "$link" ] || rm -rf "$link"
+ln -sfn "$venv" "$link"
 "$venv/bin/patroni" --version
