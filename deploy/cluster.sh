@@ -74,12 +74,17 @@ alive() { local p; p=$(pidof_member "$1"); [ -n "$p" ] && kill -0 "$p" 2>/dev/nu
 # output in DIR/NAME.log, pid in DIR/NAME.pid.
 spawn() {
 	local name=$1 user=$2; shift 2
+	# From DIR: the postgres user may not enter the checkout (a 0700 parent,
+	# as mktemp -d makes), and initdb under Patroni needs a working directory
+	# it can reach.
+	pushd "$DIR" >/dev/null
 	if [ "$user" = root ]; then
 		setsid "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	else
 		setsid setpriv --reuid="$user" --regid="$user" --init-groups "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	fi
 	echo $! >"$DIR/$name.pid"
+	popd >/dev/null
 }
 
 # wait_for WHAT SECONDS CMD…: until CMD succeeds.
