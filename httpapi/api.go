@@ -26,6 +26,7 @@ import (
 	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // ReportingWindow is how recently a device must have stored a reading to
@@ -153,10 +154,10 @@ func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", truncate(r.Method, 16), truncate(r.URL.Path, 128), allow))
+		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", wire.Truncate(r.Method, 16), wire.Truncate(r.URL.Path, 128), allow))
 		return
 	}
-	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", truncate(r.Method, 16), truncate(r.URL.Path, 128)))
+	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", wire.Truncate(r.Method, 16), wire.Truncate(r.URL.Path, 128)))
 }
 
 // allowOf is an Allow header for the declared methods ms (GET brings HEAD),
@@ -220,16 +221,6 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ---- errors and JSON ----
 
-// ErrorJSON is every error answer's body: a stable code, a message for a
-// person (never the internal cause: no driver, SQL, DSN or path text), the
-// bad fields, and the request id the server's log names it by.
-type ErrorJSON struct {
-	Error     kettle.Code         `json:"error"`
-	Message   string              `json:"message"`
-	Fields    []kettle.FieldError `json:"fields,omitempty"`
-	RequestID string              `json:"request_id"`
-}
-
 // Status maps an error code to its HTTP status — the one place this happens.
 func Status(code kettle.Code) int {
 	switch code {
@@ -253,9 +244,6 @@ func Status(code kettle.Code) int {
 	return http.StatusInternalServerError
 }
 
-// maxFieldsAnswered is how many field errors a 4xx answer lists.
-const maxFieldsAnswered = 100
-
 func (a *API) writeError(w http.ResponseWriter, err error) {
 	id := w.Header().Get(RequestIDHeader)
 	var e *kettle.Error
@@ -278,13 +266,7 @@ func (a *API) writeError(w http.ResponseWriter, err error) {
 	if e.Code == kettle.EUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kettlefleet"`)
 	}
-	fields := e.Fields
-	if len(fields) > maxFieldsAnswered {
-		// The first ones name the problem; all 7,000 of a batch of empty
-		// readings would be a ~500 KB answer to a 3 KB request.
-		fields = append(fields[:maxFieldsAnswered:maxFieldsAnswered], kettle.FieldError{Field: "…", Message: fmt.Sprintf("%d more field errors not listed", len(e.Fields)-maxFieldsAnswered)})
-	}
-	writeJSON(w, status, ErrorJSON{Error: e.Code, Message: e.Public(), Fields: fields, RequestID: id})
+	writeJSON(w, status, wire.NewErrorJSON(e, id))
 }
 
 // writeJSON answers v as JSON with goccy/go-json, as the ingest path
@@ -437,7 +419,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := uuid.Parse(r.PathValue("id"))
 		if err != nil {
-			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
+			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", wire.Truncate(r.PathValue("id"), 64))}}})
 			return
 		}
 		tok, ok := bearer(r)
@@ -513,10 +495,6 @@ func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]string{"username": ids[0].String()})
 }
 
-var (
-	v0Flush = map[bool]string{true: "FlushReservoir", false: "NoFlushReservoir"}
-)
-
 func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.v0Device(r)
 	if err != nil {
@@ -524,25 +502,7 @@ func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ := a.svc.Command(id)
-	b := make([]byte, 0, 128)
-	b = append(b, `{"charge":"`...)
-	if c.Charge {
-		b = append(b, `ChargeBattery","fill":"`...)
-	} else {
-		b = append(b, `NoChargeBattery","fill":"`...)
-	}
-	if c.Fill {
-		b = append(b, `FillReservoir","flush":`...)
-	} else {
-		b = append(b, `NoFillReservoir","flush":`...)
-	}
-	if c.FlushMLPerS > 0 {
-		b = append(b, `{"tag":"FlushReservoir","contents":`...)
-		b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
-		b = append(b, "}}\n"...)
-	} else {
-		b = append(b, `{"tag":"NoFlushReservoir"}}`+"\n"...)
-	}
+	b := wire.AppendCommandV0(make([]byte, 0, 128), c)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.Write(b)
@@ -577,7 +537,7 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, err)
 		return
 	}
-	m, err := DecodeV0(body, id, a.svc.Window())
+	m, err := wire.DecodeV0(body, id, a.svc.Window())
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -651,15 +611,6 @@ func toJSON(m *kettle.Measurement) *MeasurementJSON {
 	return &MeasurementJSON{m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}
 }
 
-// CommandJSON is GET /v1/command's body.
-type CommandJSON struct {
-	Charge      bool    `json:"charge"`
-	Fill        bool    `json:"fill"`
-	FlushMLPerS float64 `json:"flush_ml_per_s"`
-	Reason      string  `json:"reason"`
-	PollAfterS  int     `json:"poll_after_s"`
-}
-
 // OverrideJSON is an operator override on the wire.
 type OverrideJSON struct {
 	Charge      *bool      `json:"charge,omitempty"`
@@ -672,15 +623,15 @@ type OverrideJSON struct {
 
 // DeviceJSON is a device with its latest state.
 type DeviceJSON struct {
-	ID           kettle.DeviceID  `json:"id"`
-	RegisteredAt time.Time        `json:"registered_at"`
-	LastSeen     *time.Time       `json:"last_seen"`
-	Latest       *MeasurementJSON `json:"latest"`
-	CapacityML   float64          `json:"capacity_ml"`
-	Measurements int64            `json:"measurements"`
-	Command      *CommandJSON     `json:"command,omitempty"`
-	Override     *OverrideJSON    `json:"override,omitempty"`
-	RevokedAt    *time.Time       `json:"revoked_at,omitempty"`
+	ID           kettle.DeviceID   `json:"id"`
+	RegisteredAt time.Time         `json:"registered_at"`
+	LastSeen     *time.Time        `json:"last_seen"`
+	Latest       *MeasurementJSON  `json:"latest"`
+	CapacityML   float64           `json:"capacity_ml"`
+	Measurements int64             `json:"measurements"`
+	Command      *wire.CommandJSON `json:"command,omitempty"`
+	Override     *OverrideJSON     `json:"override,omitempty"`
+	RevokedAt    *time.Time        `json:"revoked_at,omitempty"`
 }
 
 func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
@@ -701,17 +652,10 @@ func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
 	if withCommand {
 		c := kettle.Decide(kettle.PolicyInput{Latest: d.Latest, CapacityML: d.CapacityML, Override: d.Override, Now: now})
 		next := kettle.NextChange(now, d.Override, a.svc.Config().PollInterval)
-		j.Command = &CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)}
+		cj := wire.NewCommandJSON(c, next)
+		j.Command = &cj
 	}
 	return j
-}
-
-func pollSeconds(d time.Duration) int {
-	s := int((d + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
-	}
-	return s
 }
 
 func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
@@ -772,7 +716,7 @@ func queryTime(r *http.Request, name string, dst *time.Time, errs *[]kettle.Fiel
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", wire.Truncate(v, 64))})
 		return
 	}
 	*dst = t.UTC()
@@ -793,7 +737,7 @@ func queryInt(r *http.Request, name string, def, min, max int, errs *[]kettle.Fi
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < min || n > max {
-		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an integer from %d to %d, got %q", min, max, truncate(v, 32))})
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an integer from %d to %d, got %q", min, max, wire.Truncate(v, 32))})
 		return def
 	}
 	return n
@@ -806,7 +750,7 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 	if v, ok := queryValue(r, "after"); ok {
 		id, err := uuid.Parse(v)
 		if err != nil {
-			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", truncate(v, 64))})
+			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", wire.Truncate(v, 64))})
 		}
 		after = id
 	}
@@ -1038,7 +982,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	up.body = body
-	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Window())
+	ms, err := wire.DecodeV1Into(up.ms, body, id, a.svc.Window())
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -1068,7 +1012,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
-	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+	writeJSON(w, 200, wire.NewCommandJSON(c, next))
 }
 
 // commandCaching is a v1 command's Cache-Control: no-cache (revalidate on

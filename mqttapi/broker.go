@@ -20,8 +20,8 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // Config configures the embedded listener.
@@ -588,7 +588,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	c, _ := cl.Net.Conn.(*conn)
 	pipelined := qos > 0 && c != nil
-	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Window())
+	ms, err := wire.DecodeV1(pk.Payload, id, h.svc.Window())
 	if err != nil {
 		h.b.counters.Invalid.Add(1)
 		if ok, skipped := h.b.badLog.Allow(time.Now()); ok {

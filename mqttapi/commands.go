@@ -10,8 +10,8 @@ import (
 
 	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // CommandTopic is where device id's command is published.
@@ -39,11 +39,7 @@ func commandHash(c kettle.Command) uint64 {
 // commandBody renders a command exactly as GET /v1/command does; next is
 // when the time-driven part of the policy may change the answer by itself.
 func commandBody(c kettle.Command, next time.Duration) []byte {
-	poll := int((next + time.Second - 1) / time.Second)
-	if poll < 1 {
-		poll = 1
-	}
-	body, _ := json.Marshal(httpapi.CommandJSON{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS, Reason: c.Reason, PollAfterS: poll})
+	body, _ := json.Marshal(wire.NewCommandJSON(c, next))
 	return body
 }
 

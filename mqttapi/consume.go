@@ -20,8 +20,8 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // ConsumerConfig configures external-broker mode.
@@ -220,7 +220,7 @@ func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
 		c.ack(pr)
 		return true, nil
 	}
-	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Window())
+	ms, err := wire.DecodeV1(p.Payload, id, c.svc.Window())
 	if err != nil {
 		c.counters.Invalid.Add(1)
 		if ok, skipped := c.badLog.Allow(time.Now()); ok {

@@ -12,7 +12,8 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // MQTT kettles (Config.Protocol "mqtt"). Each kettle holds one MQTT 5
@@ -591,30 +592,18 @@ func (s *Swarm) startPublish(i int, k *kettleState, at int64) {
 		}
 	}
 	bp, wp := bufPool.Get().(*[]byte), bufPool.Get().(*[]byte)
-	body := (*bp)[:0]
-	if n > 1 {
-		body = append(body, '[')
-	}
-	for j := range batch {
-		if j > 0 {
-			body = append(body, ',')
-		}
-		body = appendReading(body, &batch[j], "v1")
-	}
-	if n > 1 {
-		body = append(body, ']')
-	}
+	body := wire.AppendV1Upload((*bp)[:0], batch)
 	pk := &packets.Publish{Topic: measurementTopic(m.user), QoS: 1, PacketID: m.nextID, Payload: body}
-	wire := mqEncode((*wp)[:0], pk.ToControlPacket())
+	pkt := mqEncode((*wp)[:0], pk.ToControlPacket())
 	now := s.now()
 	if m.inflight == nil {
 		m.inflight = make([]mqPub, 0, m.window)
 	}
 	m.inflight = append(m.inflight, mqPub{batch: batch, at: at, deadline: now + int64(s.cfg.Timeout), id: m.nextID})
 	s.busy.Add(1)
-	s.mqWrite(k, m.c, wire)
+	s.mqWrite(k, m.c, pkt)
 	m.lastSent = now
-	*bp, *wp = body, wire
+	*bp, *wp = body, pkt
 	bufPool.Put(bp)
 	bufPool.Put(wp)
 	s.armCheck(i, k, now+int64(s.cfg.Timeout))

@@ -7,13 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/url"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,8 +19,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // Config is one swarm run.
@@ -817,18 +816,9 @@ func (s *Swarm) upload(i int, k *kettleState, sl *slot, at int64) int64 {
 		bp := bufPool.Get().(*[]byte)
 		body := (*bp)[:0]
 		times = times[:0]
-		if n > 1 {
-			body = append(body, '[')
-		}
-		for j, m := range k.pending[:n] {
-			if j > 0 {
-				body = append(body, ',')
-			}
-			body = appendReading(body, &m, s.cfg.API)
+		body = appendUpload(body, k.pending[:n], s.cfg.API)
+		for _, m := range k.pending[:n] {
 			times = append(times, m.Time.UnixMicro())
-		}
-		if n > 1 {
-			body = append(body, ']')
 		}
 		auth := k.auth
 		k.mu.Unlock()
@@ -907,62 +897,19 @@ func (s *Swarm) poll(k *kettleState, sl *slot, at int64) {
 	k.mu.Unlock()
 }
 
+// parseCommand is a command body of api as the model obeys it.
 func parseCommand(b []byte, api string) (Command, error) {
-	if api == "v1" {
-		var c struct {
-			Charge bool    `json:"charge"`
-			Fill   bool    `json:"fill"`
-			Flush  float64 `json:"flush_ml_per_s"`
-		}
-		err := json.Unmarshal(b, &c)
-		return Command{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.Flush}, err
-	}
-	var c struct {
-		Charge string `json:"charge"`
-		Fill   string `json:"fill"`
-		Flush  struct {
-			Tag      string  `json:"tag"`
-			Contents float64 `json:"contents"`
-		} `json:"flush"`
-	}
-	if err := json.Unmarshal(b, &c); err != nil {
-		return Command{}, err
-	}
-	cmd := Command{Charge: c.Charge == "ChargeBattery", Fill: c.Fill == "FillReservoir"}
-	if c.Flush.Tag == "FlushReservoir" {
-		cmd.FlushMLPerS = c.Flush.Contents
-	}
-	return cmd, nil
+	c, err := wire.ParseCommand(b, api)
+	return Command{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS}, err
 }
 
-// appendReading appends m as a JSON object of the api's protocol.
-func appendReading(b []byte, m *kettle.Measurement, api string) []byte {
-	n := &kettle.V1Names
+// appendUpload appends readings as one upload body of api: v0 takes one
+// reading a request, v1 one or an array.
+func appendUpload(b []byte, ms []kettle.Measurement, api string) []byte {
 	if api == "v0" {
-		n = &kettle.V0Names
+		return wire.AppendV0(b, &ms[0])
 	}
-	b = append(b, `{"`...)
-	b = append(b, n.Time...)
-	b = append(b, `":"`...)
-	b = m.Time.UTC().AppendFormat(b, time.RFC3339Nano)
-	b = append(b, '"')
-	num := func(name string, v float64) {
-		b = append(b, `,"`...)
-		b = append(b, name...)
-		b = append(b, `":`...)
-		if v == math.Trunc(v) && math.Abs(v) < 1e15 {
-			b = strconv.AppendInt(b, int64(v), 10)
-		} else {
-			b = strconv.AppendFloat(b, v, 'g', -1, 64)
-		}
-	}
-	num(n.Charge, m.ChargeMWh)
-	num(n.Full, m.FullMWh)
-	num(n.Rate, m.RateMW)
-	num(n.Ambient, m.AmbientC)
-	num(n.Water, m.WaterC)
-	num(n.Level, m.LevelML)
-	return append(b, '}')
+	return wire.AppendV1Upload(b, ms)
 }
 
 // tickTime is the device time of a reading due at ns: its intended time, but
