@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 )
 
 // cache is every registered device's state in memory, laid out without

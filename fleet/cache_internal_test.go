@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 )
 
 // TestCacheKeepsReadingsExactly: a reading put into the cache comes back

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/sqlite"
 )

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 )
 
 // expiry is the retention loop's state.

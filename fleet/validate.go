@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 )
 
 // Validate returns every problem with c, each naming the kettle serve flag

@@ -18,8 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
@@ -139,7 +138,7 @@ type Broker struct {
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
 // the listener is bound.
-func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, log *slog.Logger) (*Broker, error) {
+func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.Logger) (*Broker, error) {
 	cfg.defaults()
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumClients = int64(cfg.MaxConns)
@@ -285,7 +284,7 @@ func (b *Broker) Close() error {
 type hook struct {
 	mqtt.HookBase
 	b      *Broker
-	svc    *fleet.Service
+	svc    Fleet
 	secret []byte
 
 	// live is each device's latest established session (repairTakeover).

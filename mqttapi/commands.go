@@ -9,7 +9,6 @@ import (
 	"time"
 
 	kettle "github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
@@ -45,7 +44,7 @@ func commandBody(c kettle.Command, next time.Duration) []byte {
 
 // commandJSON is a device's current command: its body, its commandHash and
 // when the time-driven part of the policy may change it by itself.
-func commandJSON(svc *fleet.Service, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
+func commandJSON(svc Commands, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
 	c, next := svc.Command(id)
 	return commandBody(c, next), commandHash(c), next
 }
@@ -67,7 +66,7 @@ type pushTarget struct {
 // commit, and a full scan there was quadratic in the fleet (17,000 kettles
 // at ~500 commits/s per node: half the node's CPU in the 100,000-kettle run).
 type pusher struct {
-	svc     *fleet.Service
+	svc     Commands
 	log     *slog.Logger
 	publish func(id kettle.DeviceID, body []byte) error
 	pushed  *Counters
@@ -87,7 +86,7 @@ type pusher struct {
 	done chan struct{}
 }
 
-func newPusher(svc *fleet.Service, log *slog.Logger, c *Counters, tick time.Duration, trackAll bool, publish func(kettle.DeviceID, []byte) error) *pusher {
+func newPusher(svc Commands, log *slog.Logger, c *Counters, tick time.Duration, trackAll bool, publish func(kettle.DeviceID, []byte) error) *pusher {
 	if tick <= 0 {
 		tick = time.Second
 	}

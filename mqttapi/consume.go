@@ -18,8 +18,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 
-	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
+	kettle "github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
@@ -85,7 +84,7 @@ func (c *ConsumerConfig) defaults() {
 type Consumer struct {
 	cfg      ConsumerConfig
 	cm       *autopaho.ConnectionManager
-	svc      *fleet.Service
+	svc      Consumed
 	push     *pusher
 	counters *Counters
 	log      *slog.Logger
@@ -100,7 +99,7 @@ type Consumer struct {
 // and consumes $share/{Share}/kettles/+/measurements. It returns at once;
 // AwaitConnection waits for the first connection. secret is unused: in this
 // mode the broker authenticates devices (see the package doc).
-func Consume(ctx context.Context, cfg ConsumerConfig, svc *fleet.Service, secret []byte, log *slog.Logger) (*Consumer, error) {
+func Consume(ctx context.Context, cfg ConsumerConfig, svc Consumed, secret []byte, log *slog.Logger) (*Consumer, error) {
 	cfg.defaults()
 	u, err := url.Parse(cfg.BrokerURL)
 	if err != nil || u.Host == "" {
