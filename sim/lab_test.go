@@ -74,9 +74,11 @@ func startServer(t *testing.T) *server.Server {
 
 func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
 	lc := LabConfig{Config: Config{
-		Target: target, Devices: 30, Interval: 500 * time.Millisecond, Jitter: 20 * time.Millisecond,
-		Duration: 3 * time.Second, Timeout: 2 * time.Second, Seed: 3,
-		Secret: srv.Secret(), Operator: srv.OperatorToken(), Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: target, Secret: srv.Secret(), Operator: srv.OperatorToken()},
+		FleetConfig:     FleetConfig{Devices: 30, Seed: 3},
+		ScheduleConfig:  ScheduleConfig{Interval: 500 * time.Millisecond, Jitter: 20 * time.Millisecond, Duration: 3 * time.Second},
+		TransportConfig: TransportConfig{Timeout: 2 * time.Second},
+		OutputConfig:    OutputConfig{Log: io.Discard},
 	}, Token: labToken, LostAfter: 2 * time.Second}
 	for _, w := range ws {
 		lc.Workers = append(lc.Workers, w.addr)
@@ -269,7 +271,7 @@ func TestMergeExact(t *testing.T) {
 		}
 		ws = append(ws, w)
 	}
-	res := mergeLab(ws, &Config{Devices: 30}, time.Now(), time.Now())
+	res := mergeLab(ws, &Config{FleetConfig: FleetConfig{Devices: 30}}, time.Now(), time.Now())
 	m := res.Totals.Endpoints[EPMeasurement]
 	if want := float64(union.ValueAtQuantile(99)) / 1000; m.P99Ms != want {
 		t.Errorf("merged p99 %.3f ms, union p99 %.3f ms", m.P99Ms, want)
@@ -309,14 +311,14 @@ func repeat(a int64, na int, b int64, nb int) []int64 {
 func TestShardPlans(t *testing.T) {
 	f := func(devices, workers int) {
 		t.Helper()
-		lc := &LabConfig{Config: Config{Devices: devices, Conns: 100}, Targets: []string{"http://127.0.0.1:1"}}
+		lc := &LabConfig{Config: Config{FleetConfig: FleetConfig{Devices: devices}, TransportConfig: TransportConfig{Conns: 100}}, Targets: []string{"http://127.0.0.1:1"}}
 		for i := range workers {
 			lc.Workers = append(lc.Workers, fmt.Sprintf("127.0.45.%d:1", 11+i))
 		}
 		seen := make([]int, devices)
 		conns := 0
 		for _, p := range shardPlans(lc, "r") {
-			s := &Swarm{cfg: Config{First: p.First, Stride: p.Stride}}
+			s := &Swarm{cfg: Config{FleetConfig: FleetConfig{First: p.First, Stride: p.Stride}}}
 			for i := range p.Devices {
 				g := s.fleetIndex(i)
 				if g < 0 || g >= devices {
@@ -399,13 +401,14 @@ func TestShardsAreTheFleet(t *testing.T) {
 		t.Helper()
 		cfg.defaults()
 		s := &Swarm{cfg: cfg}
+		s.tr = &httpTransport{Swarm: s}
 		if err := s.setup(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
 	for _, hatch := range []float64{0, 3} {
-		base := Config{Devices: 10, Interval: 30 * time.Second, Secret: []byte("s"), Seed: 5, HatchRate: hatch}
+		base := Config{TargetConfig: TargetConfig{Secret: []byte("s")}, FleetConfig: FleetConfig{Devices: 10, Seed: 5}, ScheduleConfig: ScheduleConfig{Interval: 30 * time.Second, HatchRate: hatch}}
 		whole := setup(base)
 		for i := range 3 {
 			c := base

@@ -28,10 +28,11 @@ func TestSwarmMQTTRefusedOverCap(t *testing.T) {
 	}
 	t.Cleanup(func() { srv.Close() })
 	res, err := Run(ctx, Config{
-		Target: srv.URL(), Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: 1,
-		Devices: 8, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 4 * time.Second,
-		Batch: 1, Secret: srv.Secret(), Operator: srv.OperatorToken(), Seed: 7,
-		ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: srv.URL(), Secret: srv.Secret(), Operator: srv.OperatorToken()},
+		FleetConfig:     FleetConfig{Devices: 8, Seed: 7},
+		ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 4 * time.Second},
+		TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: 1, Batch: 1, ReserveFDs: 1000},
+		OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -37,10 +37,11 @@ func TestSwarmMQTTAgainstServer(t *testing.T) {
 	f := func(devices, inflight, batch int) {
 		t.Helper()
 		res, err := Run(ctx, Config{
-			Target: srv.URL(), Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: inflight,
-			Devices: devices, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 5 * time.Second,
-			Batch: batch, Secret: srv.Secret(), Operator: srv.OperatorToken(), Seed: 7,
-			ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+			TargetConfig:    TargetConfig{Target: srv.URL(), Secret: srv.Secret(), Operator: srv.OperatorToken()},
+			FleetConfig:     FleetConfig{Devices: devices, Seed: 7},
+			ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 5 * time.Second},
+			TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: inflight, Batch: batch, ReserveFDs: 1000},
+			OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -134,10 +135,11 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 		restarted <- err
 	}()
 	res, err := Run(ctx, Config{
-		Target: url, Protocol: ProtocolMQTT, MQTTTarget: cfg.MQTT.Addr,
-		Devices: 20, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 9 * time.Second,
-		Secret: secret, Operator: op, Seed: 3, Timeout: 3 * time.Second,
-		ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: url, Secret: secret, Operator: op},
+		FleetConfig:     FleetConfig{Devices: 20, Seed: 3},
+		ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 9 * time.Second},
+		TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: cfg.MQTT.Addr, Timeout: 3 * time.Second, ReserveFDs: 1000},
+		OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 	})
 	if rerr := <-restarted; rerr != nil {
 		t.Fatalf("restart: %v", rerr)
@@ -252,10 +254,12 @@ func TestSwarmMQTTTimeouts(t *testing.T) {
 	run := func(b *fakeBroker, devices int) *Results {
 		t.Helper()
 		res, err := Run(context.Background(), Config{
-			Target: "http://127.0.0.1:1", Protocol: ProtocolMQTT, MQTTTarget: b.ln.Addr().String(), MQTTKeepAlive: 2 * time.Second,
-			Devices: devices, Interval: time.Second, Jitter: 1, Duration: 5500 * time.Millisecond, HatchRate: 1000,
-			Secret: []byte("s"), NoAudit: true, Timeout: time.Second, Seed: 1,
-			ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+			TargetConfig:    TargetConfig{Target: "http://127.0.0.1:1", Secret: []byte("s")},
+			FleetConfig:     FleetConfig{Devices: devices, Seed: 1},
+			ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 1, Duration: 5500 * time.Millisecond, HatchRate: 1000},
+			TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: b.ln.Addr().String(), MQTTKeepAlive: 2 * time.Second, Timeout: time.Second, ReserveFDs: 1000},
+			AuditConfig:     AuditConfig{NoAudit: true},
+			OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 		})
 		if err != nil {
 			t.Fatal(err)

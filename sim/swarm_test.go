@@ -254,8 +254,10 @@ func (f *fakeServer) storedCount() (n int) {
 
 func quick(target string) Config {
 	return Config{
-		Target: target, Devices: 50, Interval: 100 * time.Millisecond, Jitter: 10 * time.Millisecond,
-		Duration: 1500 * time.Millisecond, Timeout: 2 * time.Second, Seed: 1,
+		TargetConfig:    TargetConfig{Target: target},
+		FleetConfig:     FleetConfig{Devices: 50, Seed: 1},
+		ScheduleConfig:  ScheduleConfig{Interval: 100 * time.Millisecond, Jitter: 10 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		TransportConfig: TransportConfig{Timeout: 2 * time.Second},
 	}
 }
 

@@ -94,12 +94,12 @@ func (p *Plan) validate(w *WorkerConfig) error {
 
 func (p *Plan) config(w *WorkerConfig) Config {
 	return Config{
-		Target: p.Target, Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API,
-		First: p.First, Stride: p.Stride, Devices: p.Devices, Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate,
-		Duration: p.Duration, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive,
-		Timeout: p.Timeout, Seed: p.Seed, Secret: p.Secret, Operator: p.Operator,
-		SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs, AllowHosts: w.AllowHosts,
-		Log: w.Log, NoAudit: true, ExportAcked: true,
+		TargetConfig:    TargetConfig{Target: p.Target, Secret: p.Secret, Operator: p.Operator, AllowHosts: w.AllowHosts},
+		FleetConfig:     FleetConfig{First: p.First, Stride: p.Stride, Devices: p.Devices, Seed: p.Seed},
+		ScheduleConfig:  ScheduleConfig{Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate, Duration: p.Duration},
+		TransportConfig: TransportConfig{Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive, Timeout: p.Timeout, SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs},
+		AuditConfig:     AuditConfig{NoAudit: true, ExportAcked: true},
+		OutputConfig:    OutputConfig{Log: w.Log},
 	}
 }
 

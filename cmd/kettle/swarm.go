@@ -289,15 +289,7 @@ func (f *swarmFlags) resolve() error {
 		}
 		c.SourceAddrs = ips
 	}
-	switch c.Protocol {
-	case sim.ProtocolHTTP, "":
-	case sim.ProtocolMQTT:
-		if c.API != "v1" {
-			return fmt.Errorf("--protocol mqtt carries v1 payloads; drop --api %s", c.API)
-		}
-		if c.MQTTInflight < 1 || c.MQTTInflight > 1000 {
-			return fmt.Errorf("--mqtt-inflight %d: want 1..1000", c.MQTTInflight)
-		}
+	if c.Protocol == sim.ProtocolMQTT && c.API == "v1" {
 		if c.MQTTTarget == "" {
 			for _, t := range f.targets {
 				u, _ := sim.CheckTarget(t, c.AllowHosts)
@@ -310,11 +302,9 @@ func (f *swarmFlags) resolve() error {
 				return err
 			}
 		}
-	default:
-		return fmt.Errorf("--protocol %q: want http or mqtt", c.Protocol)
 	}
-	if c.Batch < 1 || c.Batch > 1000 {
-		return fmt.Errorf("--batch %d: want 1..1000", c.Batch)
+	if errs := c.Validate(); len(errs) > 0 {
+		return errors.Join(errs...)
 	}
 	if f.dataDir != "" {
 		if c.Operator == "" {
