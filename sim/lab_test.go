@@ -5,10 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/kettlefleet/kettlefleet/internal/liar"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -58,20 +57,6 @@ func startWorkers(t *testing.T, n int) []*testWorker {
 	return out
 }
 
-func startServer(t *testing.T) *server.Server {
-	t.Helper()
-	dir := t.TempDir()
-	srv, err := server.Start(context.Background(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
-}
-
 func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
 	lc := LabConfig{Config: Config{
 		TargetConfig:    TargetConfig{Target: target, Secret: srv.Secret(), Operator: srv.OperatorToken()},
@@ -94,7 +79,7 @@ func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
 // percentiles), and its audit must find the one lost reading in the second
 // worker's shard.
 func TestLabThreeWorkers(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 3)
 	p := liar.Start(t, srv.URL(), &liar.Proxy{
 		Delay: func(from string) time.Duration {
@@ -200,7 +185,7 @@ func TestLabThreeWorkers(t *testing.T) {
 // TestLabWorkerLost kills one of three workers mid-run: the run still ends
 // with results, the lost worker's share marked, the others audited.
 func TestLabWorkerLost(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 3)
 	lc := labConfig(srv, srv.URL(), ws)
 	lc.Duration = 4 * time.Second
@@ -368,7 +353,7 @@ func TestLabGuards(t *testing.T) {
 		t.Error("a worker took a 5-character token")
 	}
 
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 2)
 	run := func(mod func(*LabConfig), want string) {
 		t.Helper()
@@ -430,7 +415,7 @@ func TestShardsAreTheFleet(t *testing.T) {
 // TestLabInterrupted: the operator's interrupt stops every worker, and the
 // run still ends with every worker's results (none lost) and the audit.
 func TestLabInterrupted(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 2)
 	lc := labConfig(srv, srv.URL(), ws)
 	lc.Duration = time.Minute

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -22,17 +21,8 @@ import (
 // retained command by subscription, publishes QoS 1 on schedule, and the
 // audit over the HTTP operator API finds every PUBACKed reading stored once.
 func TestSwarmMQTTAgainstServer(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	srv, err := server.Start(ctx, server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + dir + "/k.db", DataDir: dir,
-		MQTT:   mqttapi.Config{Addr: "127.0.0.1:0"},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := startServer(t, mqttapi.Config{Addr: "127.0.0.1:0"})
 
 	f := func(devices, inflight, batch int) {
 		t.Helper()
@@ -110,13 +100,8 @@ func keys[V any](m map[string]V) []string {
 // kettles redial with backoff, resend what was not acknowledged, and the
 // audit still finds every PUBACKed reading stored exactly once.
 func TestSwarmMQTTReconnects(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	cfg := server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + dir + "/k.db", DataDir: dir,
-		MQTT:   mqttapi.Config{Addr: "127.0.0.1:0"},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	cfg := serverConfig(t, mqttapi.Config{Addr: "127.0.0.1:0"})
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
