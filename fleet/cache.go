@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // cache is every registered device's state in memory, laid out without

@@ -5,7 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	kettle "github.com/kettlefleet/kettlefleet"
+
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // TestCacheKeepsReadingsExactly: a reading put into the cache comes back

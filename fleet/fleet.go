@@ -21,7 +21,7 @@ import (
 
 	"github.com/google/uuid"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // Hooks lets the server observe the pipeline (metrics) without this package

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // ingestQueue is the ingest pipeline's state: one bounded queue per

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 

@@ -3,7 +3,7 @@ package fleet
 import (
 	"context"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // The reads the adapters answer from the store (statistics, device lists,

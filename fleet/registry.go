@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // registry is the devices as this node knows them: the cache that answers

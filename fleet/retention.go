@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // expiry is the retention loop's state.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // Validate returns every problem with c, each naming the kettle serve flag

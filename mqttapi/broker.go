@@ -18,7 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 	"github.com/kettlefleet/kettlefleet/wire"
 )

@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 	"github.com/kettlefleet/kettlefleet/mqttapi"

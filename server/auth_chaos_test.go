@@ -11,7 +11,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/wire"

@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // Config is one swarm run, one part per concern. Each part is embedded, so

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
 )
 

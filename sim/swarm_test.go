@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
 	"github.com/kettlefleet/kettlefleet/wire/wiretest"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
 	"github.com/kettlefleet/kettlefleet/wire/wiretest"
 )
