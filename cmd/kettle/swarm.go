@@ -246,6 +246,9 @@ func runSwarm(ctx context.Context, args []string) error {
 	if err := f.resolve(); err != nil {
 		return err
 	}
+	if err := f.validate(); err != nil {
+		return err
+	}
 	f.command = "kettle swarm " + strings.Join(args, " ")
 	return f.run(ctx, os.Stderr)
 }
@@ -303,9 +306,6 @@ func (f *swarmFlags) resolve() error {
 			}
 		}
 	}
-	if errs := c.Validate(); len(errs) > 0 {
-		return errors.Join(errs...)
-	}
 	if f.dataDir != "" {
 		if c.Operator == "" {
 			t, err := server.ReadSecret(f.dataDir, "operator-token")
@@ -330,6 +330,10 @@ func (f *swarmFlags) resolve() error {
 	c.SLOP99, c.MaxErrorRate = f.sloP99, f.maxErrorRate
 	return nil
 }
+
+// validate is the run's configuration checked by sim.Config.Validate, every
+// problem named by its flag.
+func (f *swarmFlags) validate() error { return errors.Join(f.cfg.Validate()...) }
 
 // run runs the swarm and judges it: audit, then SLO.
 func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
