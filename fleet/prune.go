@@ -3,12 +3,22 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
 )
+
+// pruning is Prune's state.
+type pruning struct {
+	pruneMu sync.Mutex   // one Prune at a time
+	pruned  atomic.Int64 // devices removed from the cache (Pruned)
+	// automatic prunes that failed (PruneErrors)
+	pruneErrors atomic.Int64
+}
 
 // MinPruneAge is the youngest registration Prune removes: a kettle between
 // its POST /login and its first upload (30 s later, or after a reboot) is
@@ -73,7 +83,7 @@ func (s *Service) prune(ctx context.Context, olderThan time.Duration, dryRun boo
 	s.mu.Unlock()
 	res.Removed, res.Took = n, s.now().Sub(start)
 	if err != nil {
-		return res, s.StoreErr("prune devices", err)
+		return res, s.storeErr("prune devices", err)
 	}
 	return res, nil
 }

@@ -8,7 +8,20 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
+
+// rateLimits are the per-device and login rates and what they refused.
+type rateLimits struct {
+	deviceRate, loginRate                 gcra
+	loginTAT                              atomic.Int64
+	rateRefused, ratePaced, loginsRefused atomic.Int64
+	registryRefused                       atomic.Int64
+	rateLog                               logthin.Limiter // logOverRate
+	loginSource                           gcra
+	sources                               sourceTable // --login-rate-per-source
+	sourceRefused                         atomic.Int64
+}
 
 // Each device's requests are held to Config.DeviceRate a second with bursts
 // of Config.DeviceBurst (--device-rate, --device-burst), so that one kettle

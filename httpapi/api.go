@@ -24,8 +24,8 @@ import (
 	"github.com/google/uuid"
 
 	kettle "github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // ReportingWindow is how recently a device must have stored a reading to
@@ -62,12 +62,16 @@ type Config struct {
 
 // API holds the routes. Build it with New; it is an http.Handler.
 type API struct {
-	svc    *fleet.Service
-	cfg    Config
-	log    *slog.Logger
-	mux    *http.ServeMux
-	routes []string
-	tokens *tokenCache
+	ingest   Ingester
+	registry Registry
+	limits   Limits
+	reads    Reads
+	health   Health
+	cfg      Config
+	log      *slog.Logger
+	mux      *http.ServeMux
+	routes   []string
+	tokens   *tokenCache
 	// strict holds every route of mux but its catch-all: asked only for a
 	// request no route took, it tells 405 (with the methods the path
 	// allows) from 404, by the mux's own matching rules.
@@ -83,8 +87,8 @@ type API struct {
 
 // New builds the handler. extra lets the server mount more routes (metrics,
 // dashboard) on the same mux before it is served.
-func New(svc *fleet.Service, cfg Config, log *slog.Logger) *API {
-	a := &API{svc: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), literal: map[string][]string{}, ids: newRequestIDs()}
+func New(svc Fleet, cfg Config, log *slog.Logger) *API {
+	a := &API{ingest: svc, registry: svc, limits: svc, reads: svc, health: svc, cfg: cfg, log: log, mux: http.NewServeMux(), strict: http.NewServeMux(), literal: map[string][]string{}, ids: newRequestIDs()}
 	a.errLog.Burst = 10
 	a.tokens = newTokenCache(cfg.Secret, cfg.PreviousSecret, func(id kettle.DeviceID) { a.previousUsed("device", id) })
 	m := routeRecorder{a}
@@ -153,10 +157,10 @@ func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	if allow != "" {
 		w.Header().Set("Allow", allow)
-		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", truncate(r.Method, 16), truncate(r.URL.Path, 128), allow))
+		a.writeError(w, kettle.Errorf(kettle.EMethod, "method %s not allowed on %s; allowed: %s (see /openapi.json)", wire.Truncate(r.Method, 16), wire.Truncate(r.URL.Path, 128), allow))
 		return
 	}
-	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", truncate(r.Method, 16), truncate(r.URL.Path, 128)))
+	a.writeError(w, kettle.Errorf(kettle.ENotFound, "no route %s %s; see /openapi.json", wire.Truncate(r.Method, 16), wire.Truncate(r.URL.Path, 128)))
 }
 
 // allowOf is an Allow header for the declared methods ms (GET brings HEAD),
@@ -220,16 +224,6 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ---- errors and JSON ----
 
-// ErrorJSON is every error answer's body: a stable code, a message for a
-// person (never the internal cause: no driver, SQL, DSN or path text), the
-// bad fields, and the request id the server's log names it by.
-type ErrorJSON struct {
-	Error     kettle.Code         `json:"error"`
-	Message   string              `json:"message"`
-	Fields    []kettle.FieldError `json:"fields,omitempty"`
-	RequestID string              `json:"request_id"`
-}
-
 // Status maps an error code to its HTTP status — the one place this happens.
 func Status(code kettle.Code) int {
 	switch code {
@@ -253,9 +247,6 @@ func Status(code kettle.Code) int {
 	return http.StatusInternalServerError
 }
 
-// maxFieldsAnswered is how many field errors a 4xx answer lists.
-const maxFieldsAnswered = 100
-
 func (a *API) writeError(w http.ResponseWriter, err error) {
 	id := w.Header().Get(RequestIDHeader)
 	var e *kettle.Error
@@ -278,13 +269,7 @@ func (a *API) writeError(w http.ResponseWriter, err error) {
 	if e.Code == kettle.EUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kettlefleet"`)
 	}
-	fields := e.Fields
-	if len(fields) > maxFieldsAnswered {
-		// The first ones name the problem; all 7,000 of a batch of empty
-		// readings would be a ~500 KB answer to a 3 KB request.
-		fields = append(fields[:maxFieldsAnswered:maxFieldsAnswered], kettle.FieldError{Field: "…", Message: fmt.Sprintf("%d more field errors not listed", len(e.Fields)-maxFieldsAnswered)})
-	}
-	writeJSON(w, status, ErrorJSON{Error: e.Code, Message: e.Public(), Fields: fields, RequestID: id})
+	writeJSON(w, status, wire.NewErrorJSON(e, id))
 }
 
 // writeJSON answers v as JSON with goccy/go-json, as the ingest path
@@ -373,7 +358,7 @@ func (a *API) device(r *http.Request) (kettle.DeviceID, error) {
 	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "invalid device token")
 	}
-	if a.svc.Revoked(id) {
+	if a.registry.Revoked(id) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "device %s is revoked", id)
 	}
 	return id, a.allow(r, id)
@@ -386,7 +371,7 @@ const rateHold = time.Second
 // allow takes the request against device id's rate (--device-rate); see
 // holdOverRate.
 func (a *API) allow(r *http.Request, id kettle.DeviceID) error {
-	return holdOverRate(r, a.svc.Allow(id))
+	return holdOverRate(r, a.limits.Allow(id))
 }
 
 // holdOverRate holds a request refused for a rate (ETooMany: --device-rate,
@@ -437,7 +422,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := uuid.Parse(r.PathValue("id"))
 		if err != nil {
-			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", truncate(r.PathValue("id"), 64))}}})
+			a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: fmt.Sprintf("must be a UUID, got %q", wire.Truncate(r.PathValue("id"), 64))}}})
 			return
 		}
 		tok, ok := bearer(r)
@@ -451,7 +436,7 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 		}
 		if !a.isOperator(tok) {
 			dev, ok := a.tokens.verify(tok)
-			if !ok || a.svc.Revoked(dev) {
+			if !ok || a.registry.Revoked(dev) {
 				a.writeError(w, kettle.Errorf(kettle.EUnauthorized, "invalid or revoked token"))
 				return
 			}
@@ -476,7 +461,7 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "missing servant-auth-cookie header; POST /login first")
 	}
 	id, err := uuid.Parse(c)
-	if err != nil || !a.svc.Registered(id) {
+	if err != nil || !a.registry.Registered(id) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "unknown device; POST /login to register")
 	}
 	return id, a.allow(r, id)
@@ -485,7 +470,7 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 // ---- case-study protocol ----
 
 func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
-	if err := holdOverRate(r, a.svc.AllowLogin(remoteAddr(r))); err != nil {
+	if err := holdOverRate(r, a.limits.AllowLogin(remoteAddr(r))); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -505,7 +490,7 @@ func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid login", Fields: []kettle.FieldError{{Field: "username", Message: "required"}}})
 		return
 	}
-	ids, err := a.svc.Register(r.Context(), 1)
+	ids, err := a.registry.Register(r.Context(), 1)
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -513,36 +498,14 @@ func (a *API) v0Login(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]string{"username": ids[0].String()})
 }
 
-var (
-	v0Flush = map[bool]string{true: "FlushReservoir", false: "NoFlushReservoir"}
-)
-
 func (a *API) v0Command(w http.ResponseWriter, r *http.Request) {
 	id, err := a.v0Device(r)
 	if err != nil {
 		a.writeError(w, err)
 		return
 	}
-	c, _ := a.svc.Command(id)
-	b := make([]byte, 0, 128)
-	b = append(b, `{"charge":"`...)
-	if c.Charge {
-		b = append(b, `ChargeBattery","fill":"`...)
-	} else {
-		b = append(b, `NoChargeBattery","fill":"`...)
-	}
-	if c.Fill {
-		b = append(b, `FillReservoir","flush":`...)
-	} else {
-		b = append(b, `NoFillReservoir","flush":`...)
-	}
-	if c.FlushMLPerS > 0 {
-		b = append(b, `{"tag":"FlushReservoir","contents":`...)
-		b = strconv.AppendFloat(b, c.FlushMLPerS, 'g', -1, 64)
-		b = append(b, "}}\n"...)
-	} else {
-		b = append(b, `{"tag":"NoFlushReservoir"}}`+"\n"...)
-	}
+	c, _ := a.registry.Command(id)
+	b := wire.AppendCommandV0(make([]byte, 0, 128), c)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.Write(b)
@@ -577,12 +540,12 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, err)
 		return
 	}
-	m, err := DecodeV0(body, id, a.svc.Window())
+	m, err := wire.DecodeV0(body, id, a.ingest.Window())
 	if err != nil {
 		a.writeError(w, err)
 		return
 	}
-	if _, _, err := a.svc.Ingest(r.Context(), []kettle.Measurement{m}); err != nil {
+	if _, _, err := a.ingest.Ingest(r.Context(), []kettle.Measurement{m}); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -592,7 +555,7 @@ func (a *API) v0Measurement(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery, error) {
-	q := kettle.StatsQuery{ReportingSince: a.svc.Now().Add(-ReportingWindow)}
+	q := kettle.StatsQuery{ReportingSince: a.registry.Now().Add(-ReportingWindow)}
 	var errs []kettle.FieldError
 	queryTime(r, "from", &q.From, &errs)
 	queryTime(r, "to", &q.To, &errs)
@@ -600,13 +563,8 @@ func (a *API) statistics(r *http.Request) (kettle.Statistics, kettle.StatsQuery,
 	if len(errs) > 0 {
 		return kettle.Statistics{}, q, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs}
 	}
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	s, err := a.svc.Store().Statistics(ctx, q)
-	if err != nil {
-		return s, q, a.svc.StoreErr("statistics", err)
-	}
-	return s, q, nil
+	s, err := a.reads.Statistics(r.Context(), q)
+	return s, q, err
 }
 
 func (a *API) v0Statistics(w http.ResponseWriter, r *http.Request) {
@@ -651,15 +609,6 @@ func toJSON(m *kettle.Measurement) *MeasurementJSON {
 	return &MeasurementJSON{m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}
 }
 
-// CommandJSON is GET /v1/command's body.
-type CommandJSON struct {
-	Charge      bool    `json:"charge"`
-	Fill        bool    `json:"fill"`
-	FlushMLPerS float64 `json:"flush_ml_per_s"`
-	Reason      string  `json:"reason"`
-	PollAfterS  int     `json:"poll_after_s"`
-}
-
 // OverrideJSON is an operator override on the wire.
 type OverrideJSON struct {
 	Charge      *bool      `json:"charge,omitempty"`
@@ -672,15 +621,15 @@ type OverrideJSON struct {
 
 // DeviceJSON is a device with its latest state.
 type DeviceJSON struct {
-	ID           kettle.DeviceID  `json:"id"`
-	RegisteredAt time.Time        `json:"registered_at"`
-	LastSeen     *time.Time       `json:"last_seen"`
-	Latest       *MeasurementJSON `json:"latest"`
-	CapacityML   float64          `json:"capacity_ml"`
-	Measurements int64            `json:"measurements"`
-	Command      *CommandJSON     `json:"command,omitempty"`
-	Override     *OverrideJSON    `json:"override,omitempty"`
-	RevokedAt    *time.Time       `json:"revoked_at,omitempty"`
+	ID           kettle.DeviceID   `json:"id"`
+	RegisteredAt time.Time         `json:"registered_at"`
+	LastSeen     *time.Time        `json:"last_seen"`
+	Latest       *MeasurementJSON  `json:"latest"`
+	CapacityML   float64           `json:"capacity_ml"`
+	Measurements int64             `json:"measurements"`
+	Command      *wire.CommandJSON `json:"command,omitempty"`
+	Override     *OverrideJSON     `json:"override,omitempty"`
+	RevokedAt    *time.Time        `json:"revoked_at,omitempty"`
 }
 
 func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
@@ -693,25 +642,18 @@ func (a *API) deviceJSON(d kettle.DeviceState, withCommand bool) DeviceJSON {
 		t := d.LastSeen
 		j.LastSeen = &t
 	}
-	now := a.svc.Now()
+	now := a.registry.Now()
 	if o := d.Override; o != nil {
 		exp, set := o.ExpiresAt, o.SetAt
 		j.Override = &OverrideJSON{Charge: o.Charge, Fill: o.Fill, FlushMLPerS: o.FlushMLPerS, ExpiresAt: &exp, SetAt: &set, Active: o.ActiveAt(now)}
 	}
 	if withCommand {
 		c := kettle.Decide(kettle.PolicyInput{Latest: d.Latest, CapacityML: d.CapacityML, Override: d.Override, Now: now})
-		next := kettle.NextChange(now, d.Override, a.svc.Config().PollInterval)
-		j.Command = &CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)}
+		next := kettle.NextChange(now, d.Override, a.registry.PollInterval())
+		cj := wire.NewCommandJSON(c, next)
+		j.Command = &cj
 	}
 	return j
-}
-
-func pollSeconds(d time.Duration) int {
-	s := int((d + time.Second - 1) / time.Second)
-	if s < 1 {
-		s = 1
-	}
-	return s
 }
 
 func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
@@ -737,7 +679,7 @@ func (a *API) createDevices(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "count", Message: fmt.Sprintf("must be between 1 and %d, got %d", kettle.MaxBatch, n)}}})
 		return
 	}
-	ids, err := a.svc.Register(r.Context(), n)
+	ids, err := a.registry.Register(r.Context(), n)
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -772,7 +714,7 @@ func queryTime(r *http.Request, name string, dst *time.Time, errs *[]kettle.Fiel
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", truncate(v, 64))})
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an RFC 3339 time, got %q", wire.Truncate(v, 64))})
 		return
 	}
 	*dst = t.UTC()
@@ -793,7 +735,7 @@ func queryInt(r *http.Request, name string, def, min, max int, errs *[]kettle.Fi
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < min || n > max {
-		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an integer from %d to %d, got %q", min, max, truncate(v, 32))})
+		*errs = append(*errs, kettle.FieldError{Field: name, Message: fmt.Sprintf("must be an integer from %d to %d, got %q", min, max, wire.Truncate(v, 32))})
 		return def
 	}
 	return n
@@ -806,7 +748,7 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 	if v, ok := queryValue(r, "after"); ok {
 		id, err := uuid.Parse(v)
 		if err != nil {
-			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", truncate(v, 64))})
+			errs = append(errs, kettle.FieldError{Field: "after", Message: fmt.Sprintf("must be a device id (the previous page's next), got %q", wire.Truncate(v, 64))})
 		}
 		after = id
 	}
@@ -814,11 +756,9 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	ds, err := a.svc.Store().Devices(ctx, after, limit)
+	ds, err := a.reads.Devices(r.Context(), after, limit)
 	if err != nil {
-		a.writeError(w, a.svc.StoreErr("list devices", err))
+		a.writeError(w, err)
 		return
 	}
 	out := make([]DeviceJSON, len(ds))
@@ -833,11 +773,9 @@ func (a *API) listDevices(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) getDevice(w http.ResponseWriter, r *http.Request, id kettle.DeviceID) {
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	d, err := a.svc.Store().Device(ctx, id)
+	d, err := a.reads.Device(r.Context(), id)
 	if err != nil {
-		a.writeError(w, a.svc.StoreErr("get device", err))
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -855,15 +793,9 @@ func (a *API) history(w http.ResponseWriter, r *http.Request, id kettle.DeviceID
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid query", Fields: errs})
 		return
 	}
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	if _, err := a.svc.Store().Device(ctx, id); err != nil {
-		a.writeError(w, a.svc.StoreErr("history", err))
-		return
-	}
-	ms, err := a.svc.Store().History(ctx, q)
+	ms, err := a.reads.History(r.Context(), q)
 	if err != nil {
-		a.writeError(w, a.svc.StoreErr("history", err))
+		a.writeError(w, err)
 		return
 	}
 	out := make([]*MeasurementJSON, len(ms))
@@ -893,7 +825,7 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, err)
 		return
 	}
-	now := a.svc.Now()
+	now := a.registry.Now()
 	var errs []kettle.FieldError
 	if req.ExpiresAt == nil {
 		errs = append(errs, kettle.FieldError{Field: "expires_at", Message: "required (RFC 3339)"})
@@ -913,15 +845,13 @@ func (a *API) putOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := kettle.Override{Charge: req.Charge, Fill: req.Fill, FlushMLPerS: req.FlushMLPerS, ExpiresAt: req.ExpiresAt.UTC().Truncate(kettle.TimePrecis), SetAt: now.UTC().Truncate(kettle.TimePrecis)}
-	if err := a.svc.SetOverride(r.Context(), id, o); err != nil {
+	if err := a.registry.SetOverride(r.Context(), id, o); err != nil {
 		a.writeError(w, err)
 		return
 	}
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	d, err := a.svc.Store().Device(ctx, id)
+	d, err := a.reads.Device(r.Context(), id)
 	if err != nil {
-		a.writeError(w, a.svc.StoreErr("get device", err))
+		a.writeError(w, err)
 		return
 	}
 	writeJSON(w, 200, a.deviceJSON(d, true))
@@ -935,7 +865,7 @@ func (a *API) revokeDevice(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
-	if err := a.svc.Revoke(r.Context(), id); err != nil {
+	if err := a.registry.Revoke(r.Context(), id); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -972,7 +902,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 	// A registry of a million stale devices takes a thousand transactions:
 	// longer than the server's write timeout allows an ordinary answer.
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(pruneWriteTimeout))
-	res, err := a.svc.Prune(r.Context(), age, req.DryRun)
+	res, err := a.registry.Prune(r.Context(), age, req.DryRun)
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -982,7 +912,7 @@ func (a *API) pruneDevices(w http.ResponseWriter, r *http.Request) {
 		"registered_before":  res.Before.Format(time.RFC3339Nano),
 		"dry_run":            res.DryRun,
 		"took_ms":            float64(res.Took.Microseconds()) / 1000,
-		"devices_registered": a.svc.DeviceCount(),
+		"devices_registered": a.registry.DeviceCount(),
 	})
 }
 
@@ -995,7 +925,7 @@ func (a *API) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, &kettle.Error{Code: kettle.EInvalid, Message: "invalid device id", Fields: []kettle.FieldError{{Field: "id", Message: "must be a UUID"}}})
 		return
 	}
-	if err := a.svc.ClearOverride(r.Context(), id); err != nil {
+	if err := a.registry.ClearOverride(r.Context(), id); err != nil {
 		a.writeError(w, err)
 		return
 	}
@@ -1038,7 +968,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	up.body = body
-	ms, err := decodeV1Buf(up.ms, body, id, a.svc.Window())
+	ms, err := wire.DecodeV1Into(up.ms, body, id, a.ingest.Window())
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -1046,7 +976,7 @@ func (a *API) v1Measurements(w http.ResponseWriter, r *http.Request) {
 	up.ms = ms
 	// Ingest returns after the batcher copied the readings and committed:
 	// nothing keeps ms or body past it, so they go back to the pool.
-	stored, dups, err := a.svc.Ingest(r.Context(), ms)
+	stored, dups, err := a.ingest.Ingest(r.Context(), ms)
 	if err != nil {
 		a.writeError(w, err)
 		return
@@ -1060,7 +990,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, err)
 		return
 	}
-	c, next := a.svc.Command(id)
+	c, next := a.registry.Command(id)
 	etag := commandETag(c)
 	w.Header().Set("ETag", etag)
 	w.Header().Set("Cache-Control", a.commandCaching())
@@ -1068,7 +998,7 @@ func (a *API) v1Command(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
-	writeJSON(w, 200, CommandJSON{c.Charge, c.Fill, c.FlushMLPerS, c.Reason, pollSeconds(next)})
+	writeJSON(w, 200, wire.NewCommandJSON(c, next))
 }
 
 // commandCaching is a v1 command's Cache-Control: no-cache (revalidate on
@@ -1160,9 +1090,7 @@ func (a *API) v1Statistics(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := a.svc.StoreContext(r.Context())
-	defer cancel()
-	if err := a.svc.Store().Ping(ctx); err != nil {
+	if err := a.health.Ping(r.Context()); err != nil {
 		id := w.Header().Get(RequestIDHeader)
 		if ok, skipped := a.errLog.Allow(time.Now()); ok {
 			a.log.Warn("not ready: the store does not answer", "request_id", id, "err", err, "similar_not_logged_since_last_line", skipped)

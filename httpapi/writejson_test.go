@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // TestWriteJSONMatchesEncodingJSON: answers are written with goccy/go-json
@@ -38,7 +39,7 @@ func TestWriteJSONMatchesEncodingJSON(t *testing.T) {
 		"empty":   map[string]any{"measurements": []*httpapi.MeasurementJSON{}, "next": ""},
 		"nil":     map[string]any{"measurements": []*httpapi.MeasurementJSON(nil), "latest": (*httpapi.MeasurementJSON)(nil)},
 		"device": httpapi.DeviceJSON{RegisteredAt: t0, LastSeen: tm(t0.Add(time.Second)), Latest: ms[0], CapacityML: 950, Measurements: 1 << 40,
-			Command:  &httpapi.CommandJSON{Charge: true, FlushMLPerS: 10, Reason: "battery 5% < 25%: charge & \"fill\"", PollAfterS: 30},
+			Command:  &wire.CommandJSON{Charge: true, FlushMLPerS: 10, Reason: "battery 5% < 25%: charge & \"fill\"", PollAfterS: 30},
 			Override: &httpapi.OverrideJSON{Charge: b(false), FlushMLPerS: f(2.5), ExpiresAt: tm(t0.Add(time.Hour)), SetAt: tm(t0), Active: true}},
 		"strings": map[string]any{"z": "<script>&</script>", "a": "é\u2028\u2029\x7f\x01\t\"\\", "m": "\xff\xfe invalid", "": []any{1, "2", nil, true, 3.5}},
 		"ints":    map[string]any{"big": int64(math.MaxInt64), "neg": math.MinInt64, "u": uint64(math.MaxUint64)},

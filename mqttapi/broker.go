@@ -19,9 +19,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // Config configures the embedded listener.
@@ -139,7 +138,7 @@ type Broker struct {
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
 // the listener is bound.
-func Start(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, log *slog.Logger) (*Broker, error) {
+func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.Logger) (*Broker, error) {
 	cfg.defaults()
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumClients = int64(cfg.MaxConns)
@@ -285,7 +284,7 @@ func (b *Broker) Close() error {
 type hook struct {
 	mqtt.HookBase
 	b      *Broker
-	svc    *fleet.Service
+	svc    Fleet
 	secret []byte
 
 	// live is each device's latest established session (repairTakeover).
@@ -588,7 +587,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	c, _ := cl.Net.Conn.(*conn)
 	pipelined := qos > 0 && c != nil
-	ms, err := httpapi.DecodeV1(pk.Payload, id, h.svc.Window())
+	ms, err := wire.DecodeV1(pk.Payload, id, h.svc.Window())
 	if err != nil {
 		h.b.counters.Invalid.Add(1)
 		if ok, skipped := h.b.badLog.Allow(time.Now()); ok {

@@ -9,9 +9,8 @@ import (
 	"time"
 
 	kettle "github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/minheap"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // CommandTopic is where device id's command is published.
@@ -39,17 +38,13 @@ func commandHash(c kettle.Command) uint64 {
 // commandBody renders a command exactly as GET /v1/command does; next is
 // when the time-driven part of the policy may change the answer by itself.
 func commandBody(c kettle.Command, next time.Duration) []byte {
-	poll := int((next + time.Second - 1) / time.Second)
-	if poll < 1 {
-		poll = 1
-	}
-	body, _ := json.Marshal(httpapi.CommandJSON{Charge: c.Charge, Fill: c.Fill, FlushMLPerS: c.FlushMLPerS, Reason: c.Reason, PollAfterS: poll})
+	body, _ := json.Marshal(wire.NewCommandJSON(c, next))
 	return body
 }
 
 // commandJSON is a device's current command: its body, its commandHash and
 // when the time-driven part of the policy may change it by itself.
-func commandJSON(svc *fleet.Service, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
+func commandJSON(svc Commands, id kettle.DeviceID) (body []byte, hash uint64, next time.Duration) {
 	c, next := svc.Command(id)
 	return commandBody(c, next), commandHash(c), next
 }
@@ -71,7 +66,7 @@ type pushTarget struct {
 // commit, and a full scan there was quadratic in the fleet (17,000 kettles
 // at ~500 commits/s per node: half the node's CPU in the 100,000-kettle run).
 type pusher struct {
-	svc     *fleet.Service
+	svc     Commands
 	log     *slog.Logger
 	publish func(id kettle.DeviceID, body []byte) error
 	pushed  *Counters
@@ -91,7 +86,7 @@ type pusher struct {
 	done chan struct{}
 }
 
-func newPusher(svc *fleet.Service, log *slog.Logger, c *Counters, tick time.Duration, trackAll bool, publish func(kettle.DeviceID, []byte) error) *pusher {
+func newPusher(svc Commands, log *slog.Logger, c *Counters, tick time.Duration, trackAll bool, publish func(kettle.DeviceID, []byte) error) *pusher {
 	if tick <= 0 {
 		tick = time.Second
 	}

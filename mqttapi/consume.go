@@ -19,9 +19,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // ConsumerConfig configures external-broker mode.
@@ -85,7 +84,7 @@ func (c *ConsumerConfig) defaults() {
 type Consumer struct {
 	cfg      ConsumerConfig
 	cm       *autopaho.ConnectionManager
-	svc      *fleet.Service
+	svc      Consumed
 	push     *pusher
 	counters *Counters
 	log      *slog.Logger
@@ -100,7 +99,7 @@ type Consumer struct {
 // and consumes $share/{Share}/kettles/+/measurements. It returns at once;
 // AwaitConnection waits for the first connection. secret is unused: in this
 // mode the broker authenticates devices (see the package doc).
-func Consume(ctx context.Context, cfg ConsumerConfig, svc *fleet.Service, secret []byte, log *slog.Logger) (*Consumer, error) {
+func Consume(ctx context.Context, cfg ConsumerConfig, svc Consumed, secret []byte, log *slog.Logger) (*Consumer, error) {
 	cfg.defaults()
 	u, err := url.Parse(cfg.BrokerURL)
 	if err != nil || u.Host == "" {
@@ -220,7 +219,7 @@ func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
 		c.ack(pr)
 		return true, nil
 	}
-	ms, err := httpapi.DecodeV1(p.Payload, id, c.svc.Window())
+	ms, err := wire.DecodeV1(p.Payload, id, c.svc.Window())
 	if err != nil {
 		c.counters.Invalid.Add(1)
 		if ok, skipped := c.badLog.Allow(time.Now()); ok {

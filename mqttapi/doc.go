@@ -6,7 +6,7 @@
 // kettle, so one kettle can never take over another's session). It may
 // publish only to kettles/{id}/measurements and subscribe only to
 // kettles/{id}/command. A measurement payload is the v1 JSON body (one
-// reading or an array of up to kettle.MaxBatch), decoded by httpapi.DecodeV1
+// reading or an array of up to kettle.MaxBatch), decoded by wire.DecodeV1
 // and handed to fleet.Service.Ingest. A QoS 1 PUBACK is written only after
 // Ingest returned, i.e. after the commit, in the order the PUBLISHes came
 // (ack.go): a connection is read on while up to Config.ConnWindow of its

@@ -19,6 +19,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 func v0Body(t time.Time, charge, full, rate, amb, water, level float64) string {
@@ -173,7 +174,7 @@ func TestV1DevicesMeasurementsCommands(t *testing.T) {
 
 		// Command with ETag; an override changes it; clearing restores it.
 		r = c.do("GET", "/v1/command", dev, "")
-		var cmd httpapi.CommandJSON
+		var cmd wire.CommandJSON
 		r.json(t, &cmd)
 		etag := r.header.Get("ETag")
 		if etag == "" || cmd.PollAfterS < 1 {
@@ -187,7 +188,7 @@ func TestV1DevicesMeasurementsCommands(t *testing.T) {
 		if r.status != 200 {
 			t.Fatalf("override: %d %s", r.status, r.body)
 		}
-		var cmd2 httpapi.CommandJSON
+		var cmd2 wire.CommandJSON
 		r = c.do("GET", "/v1/command", map[string]string{"Authorization": "Bearer " + d0.Token, "If-None-Match": etag}, "")
 		if r.status != 200 {
 			t.Fatalf("command after override: %d, want 200 with a new ETag", r.status)
@@ -199,7 +200,7 @@ func TestV1DevicesMeasurementsCommands(t *testing.T) {
 		if r := c.do("DELETE", "/v1/devices/"+d0.ID+"/override", op, ""); r.status != 204 {
 			t.Errorf("clear override: %d %s", r.status, r.body)
 		}
-		var cmd3 httpapi.CommandJSON
+		var cmd3 wire.CommandJSON
 		c.do("GET", "/v1/command", dev, "").json(t, &cmd3)
 		if cmd3.Charge != cmd.Charge || cmd3.FlushMLPerS != cmd.FlushMLPerS {
 			t.Errorf("after clearing: %+v, want %+v", cmd3, cmd)

@@ -14,6 +14,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // TestAuthChaosHTTP: over HTTP a kettle reads and writes only its own data
@@ -53,7 +54,7 @@ func TestAuthChaosHTTP(t *testing.T) {
 	want("v1/clear-another-override", "DELETE", "/v1/devices/"+b.String()+"/override", ta, "", 403)
 	want("v1/override-own-device", "PUT", "/v1/devices/"+a.String()+"/override", ta, override, 403)
 	t.Run("v1/command-is-the-callers-own", func(t *testing.T) {
-		var ca, cb httpapi.CommandJSON
+		var ca, cb wire.CommandJSON
 		c.do("GET", "/v1/command", ta, "").json(t, &ca)
 		c.do("GET", "/v1/command", tb, "").json(t, &cb)
 		if ca.FlushMLPerS == 42 || cb.FlushMLPerS != 42 {

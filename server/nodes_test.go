@@ -18,6 +18,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // TestTwoNodesOneDatabase: two kettle serve nodes on one PostgreSQL give the
@@ -40,11 +41,11 @@ func TestTwoNodesOneDatabase(t *testing.T) {
 	if r := ca.do("POST", "/v1/measurements", tok, body); r.status != 200 {
 		t.Fatalf("node A upload: %d %s", r.status, r.body)
 	}
-	eventually := func(what string, ok func(httpapi.CommandJSON) bool) {
+	eventually := func(what string, ok func(wire.CommandJSON) bool) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			var c httpapi.CommandJSON
+			var c wire.CommandJSON
 			cb.do("GET", "/v1/command", tok, "").json(t, &c)
 			if ok(c) {
 				return
@@ -55,18 +56,18 @@ func TestTwoNodesOneDatabase(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	eventually("node A's reading", func(c httpapi.CommandJSON) bool {
+	eventually("node A's reading", func(c wire.CommandJSON) bool {
 		return c.Charge && c.Reason != "" && !contains(c.Reason, "no reading")
 	})
 	exp := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	if r := ca.do("PUT", "/v1/devices/"+id.String()+"/override", bearer("op"), fmt.Sprintf(`{"charge":false,"expires_at":%q}`, exp)); r.status != 200 {
 		t.Fatalf("override on A: %d %s", r.status, r.body)
 	}
-	eventually("node A's override", func(c httpapi.CommandJSON) bool { return !c.Charge && contains(c.Reason, "override") })
+	eventually("node A's override", func(c wire.CommandJSON) bool { return !c.Charge && contains(c.Reason, "override") })
 	if r := ca.do("DELETE", "/v1/devices/"+id.String()+"/override", bearer("op"), ""); r.status != 204 {
 		t.Fatalf("clear on A: %d", r.status)
 	}
-	eventually("the override cleared on A", func(c httpapi.CommandJSON) bool { return c.Charge })
+	eventually("the override cleared on A", func(c wire.CommandJSON) bool { return c.Charge })
 	var sa, sb httpapi.StatsJSON
 	ca.do("GET", "/v1/statistics", bearer("op"), "").json(t, &sa)
 	cb.do("GET", "/v1/statistics", bearer("op"), "").json(t, &sb)
@@ -139,7 +140,7 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	tok := bearer(kettle.DeviceToken([]byte(secret), dev))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var cmd httpapi.CommandJSON
+		var cmd wire.CommandJSON
 		c.do("GET", "/v1/command", tok, "").json(t, &cmd)
 		if cmd.Charge && !contains(cmd.Reason, "no reading") {
 			break

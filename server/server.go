@@ -107,6 +107,13 @@ type Config struct {
 	Now    func() time.Time // the clock; nil = time.Now
 }
 
+// The fleet service is every service the adapters use.
+var (
+	_ httpapi.Fleet    = (*fleet.Service)(nil)
+	_ mqttapi.Fleet    = (*fleet.Service)(nil)
+	_ mqttapi.Consumed = (*fleet.Service)(nil)
+)
+
 // Server is a running kettle serve.
 type Server struct {
 	cfg     Config

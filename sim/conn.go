@@ -483,3 +483,30 @@ func ParseSourceAddrs(s string) ([]net.IP, error) {
 	}
 	return out, nil
 }
+
+func ipStrings(ips []net.IP) []string {
+	var s []string
+	for _, ip := range ips {
+		s = append(s, ip.String())
+	}
+	return s
+}
+
+// FDBudget is how many connections the swarm may open: the fd limit less a
+// reserve for everything else in the process.
+func FDBudget(reserve int) int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 1000
+	}
+	if rl.Cur < rl.Max { // Go raises the soft limit at start; be sure
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+		_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	n := int(rl.Cur) - 200 - reserve
+	if n < 1 {
+		n = 1
+	}
+	return n
+}

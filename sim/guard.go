@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"net"
 	"net/url"
 	"strings"
@@ -34,4 +35,19 @@ func allowed(host string, allow []string) bool {
 		}
 	}
 	return false
+}
+
+// CheckLoopback parses a target URL and refuses anything but this machine:
+// a load test must never hit someone else's server by a typo.
+func CheckLoopback(target string) (*url.URL, error) {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("--target %q: want http://HOST:PORT or https://HOST:PORT", target)
+	}
+	h := u.Hostname()
+	ip := net.ParseIP(h)
+	if !(strings.EqualFold(h, "localhost") || (ip != nil && ip.IsLoopback())) {
+		return nil, fmt.Errorf("refusing --target %s: the swarm only loads this machine (127.0.0.0/8, ::1 or localhost)", target)
+	}
+	return u, nil
 }

@@ -172,6 +172,9 @@ func (lc *labClient) acked(ctx context.Context, addr, run string, max int) ([]De
 // lost and the run goes on without it; its seconds so far stay merged.
 func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 	cfg := &lc.Config
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	cfg.defaults()
 	if len(lc.Workers) == 0 {
 		return nil, errors.New("--workers: want at least one HOST:PORT")

@@ -5,10 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/kettlefleet/kettlefleet/internal/liar"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -58,25 +57,13 @@ func startWorkers(t *testing.T, n int) []*testWorker {
 	return out
 }
 
-func startServer(t *testing.T) *server.Server {
-	t.Helper()
-	dir := t.TempDir()
-	srv, err := server.Start(context.Background(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
-}
-
 func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
 	lc := LabConfig{Config: Config{
-		Target: target, Devices: 30, Interval: 500 * time.Millisecond, Jitter: 20 * time.Millisecond,
-		Duration: 3 * time.Second, Timeout: 2 * time.Second, Seed: 3,
-		Secret: srv.Secret(), Operator: srv.OperatorToken(), Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: target, Secret: srv.Secret(), Operator: srv.OperatorToken()},
+		FleetConfig:     FleetConfig{Devices: 30, Seed: 3},
+		ScheduleConfig:  ScheduleConfig{Interval: 500 * time.Millisecond, Jitter: 20 * time.Millisecond, Duration: 3 * time.Second},
+		TransportConfig: TransportConfig{Timeout: 2 * time.Second},
+		OutputConfig:    OutputConfig{Log: io.Discard},
 	}, Token: labToken, LostAfter: 2 * time.Second}
 	for _, w := range ws {
 		lc.Workers = append(lc.Workers, w.addr)
@@ -92,7 +79,7 @@ func labConfig(srv *server.Server, target string, ws []*testWorker) LabConfig {
 // percentiles), and its audit must find the one lost reading in the second
 // worker's shard.
 func TestLabThreeWorkers(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 3)
 	p := liar.Start(t, srv.URL(), &liar.Proxy{
 		Delay: func(from string) time.Duration {
@@ -198,7 +185,7 @@ func TestLabThreeWorkers(t *testing.T) {
 // TestLabWorkerLost kills one of three workers mid-run: the run still ends
 // with results, the lost worker's share marked, the others audited.
 func TestLabWorkerLost(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 3)
 	lc := labConfig(srv, srv.URL(), ws)
 	lc.Duration = 4 * time.Second
@@ -269,7 +256,7 @@ func TestMergeExact(t *testing.T) {
 		}
 		ws = append(ws, w)
 	}
-	res := mergeLab(ws, &Config{Devices: 30}, time.Now(), time.Now())
+	res := mergeLab(ws, &Config{FleetConfig: FleetConfig{Devices: 30}}, time.Now(), time.Now())
 	m := res.Totals.Endpoints[EPMeasurement]
 	if want := float64(union.ValueAtQuantile(99)) / 1000; m.P99Ms != want {
 		t.Errorf("merged p99 %.3f ms, union p99 %.3f ms", m.P99Ms, want)
@@ -309,14 +296,14 @@ func repeat(a int64, na int, b int64, nb int) []int64 {
 func TestShardPlans(t *testing.T) {
 	f := func(devices, workers int) {
 		t.Helper()
-		lc := &LabConfig{Config: Config{Devices: devices, Conns: 100}, Targets: []string{"http://127.0.0.1:1"}}
+		lc := &LabConfig{Config: Config{FleetConfig: FleetConfig{Devices: devices}, TransportConfig: TransportConfig{Conns: 100}}, Targets: []string{"http://127.0.0.1:1"}}
 		for i := range workers {
 			lc.Workers = append(lc.Workers, fmt.Sprintf("127.0.45.%d:1", 11+i))
 		}
 		seen := make([]int, devices)
 		conns := 0
 		for _, p := range shardPlans(lc, "r") {
-			s := &Swarm{cfg: Config{First: p.First, Stride: p.Stride}}
+			s := &Swarm{cfg: Config{FleetConfig: FleetConfig{First: p.First, Stride: p.Stride}}}
 			for i := range p.Devices {
 				g := s.fleetIndex(i)
 				if g < 0 || g >= devices {
@@ -366,7 +353,7 @@ func TestLabGuards(t *testing.T) {
 		t.Error("a worker took a 5-character token")
 	}
 
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 2)
 	run := func(mod func(*LabConfig), want string) {
 		t.Helper()
@@ -399,13 +386,14 @@ func TestShardsAreTheFleet(t *testing.T) {
 		t.Helper()
 		cfg.defaults()
 		s := &Swarm{cfg: cfg}
+		s.tr = &httpTransport{Swarm: s}
 		if err := s.setup(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
 	for _, hatch := range []float64{0, 3} {
-		base := Config{Devices: 10, Interval: 30 * time.Second, Secret: []byte("s"), Seed: 5, HatchRate: hatch}
+		base := Config{TargetConfig: TargetConfig{Secret: []byte("s")}, FleetConfig: FleetConfig{Devices: 10, Seed: 5}, ScheduleConfig: ScheduleConfig{Interval: 30 * time.Second, HatchRate: hatch}}
 		whole := setup(base)
 		for i := range 3 {
 			c := base
@@ -427,7 +415,7 @@ func TestShardsAreTheFleet(t *testing.T) {
 // TestLabInterrupted: the operator's interrupt stops every worker, and the
 // run still ends with every worker's results (none lost) and the audit.
 func TestLabInterrupted(t *testing.T) {
-	srv := startServer(t)
+	srv := startServer(t, mqttapi.Config{})
 	ws := startWorkers(t, 2)
 	lc := labConfig(srv, srv.URL(), ws)
 	lc.Duration = time.Minute

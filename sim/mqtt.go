@@ -8,12 +8,44 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
+
+// mqttTransport is kettles publishing their readings over MQTT 5 (QoS 1,
+// v1 payloads) to Config.MQTTTarget, one connection each, and taking their
+// commands by subscription.
+type mqttTransport struct {
+	*Swarm
+	dial    func() (net.Conn, error) // dials the listener
+	readers sync.WaitGroup           // connection attempts, readers, flushers (mqttClose ends them)
+}
+
+func (s *mqttTransport) open(budget int) (int, string, error) {
+	n, err := s.mqttSetup(budget)
+	return n, "per-device", err
+}
+
+func (s *mqttTransport) describe(p *Params) {
+	p.Protocol, p.MQTTTarget, p.MQTTInflight = s.cfg.Protocol, s.cfg.MQTTTarget, s.cfg.MQTTInflight
+}
+
+func (s *mqttTransport) initKettle(k *kettleState) {
+	k.mq = &mqttKettle{owedAt: -1, user: k.id.String(), pass: strings.TrimSuffix(strings.TrimPrefix(k.auth, "Authorization: Bearer "), "\r\n")}
+}
+
+func (s *mqttTransport) fire(ev event) (event, bool) { return s.fireMQTT(ev) }
+func (s *mqttTransport) drain(bool)                  { s.mqttDrain() }
+
+func (s *mqttTransport) close() {
+	s.pool.closeAll()
+	s.mqttClose()
+}
 
 // MQTT kettles (Config.Protocol "mqtt"). Each kettle holds one MQTT 5
 // connection, authenticated with username = device id and password = device
@@ -97,7 +129,7 @@ var errConnLost = errors.New("connection lost before the PUBACK")
 // mqttKeepAlive is the MQTT keepalive: Config.MQTTKeepAlive, or well above
 // the interval, so a kettle that publishes on schedule never needs a
 // PINGREQ.
-func (s *Swarm) mqttKeepAlive() time.Duration {
+func (s *mqttTransport) mqttKeepAlive() time.Duration {
 	if ka := s.cfg.MQTTKeepAlive; ka > 0 {
 		return max(ka.Truncate(time.Second), time.Second)
 	}
@@ -105,7 +137,7 @@ func (s *Swarm) mqttKeepAlive() time.Duration {
 }
 
 // fireMQTT handles one due event of an MQTT kettle and returns its next tick.
-func (s *Swarm) fireMQTT(ev event) (event, bool) {
+func (s *mqttTransport) fireMQTT(ev event) (event, bool) {
 	k := &s.kettles[ev.k]
 	m := k.mq
 	k.mu.Lock()
@@ -156,7 +188,7 @@ func (s *Swarm) fireMQTT(ev event) (event, bool) {
 
 // startConnect dials kettle i in the background; at is the intended time.
 // k.mu held.
-func (s *Swarm) startConnect(i int, k *kettleState, at int64) {
+func (s *mqttTransport) startConnect(i int, k *kettleState, at int64) {
 	if s.stop.Load() {
 		return
 	}
@@ -180,7 +212,7 @@ func (r refusal) Error() string { return r.kind }
 // command topic — and then reads the connection until it goes down. On
 // success it sends what is buffered; on failure it schedules the next
 // attempt with backoff.
-func (s *Swarm) connect(i int, k *kettleState, gen uint32, at int64) {
+func (s *mqttTransport) connect(i int, k *kettleState, gen uint32, at int64) {
 	defer s.readers.Done()
 	m := k.mq
 	fail := func(err error) {
@@ -197,7 +229,7 @@ func (s *Swarm) connect(i int, k *kettleState, gen uint32, at int64) {
 		}
 		k.mu.Unlock()
 	}
-	nc, err := s.mqDial()
+	nc, err := s.dial()
 	if err != nil {
 		fail(err)
 		return
@@ -244,7 +276,7 @@ func (s *Swarm) connect(i int, k *kettleState, gen uint32, at int64) {
 
 // handshake sends CONNECT and SUBSCRIBE and waits for their answers, within
 // Config.Timeout; it returns the server's Receive Maximum.
-func (s *Swarm) handshake(k *kettleState, c *mqConn) (uint16, error) {
+func (s *mqttTransport) handshake(k *kettleState, c *mqConn) (uint16, error) {
 	m := k.mq
 	_ = c.nc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 	cp := packets.NewControlPacket(packets.CONNECT)
@@ -344,7 +376,7 @@ func pubackFor(p *packets.Publish) *packets.ControlPacket {
 }
 
 // readLoop reads connection c of kettle i until it goes down.
-func (s *Swarm) readLoop(i int, k *kettleState, gen uint32, c *mqConn) {
+func (s *mqttTransport) readLoop(i int, k *kettleState, gen uint32, c *mqConn) {
 	m := k.mq
 	for {
 		p, err := packets.ReadPacket(c.br)
@@ -381,7 +413,7 @@ func (s *Swarm) readLoop(i int, k *kettleState, gen uint32, c *mqConn) {
 // mqttDown handles connection c (generation gen) of kettle i going down:
 // publishes awaiting their PUBACK give their readings back to the buffer,
 // and a reconnection is scheduled.
-func (s *Swarm) mqttDown(i int, k *kettleState, gen uint32, c *mqConn, err error) {
+func (s *mqttTransport) mqttDown(i int, k *kettleState, gen uint32, c *mqConn, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c.kill()
@@ -413,7 +445,7 @@ func (s *Swarm) mqttDown(i int, k *kettleState, gen uint32, c *mqConn, err error
 }
 
 // mqttPuback settles the publish a PUBACK answers.
-func (s *Swarm) mqttPuback(i int, k *kettleState, gen uint32, pa *packets.Puback) {
+func (s *mqttTransport) mqttPuback(i int, k *kettleState, gen uint32, pa *packets.Puback) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	m := k.mq
@@ -460,7 +492,7 @@ func (m *mqttKettle) inFlight(id uint16) int {
 // pubFailed puts a batch that was not acknowledged back into the buffer,
 // oldest first, and schedules a retry with backoff (a redelivery of a
 // reading that was in fact stored is stored once). k.mu held.
-func (s *Swarm) pubFailed(i int, k *kettleState, batch []kettle.Measurement, retry bool) {
+func (s *mqttTransport) pubFailed(i int, k *kettleState, batch []kettle.Measurement, retry bool) {
 	k.pending = append(batch, k.pending...)
 	slices.SortStableFunc(k.pending, func(a, b kettle.Measurement) int { return a.Time.Compare(b.Time) })
 	if over := len(k.pending) - maxPending; over > 0 {
@@ -484,7 +516,7 @@ func (s *Swarm) pubFailed(i int, k *kettleState, batch []kettle.Measurement, ret
 // mqCheck counts PUBACKs overdue as timeouts and keeps the connection alive:
 // PINGREQ after a keepalive without sending, closed when that PINGREQ is not
 // answered within half a keepalive. k.mu held.
-func (s *Swarm) mqCheck(i int, k *kettleState) {
+func (s *mqttTransport) mqCheck(i int, k *kettleState) {
 	m := k.mq
 	if m.state != mqUp {
 		return
@@ -526,7 +558,7 @@ var pingreq = mqEncode(nil, packets.NewControlPacket(packets.PINGREQ))
 
 // armCheck makes sure an evCheck of kettle i is due at or before at. k.mu
 // held.
-func (s *Swarm) armCheck(i int, k *kettleState, at int64) {
+func (s *mqttTransport) armCheck(i int, k *kettleState, at int64) {
 	m := k.mq
 	if m.checkAt != 0 && m.checkAt <= at {
 		return
@@ -541,7 +573,7 @@ func (s *Swarm) armCheck(i int, k *kettleState, at int64) {
 
 // sendOwed starts publishes for readings that came due while the kettle could
 // not send, within the window. k.mu held.
-func (s *Swarm) sendOwed(i int, k *kettleState) {
+func (s *mqttTransport) sendOwed(i int, k *kettleState) {
 	m := k.mq
 	for m.owedAt >= 0 && m.state == mqUp && len(m.inflight) < int(m.window) && len(k.pending) > 0 &&
 		s.now() >= k.retryAt && !s.stop.Load() {
@@ -558,7 +590,7 @@ func (s *Swarm) sendOwed(i int, k *kettleState) {
 // slowed further by a fleet reconnecting — each connect costs it a TLS-less
 // but still authenticated session, a subscription and a retained push.
 // k.mu held.
-func (s *Swarm) reconnectLater(i int, k *kettleState, hard bool) {
+func (s *mqttTransport) reconnectLater(i int, k *kettleState, hard bool) {
 	m := k.mq
 	if m.attempts < 16 {
 		m.attempts++
@@ -577,7 +609,7 @@ func (s *Swarm) reconnectLater(i int, k *kettleState, hard bool) {
 
 // startPublish takes the buffered readings (up to MaxBatch) and publishes
 // them as one message. k.mu held.
-func (s *Swarm) startPublish(i int, k *kettleState, at int64) {
+func (s *mqttTransport) startPublish(i int, k *kettleState, at int64) {
 	m := k.mq
 	n := min(len(k.pending), kettle.MaxBatch)
 	if n == 0 {
@@ -591,37 +623,25 @@ func (s *Swarm) startPublish(i int, k *kettleState, at int64) {
 		}
 	}
 	bp, wp := bufPool.Get().(*[]byte), bufPool.Get().(*[]byte)
-	body := (*bp)[:0]
-	if n > 1 {
-		body = append(body, '[')
-	}
-	for j := range batch {
-		if j > 0 {
-			body = append(body, ',')
-		}
-		body = appendReading(body, &batch[j], "v1")
-	}
-	if n > 1 {
-		body = append(body, ']')
-	}
+	body := wire.AppendV1Upload((*bp)[:0], batch)
 	pk := &packets.Publish{Topic: measurementTopic(m.user), QoS: 1, PacketID: m.nextID, Payload: body}
-	wire := mqEncode((*wp)[:0], pk.ToControlPacket())
+	pkt := mqEncode((*wp)[:0], pk.ToControlPacket())
 	now := s.now()
 	if m.inflight == nil {
 		m.inflight = make([]mqPub, 0, m.window)
 	}
 	m.inflight = append(m.inflight, mqPub{batch: batch, at: at, deadline: now + int64(s.cfg.Timeout), id: m.nextID})
 	s.busy.Add(1)
-	s.mqWrite(k, m.c, wire)
+	s.mqWrite(k, m.c, pkt)
 	m.lastSent = now
-	*bp, *wp = body, wire
+	*bp, *wp = body, pkt
 	bufPool.Put(bp)
 	bufPool.Put(wp)
 	s.armCheck(i, k, now+int64(s.cfg.Timeout))
 }
 
 // mqttCommand makes kettle k obey a command pushed by the server.
-func (s *Swarm) mqttCommand(k *kettleState, payload []byte) {
+func (s *mqttTransport) mqttCommand(k *kettleState, payload []byte) {
 	c, err := parseCommand(payload, "v1")
 	if err != nil {
 		s.st.recordKind(epMQTTPublish, -1, "", 0, "bad_command")
@@ -635,7 +655,7 @@ func (s *Swarm) mqttCommand(k *kettleState, payload []byte) {
 
 // mqttDrain waits, at most a request timeout, for the publishes still
 // awaiting their PUBACK at the end of the run (no new ones start).
-func (s *Swarm) mqttDrain() {
+func (s *mqttTransport) mqttDrain() {
 	deadline := time.Now().Add(s.cfg.Timeout + time.Second)
 	for s.busy.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -647,7 +667,7 @@ func (s *Swarm) mqttDrain() {
 
 // mqttClose disconnects every kettle at the end of a run and waits for
 // their readers (and any connection attempt still dialing).
-func (s *Swarm) mqttClose() {
+func (s *mqttTransport) mqttClose() {
 	disconnect := mqEncode(nil, packets.NewControlPacket(packets.DISCONNECT))
 	for i := range s.kettles {
 		k := &s.kettles[i]
@@ -665,7 +685,7 @@ func (s *Swarm) mqttClose() {
 
 // mqttSetup checks the MQTT target and the fd budget and prepares dialing;
 // it returns the number of connections the run will hold.
-func (s *Swarm) mqttSetup(budget int) (int, error) {
+func (s *mqttTransport) mqttSetup(budget int) (int, error) {
 	cfg := &s.cfg
 	addr, err := CheckTargetAddr(cfg.MQTTTarget, cfg.AllowHosts)
 	if err != nil {
@@ -686,7 +706,7 @@ func (s *Swarm) mqttSetup(budget int) (int, error) {
 		tlsCfg.ServerName, _, _ = net.SplitHostPort(addr)
 	}
 	dial := dialer(addr, src, cfg.Timeout, tlsCfg)
-	s.mqDial = func() (net.Conn, error) { return dial(s.pool) }
+	s.dial = func() (net.Conn, error) { return dial(s.pool) }
 	if tlsCfg != nil {
 		// One handshake first: a certificate the swarm does not trust is
 		// said now, not counted as every connection's error.

@@ -3,12 +3,10 @@ package sim
 import (
 	"context"
 	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/mqttapi"
-	"github.com/kettlefleet/kettlefleet/server"
 )
 
 // TestSwarmMQTTRefusedOverCap: a node capped at 3 connections refuses the
@@ -16,22 +14,14 @@ import (
 // reason, keeps retrying with backoff, and the kettles that got in lose
 // nothing (audit clean).
 func TestSwarmMQTTRefusedOverCap(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	srv, err := server.Start(ctx, server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + dir + "/k.db", DataDir: dir,
-		MQTT:   mqttapi.Config{Addr: "127.0.0.1:0", MaxConns: 3},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := startServer(t, mqttapi.Config{Addr: "127.0.0.1:0", MaxConns: 3})
 	res, err := Run(ctx, Config{
-		Target: srv.URL(), Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: 1,
-		Devices: 8, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 4 * time.Second,
-		Batch: 1, Secret: srv.Secret(), Operator: srv.OperatorToken(), Seed: 7,
-		ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: srv.URL(), Secret: srv.Secret(), Operator: srv.OperatorToken()},
+		FleetConfig:     FleetConfig{Devices: 8, Seed: 7},
+		ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 4 * time.Second},
+		TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: 1, Batch: 1, ReserveFDs: 1000},
+		OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -22,25 +21,17 @@ import (
 // retained command by subscription, publishes QoS 1 on schedule, and the
 // audit over the HTTP operator API finds every PUBACKed reading stored once.
 func TestSwarmMQTTAgainstServer(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	srv, err := server.Start(ctx, server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + dir + "/k.db", DataDir: dir,
-		MQTT:   mqttapi.Config{Addr: "127.0.0.1:0"},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := startServer(t, mqttapi.Config{Addr: "127.0.0.1:0"})
 
 	f := func(devices, inflight, batch int) {
 		t.Helper()
 		res, err := Run(ctx, Config{
-			Target: srv.URL(), Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: inflight,
-			Devices: devices, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 5 * time.Second,
-			Batch: batch, Secret: srv.Secret(), Operator: srv.OperatorToken(), Seed: 7,
-			ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+			TargetConfig:    TargetConfig{Target: srv.URL(), Secret: srv.Secret(), Operator: srv.OperatorToken()},
+			FleetConfig:     FleetConfig{Devices: devices, Seed: 7},
+			ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 5 * time.Second},
+			TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: srv.MQTTAddr(), MQTTInflight: inflight, Batch: batch, ReserveFDs: 1000},
+			OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -109,13 +100,8 @@ func keys[V any](m map[string]V) []string {
 // kettles redial with backoff, resend what was not acknowledged, and the
 // audit still finds every PUBACKed reading stored exactly once.
 func TestSwarmMQTTReconnects(t *testing.T) {
-	dir := t.TempDir()
 	ctx := context.Background()
-	cfg := server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + dir + "/k.db", DataDir: dir,
-		MQTT:   mqttapi.Config{Addr: "127.0.0.1:0"},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+	cfg := serverConfig(t, mqttapi.Config{Addr: "127.0.0.1:0"})
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -134,10 +120,11 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 		restarted <- err
 	}()
 	res, err := Run(ctx, Config{
-		Target: url, Protocol: ProtocolMQTT, MQTTTarget: cfg.MQTT.Addr,
-		Devices: 20, Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 9 * time.Second,
-		Secret: secret, Operator: op, Seed: 3, Timeout: 3 * time.Second,
-		ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+		TargetConfig:    TargetConfig{Target: url, Secret: secret, Operator: op},
+		FleetConfig:     FleetConfig{Devices: 20, Seed: 3},
+		ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 9 * time.Second},
+		TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: cfg.MQTT.Addr, Timeout: 3 * time.Second, ReserveFDs: 1000},
+		OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 	})
 	if rerr := <-restarted; rerr != nil {
 		t.Fatalf("restart: %v", rerr)
@@ -252,10 +239,12 @@ func TestSwarmMQTTTimeouts(t *testing.T) {
 	run := func(b *fakeBroker, devices int) *Results {
 		t.Helper()
 		res, err := Run(context.Background(), Config{
-			Target: "http://127.0.0.1:1", Protocol: ProtocolMQTT, MQTTTarget: b.ln.Addr().String(), MQTTKeepAlive: 2 * time.Second,
-			Devices: devices, Interval: time.Second, Jitter: 1, Duration: 5500 * time.Millisecond, HatchRate: 1000,
-			Secret: []byte("s"), NoAudit: true, Timeout: time.Second, Seed: 1,
-			ReserveFDs: 1000, Progress: io.Discard, Log: io.Discard,
+			TargetConfig:    TargetConfig{Target: "http://127.0.0.1:1", Secret: []byte("s")},
+			FleetConfig:     FleetConfig{Devices: devices, Seed: 1},
+			ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 1, Duration: 5500 * time.Millisecond, HatchRate: 1000},
+			TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: b.ln.Addr().String(), MQTTKeepAlive: 2 * time.Second, Timeout: time.Second, ReserveFDs: 1000},
+			AuditConfig:     AuditConfig{NoAudit: true},
+			OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -42,7 +42,7 @@ func newMQConn(nc net.Conn) *mqConn {
 // write sends one or more whole packets, in order with earlier writes. A
 // connection that cannot take them is closed; its reader then reports the
 // loss. k.mu held (k being the connection's kettle).
-func (s *Swarm) mqWrite(k *kettleState, c *mqConn, b []byte) {
+func (s *mqttTransport) mqWrite(k *kettleState, c *mqConn, b []byte) {
 	if c.dead || len(b) == 0 {
 		return
 	}
@@ -66,7 +66,7 @@ func (s *Swarm) mqWrite(k *kettleState, c *mqConn, b []byte) {
 }
 
 // flush writes what mqWrite could not, with the request timeout as deadline.
-func (s *Swarm) flush(k *kettleState, c *mqConn) {
+func (s *mqttTransport) flush(k *kettleState, c *mqConn) {
 	defer s.readers.Done()
 	for {
 		k.mu.Lock()

@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/wire"
+	"github.com/kettlefleet/kettlefleet/wire/wiretest"
 )
 
 // fakeServer implements the wire contract of kettle serve in memory. It is
@@ -252,8 +254,10 @@ func (f *fakeServer) storedCount() (n int) {
 
 func quick(target string) Config {
 	return Config{
-		Target: target, Devices: 50, Interval: 100 * time.Millisecond, Jitter: 10 * time.Millisecond,
-		Duration: 1500 * time.Millisecond, Timeout: 2 * time.Second, Seed: 1,
+		TargetConfig:    TargetConfig{Target: target},
+		FleetConfig:     FleetConfig{Devices: 50, Seed: 1},
+		ScheduleConfig:  ScheduleConfig{Interval: 100 * time.Millisecond, Jitter: 10 * time.Millisecond, Duration: 1500 * time.Millisecond},
+		TransportConfig: TransportConfig{Timeout: 2 * time.Second},
 	}
 }
 
@@ -465,25 +469,50 @@ func TestCompare(t *testing.T) {
 	f([]int64{1, 1}, []int64{1}, "acked=1 stored=1 lost=0 dup=0 unacked=0")
 }
 
-func TestAppendReading(t *testing.T) {
-	m := kettle.Measurement{Time: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), ChargeMWh: 10, FullMWh: 20, RateMW: -1.5, AmbientC: 21.25, WaterC: 90, LevelML: 500}
-	got := string(appendReading(nil, &m, "v1"))
-	want := `{"time":"2026-01-02T03:04:05.000006Z","battery_charge_mwh":10,"battery_full_mwh":20,"battery_rate_mw":-1.5,"ambient_temp_c":21.25,"water_temp_c":90,"water_level_ml":500}`
-	if got != want {
-		t.Errorf("v1:\n got %s\nwant %s", got, want)
+// TestRoundTrip: what the simulator sends is what the server decodes — every
+// good reading of the wire table, and a day of a model kettle's readings,
+// one at a time and as batches, in both protocols.
+func TestRoundTrip(t *testing.T) {
+	f := func(ms []kettle.Measurement, api string) {
+		t.Helper()
+		body := appendUpload(nil, ms, api)
+		var got []kettle.Measurement
+		var err error
+		if api == "v0" {
+			var m kettle.Measurement
+			m, err = wire.DecodeV0(body, ms[0].Device, wiretest.Win)
+			got = []kettle.Measurement{m}
+			ms = ms[:1]
+		} else {
+			got, err = wire.DecodeV1(body, ms[0].Device, wiretest.Win)
+		}
+		if err != nil || !slices.Equal(got, ms) {
+			t.Errorf("%s %.80q: decoded %+v %v, want %+v", api, body, got, err, ms)
+		}
 	}
-	got = string(appendReading(nil, &m, "v0"))
-	if !strings.HasPrefix(got, `{"time":"2026-01-02T03:04:05.000006Z","charge_now":10,"charge_full":20,`) {
-		t.Errorf("v0: %s", got)
+	for _, c := range wiretest.Cases {
+		if c.Want != nil {
+			f(c.Want, "v0")
+			f(c.Want, "v1")
+		}
 	}
-}
-
-func BenchmarkAppendReading(b *testing.B) {
-	m := kettle.Measurement{Time: time.Now(), ChargeMWh: 12345, FullMWh: 200000, RateMW: -138889, AmbientC: 21.37, WaterC: 93.12, LevelML: 1234}
-	buf := make([]byte, 0, 512)
-	b.ReportAllocs()
-	for b.Loop() {
-		buf = appendReading(buf[:0], &m, "v1")
+	rng := &pcg{}
+	rng.Seed(1, 2)
+	start := wiretest.Now.Add(-24 * time.Hour)
+	m := NewModel(rng, start)
+	var day []kettle.Measurement
+	for i := range 2880 {
+		m.Step(rng, start.Add(time.Duration(i+1)*30*time.Second))
+		r := m.Reading()
+		r.Device = wiretest.Device
+		day = append(day, r)
+	}
+	for i := range day {
+		f(day[i:i+1], "v0")
+		f(day[i:i+1], "v1")
+	}
+	for i := 0; i < len(day); i += kettle.MaxBatch {
+		f(day[i:min(i+kettle.MaxBatch, len(day))], "v1")
 	}
 }
 

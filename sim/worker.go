@@ -94,12 +94,12 @@ func (p *Plan) validate(w *WorkerConfig) error {
 
 func (p *Plan) config(w *WorkerConfig) Config {
 	return Config{
-		Target: p.Target, Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API,
-		First: p.First, Stride: p.Stride, Devices: p.Devices, Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate,
-		Duration: p.Duration, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive,
-		Timeout: p.Timeout, Seed: p.Seed, Secret: p.Secret, Operator: p.Operator,
-		SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs, AllowHosts: w.AllowHosts,
-		Log: w.Log, NoAudit: true, ExportAcked: true,
+		TargetConfig:    TargetConfig{Target: p.Target, Secret: p.Secret, Operator: p.Operator, AllowHosts: w.AllowHosts},
+		FleetConfig:     FleetConfig{First: p.First, Stride: p.Stride, Devices: p.Devices, Seed: p.Seed},
+		ScheduleConfig:  ScheduleConfig{Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate, Duration: p.Duration},
+		TransportConfig: TransportConfig{Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive, Timeout: p.Timeout, SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs},
+		AuditConfig:     AuditConfig{NoAudit: true, ExportAcked: true},
+		OutputConfig:    OutputConfig{Log: w.Log},
 	}
 }
 
@@ -372,32 +372,33 @@ func (w *Worker) handleStatus(rw http.ResponseWriter, r *http.Request) {
 	workerJSON(rw, st)
 }
 
-func (w *Worker) handleResult(rw http.ResponseWriter, r *http.Request) {
+// finished is the current run's result, or nil once it answered that there
+// is none yet (the run is not done: 409 naming what is missing).
+func (w *Worker) finished(rw http.ResponseWriter, r *http.Request, what string) *Results {
 	run := w.current(rw, r)
 	if run == nil {
-		return
+		return nil
 	}
 	w.mu.Lock()
 	state, res := run.state, run.res
 	w.mu.Unlock()
 	if state != stateDone || res == nil {
-		workerError(rw, http.StatusConflict, "run is "+state+": no result")
-		return
+		workerError(rw, http.StatusConflict, "run is "+state+": no "+what)
+		return nil
 	}
-	workerJSON(rw, res)
+	return res
+}
+
+func (w *Worker) handleResult(rw http.ResponseWriter, r *http.Request) {
+	if res := w.finished(rw, r, "result"); res != nil {
+		workerJSON(rw, res)
+	}
 }
 
 // handleAcked streams the acknowledged readings, one device a line.
 func (w *Worker) handleAcked(rw http.ResponseWriter, r *http.Request) {
-	run := w.current(rw, r)
-	if run == nil {
-		return
-	}
-	w.mu.Lock()
-	state, res := run.state, run.res
-	w.mu.Unlock()
-	if state != stateDone || res == nil {
-		workerError(rw, http.StatusConflict, "run is "+state+": no acknowledged readings")
+	res := w.finished(rw, r, "acknowledged readings")
+	if res == nil {
 		return
 	}
 	rw.Header().Set("Content-Type", "application/x-ndjson")

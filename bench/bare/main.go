@@ -1,6 +1,6 @@
 // Command bare is the ceiling for bench/ingest.sh: the case-study
 // POST /measurement decoded and validated exactly as kettle serve does it
-// (httpapi.DecodeV0), then answered without storing anything. Comparing
+// (wire.DecodeV0), then answered without storing anything. Comparing
 // kettle serve against it, with the same client in the same run, shows what
 // queueing, committing and acknowledging cost.
 package main
@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 func main() {
@@ -38,7 +38,7 @@ func main() {
 			http.Error(w, "too large", 413)
 			return
 		}
-		if _, err := httpapi.DecodeV0(body, id, kettle.Window{Now: time.Now()}); err != nil {
+		if _, err := wire.DecodeV0(body, id, kettle.Window{Now: time.Now()}); err != nil {
 			http.Error(w, err.Error(), 400)
 			return
 		}

@@ -40,6 +40,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 var (
@@ -359,16 +360,10 @@ func run(i int, st *stats, up *atomic.Int64) error {
 	}
 }
 
+// appendReading is reading seq as a kettle publishes it (wire's v1 bytes).
 func appendReading(b []byte, t time.Time, seq int64) []byte {
-	b = append(b, `{"time":"`...)
-	b = t.UTC().AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","battery_charge_mwh":`...)
-	b = strconv.AppendInt(b, 100000+seq%1000, 10)
-	b = append(b, `,"battery_full_mwh":200000,"battery_rate_mw":-1200,"ambient_temp_c":21.5,"water_temp_c":`...)
-	b = strconv.AppendInt(b, 20+seq%70, 10)
-	b = append(b, `,"water_level_ml":`...)
-	b = strconv.AppendInt(b, seq%1500, 10)
-	return append(b, '}')
+	return wire.AppendV1(b, &kettle.Measurement{Time: t, ChargeMWh: float64(100000 + seq%1000), FullMWh: 200000, RateMW: -1200,
+		AmbientC: 21.5, WaterC: float64(20 + seq%70), LevelML: float64(seq % 1500)})
 }
 
 // MQTT 5 encoding of the three packets we need.

@@ -88,11 +88,17 @@ func runCapacity(ctx context.Context, args []string) error {
 		return err
 	}
 	f.audit = false
+	if *start <= 0 || *step <= 0 || *maxK < *start {
+		return fmt.Errorf("want --start > 0, --step > 0 and --max ≥ --start (got %d, %d, %d)", *start, *step, *maxK)
+	}
 	if err := f.resolve(); err != nil {
 		return err
 	}
-	if *start <= 0 || *step <= 0 || *maxK < *start {
-		return fmt.Errorf("want --start > 0, --step > 0 and --max ≥ --start (got %d, %d, %d)", *start, *step, *maxK)
+	// Checked as the first step's configuration: each step is checked
+	// again by sim.Run with its own fleet.
+	f.cfg.Devices, f.cfg.Duration = *start, *stepDur
+	if err := f.validate(); err != nil {
+		return err
 	}
 	if f.sloP99 <= 0 {
 		return fmt.Errorf("--slo-p99 must be > 0")

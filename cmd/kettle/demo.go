@@ -92,6 +92,9 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := f.resolve(); err != nil {
 		return err
 	}
+	if err := f.validate(); err != nil {
+		return err
+	}
 	f.command = "kettle demo " + strings.Join(args, " ")
 	fmt.Fprintf(os.Stderr, "demo: kettle serve (embedded SQLite) at %s, data in %s, server log %s\n", srv.URL(), dir, logPath)
 

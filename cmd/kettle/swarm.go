@@ -246,6 +246,9 @@ func runSwarm(ctx context.Context, args []string) error {
 	if err := f.resolve(); err != nil {
 		return err
 	}
+	if err := f.validate(); err != nil {
+		return err
+	}
 	f.command = "kettle swarm " + strings.Join(args, " ")
 	return f.run(ctx, os.Stderr)
 }
@@ -289,15 +292,7 @@ func (f *swarmFlags) resolve() error {
 		}
 		c.SourceAddrs = ips
 	}
-	switch c.Protocol {
-	case sim.ProtocolHTTP, "":
-	case sim.ProtocolMQTT:
-		if c.API != "v1" {
-			return fmt.Errorf("--protocol mqtt carries v1 payloads; drop --api %s", c.API)
-		}
-		if c.MQTTInflight < 1 || c.MQTTInflight > 1000 {
-			return fmt.Errorf("--mqtt-inflight %d: want 1..1000", c.MQTTInflight)
-		}
+	if c.Protocol == sim.ProtocolMQTT && c.API == "v1" {
 		if c.MQTTTarget == "" {
 			for _, t := range f.targets {
 				u, _ := sim.CheckTarget(t, c.AllowHosts)
@@ -310,11 +305,6 @@ func (f *swarmFlags) resolve() error {
 				return err
 			}
 		}
-	default:
-		return fmt.Errorf("--protocol %q: want http or mqtt", c.Protocol)
-	}
-	if c.Batch < 1 || c.Batch > 1000 {
-		return fmt.Errorf("--batch %d: want 1..1000", c.Batch)
 	}
 	if f.dataDir != "" {
 		if c.Operator == "" {
@@ -340,6 +330,10 @@ func (f *swarmFlags) resolve() error {
 	c.SLOP99, c.MaxErrorRate = f.sloP99, f.maxErrorRate
 	return nil
 }
+
+// validate is the run's configuration checked by sim.Config.Validate, every
+// problem named by its flag.
+func (f *swarmFlags) validate() error { return errors.Join(f.cfg.Validate()...) }
 
 // run runs the swarm and judges it: audit, then SLO.
 func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {

@@ -15,14 +15,14 @@ import (
 // payloads and raw MQTT packets through the real embedded listener; and the
 // v1 decoder's fast paths held to the general ones they stand in for.
 var fuzzTargets = []struct{ pkg, name, what string }{
-	{"./httpapi", "FuzzDecodeV0", "case-study POST /measurement JSON (DecodeV0)"},
-	{"./httpapi", "FuzzDecodeV1", "v1 JSON, one reading or a batch (DecodeV1)"},
+	{"./wire", "FuzzDecodeV0", "case-study POST /measurement JSON (DecodeV0)"},
+	{"./wire", "FuzzDecodeV1", "v1 JSON, one reading or a batch (DecodeV1)"},
 	{"./httpapi", "FuzzQueryParams", "query parameters and path ids of every GET route, through the handler"},
 	{"./httpapi", "FuzzRequestBodies", "every request body (login, v0/v1 readings, provisioning, override), through the handler"},
 	{"./mqttapi", "FuzzMQTTPayload", "MQTT 5 / 3.1.1 QoS 1 measurement payloads, through the embedded listener"},
 	{"./mqttapi", "FuzzMQTTPacket", "raw bytes after a valid CONNECT, through the embedded listener"},
-	{"./httpapi", "FuzzDecodeV1Fast", "v1 JSON: whatever the fast path takes, the general decoder takes as the same readings"},
-	{"./httpapi", "FuzzParseUTC", "device times: whatever the fast parser takes, time.Parse returns as the identical time"},
+	{"./wire", "FuzzDecodeV1Fast", "v1 JSON: whatever the fast path takes, the general decoder takes as the same readings"},
+	{"./wire", "FuzzParseUTC", "device times: whatever the fast parser takes, time.Parse returns as the identical time"},
 	{".", "FuzzValid", "readings: Measurement.Valid says yes exactly when Validate names no field"},
 }
 

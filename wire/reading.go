@@ -1,13 +1,14 @@
-package httpapi
+// Package wire is how kettles and the server speak: readings in the
+// case-study (v0) and v1 JSON (decode, the fast v1 path, encode), commands
+// and error bodies. The HTTP and MQTT adapters and the simulator all go
+// through it, so a kettle, the server and the lab cannot disagree on a byte.
+package wire
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -17,8 +18,8 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 )
 
-// v0Measurement is the case-study firmware's body. "id" is ignored.
-type v0Measurement struct {
+// V0Reading is the case-study firmware's body. "id" is ignored.
+type V0Reading struct {
 	Time    *string  `json:"time"`
 	Charge  *float64 `json:"charge_now"`
 	Full    *float64 `json:"charge_full"`
@@ -28,8 +29,8 @@ type v0Measurement struct {
 	Level   *float64 `json:"water_level"`
 }
 
-// V1Measurement is one reading in the v1 API and MQTT payloads.
-type V1Measurement struct {
+// V1Reading is one reading in the v1 API and MQTT payloads.
+type V1Reading struct {
 	Time    *string  `json:"time"`
 	Charge  *float64 `json:"battery_charge_mwh"`
 	Full    *float64 `json:"battery_full_mwh"`
@@ -44,11 +45,11 @@ type wireFields struct {
 	charge, full, rate, ambient, water, lvl *float64
 }
 
-func (v *v0Measurement) fields() wireFields {
+func (v *V0Reading) fields() wireFields {
 	return wireFields{v.Time, v.Charge, v.Full, v.Rate, v.Ambient, v.Water, v.Level}
 }
 
-func (v *V1Measurement) fields() wireFields {
+func (v *V1Reading) fields() wireFields {
 	return wireFields{v.Time, v.Charge, v.Full, v.Rate, v.Ambient, v.Water, v.Level}
 }
 
@@ -63,7 +64,7 @@ func (w wireFields) toMeasurement(dev kettle.DeviceID, win kettle.Window, names 
 	if w.time == nil {
 		missing(names.Time)
 	} else if t, err := time.Parse(time.RFC3339Nano, *w.time); err != nil {
-		errs = append(errs, kettle.FieldError{Field: prefix + names.Time, Message: fmt.Sprintf("must be an RFC 3339 time such as 2026-11-22T14:02:10.5Z, got %q", truncate(*w.time, 64))})
+		errs = append(errs, kettle.FieldError{Field: prefix + names.Time, Message: fmt.Sprintf("must be an RFC 3339 time such as 2026-11-22T14:02:10.5Z, got %q", Truncate(*w.time, 64))})
 	} else {
 		m.Time = t
 	}
@@ -87,52 +88,18 @@ func (w wireFields) toMeasurement(dev kettle.DeviceID, win kettle.Window, names 
 	return m, m.Validate(win, names, prefix, errs)
 }
 
-func truncate(s string, n int) string {
+// Truncate shortens s to n bytes and an ellipsis, for quoting a client's
+// value in an error message without echoing a whole body back.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
 	return s[:n] + "…"
 }
 
-// readBody reads a body of at most kettle.MaxBody bytes.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	return readBodyBuf(w, r, nil)
-}
-
-// readBodyBuf is readBody into buf's memory when it is large enough.
-func readBodyBuf(w http.ResponseWriter, r *http.Request, buf []byte) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, kettle.MaxBody)
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 && n <= kettle.MaxBody {
-		// Sized from the header (net/http delivers exactly that many bytes
-		// or an error): one allocation instead of io.ReadAll's doublings,
-		// which cost a v1 batch of 500 readings ten copies.
-		if int64(cap(buf)) >= n {
-			body = buf[:n]
-		} else {
-			body = make([]byte, n)
-		}
-		_, err = io.ReadFull(rd, body)
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-	} else {
-		body, err = io.ReadAll(rd)
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, kettle.Errorf(kettle.ETooLarge, "request body over %d bytes; split the upload", kettle.MaxBody)
-		}
-		return nil, kettle.Errorf(kettle.EInvalid, "reading request body: %v", err)
-	}
-	return body, nil
-}
-
-// jsonError turns an encoding/json (or goccy/go-json) error into a 400
-// naming the field.
-func jsonError(err error, prefix string) error {
+// JSONError turns an encoding/json (or goccy/go-json) error into a 400
+// naming the field (prefix goes before the field's name).
+func JSONError(err error, prefix string) error {
 	typeErr := func(field, value, kind string) error {
 		if field == "" {
 			field = "body"
@@ -173,7 +140,7 @@ func decodeReadings(body []byte, v any) error {
 		return kettle.Errorf(kettle.EInvalid, "empty body; send a JSON object")
 	}
 	if err := gojson.Unmarshal(body, v); err != nil {
-		return jsonError(err, "")
+		return JSONError(err, "")
 	}
 	return nil
 }
@@ -192,27 +159,9 @@ func jsonKind(k string) string {
 	return k
 }
 
-// decodeJSON decodes body into v, rejecting trailing data and invalid UTF-8.
-func decodeJSON(body []byte, v any) error {
-	if !utf8.Valid(body) {
-		return kettle.Errorf(kettle.EInvalid, "body is not valid UTF-8")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return kettle.Errorf(kettle.EInvalid, "empty body; send a JSON object")
-		}
-		return jsonError(err, "")
-	}
-	if dec.More() {
-		return kettle.Errorf(kettle.EInvalid, "malformed JSON: data after the first value")
-	}
-	return nil
-}
-
 // DecodeV0 decodes and validates a case-study POST /measurement body.
 func DecodeV0(body []byte, dev kettle.DeviceID, win kettle.Window) (kettle.Measurement, error) {
-	var v v0Measurement
+	var v V0Reading
 	if err := decodeReadings(body, &v); err != nil {
 		return kettle.Measurement{}, err
 	}
@@ -226,11 +175,12 @@ func DecodeV0(body []byte, dev kettle.DeviceID, win kettle.Window) (kettle.Measu
 // DecodeV1 decodes and validates a v1 upload: one reading or an array of up
 // to kettle.MaxBatch. Field names in errors of an array are prefixed "[i].".
 func DecodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
-	return decodeV1Buf(nil, body, dev, win)
+	return DecodeV1Into(nil, body, dev, win)
 }
 
-// decodeV1Buf is DecodeV1 into dst's memory when it is large enough.
-func decodeV1Buf(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
+// DecodeV1Into is DecodeV1 into dst's memory when it is large enough (a
+// pooled buffer on the ingest hot path).
+func DecodeV1Into(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
 	if ms, ok := fastV1(body, dev, win, dst); ok {
 		return ms, nil
 	}
@@ -241,7 +191,7 @@ func decodeV1Buf(dst []kettle.Measurement, body []byte, dev kettle.DeviceID, win
 func decodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measurement, error) {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) > 0 && trimmed[0] == '[' {
-		var vs []V1Measurement
+		var vs []V1Reading
 		if err := decodeReadings(body, &vs); err != nil {
 			return nil, err
 		}
@@ -261,7 +211,7 @@ func decodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Mea
 		}
 		return ms, nil
 	}
-	var v V1Measurement
+	var v V1Reading
 	if err := decodeReadings(body, &v); err != nil {
 		return nil, err
 	}
@@ -270,30 +220,4 @@ func decodeV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Mea
 		return nil, &kettle.Error{Code: kettle.EInvalid, Message: "invalid measurement", Fields: errs}
 	}
 	return []kettle.Measurement{m}, nil
-}
-
-// decodeObject decodes a request body that must be one JSON object whose
-// members named in known are never null: the document gives each a type,
-// and null is none of them (taking it as "absent" accepted what the
-// document calls invalid: {"count": null}, and the body null itself, made a
-// device). Other members are ignored, as the document allows.
-func decodeObject(body []byte, v any, known ...string) error {
-	var members map[string]json.RawMessage
-	if err := decodeJSON(body, &members); err != nil {
-		return err
-	}
-	if members == nil {
-		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: []kettle.FieldError{{Field: "body", Message: "must be a JSON object, got null"}}}
-	}
-	var errs []kettle.FieldError
-	for k, raw := range members {
-		if slices.Contains(known, k) && string(bytes.TrimSpace(raw)) == "null" {
-			errs = append(errs, kettle.FieldError{Field: k, Message: "must not be null: leave it out for its default"})
-		}
-	}
-	if len(errs) > 0 {
-		slices.SortFunc(errs, func(a, b kettle.FieldError) int { return strings.Compare(a.Field, b.Field) })
-		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: errs}
-	}
-	return decodeJSON(body, v)
 }
