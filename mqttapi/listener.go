@@ -60,6 +60,11 @@ type listener struct {
 	// refusing bounds the connections being refused at once: each holds a
 	// file descriptor until its CONNACK is out (refuse).
 	refusing chan struct{}
+	// start, when set, serves an accepted connection on a goroutine of the
+	// engine's own (tc: its TLS side, nil without TLS, handshake not yet
+	// done), which calls l.wg.Done and l.open.Add(-1) at its end; nil:
+	// mochi's establish on a goroutine of the listener's.
+	start func(c *conn, tc *tls.Conn)
 }
 
 // maxRefusing is how many connections over the cap are answered at once;
@@ -133,19 +138,15 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		}
 		_ = c.SetDeadline(time.Now().Add(l.connectTimeout))
 		l.wg.Add(1)
+		if l.start != nil {
+			l.start(c, tc)
+			continue
+		}
 		go func() {
 			defer l.wg.Done()
 			defer l.open.Add(-1)
-			if tc != nil {
-				if err := tc.Handshake(); err != nil {
-					l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
-					if l.tlsFailed != nil {
-						l.tlsFailed()
-					}
-					nc.Close()
-					return
-				}
-				_ = nc.SetWriteDeadline(time.Time{}) // each write sets its own (conn.Write)
+			if tc != nil && l.handshake(tc) != nil {
+				return
 			}
 			// mochi-mqtt v2.7.9 decodes packets on this goroutine and some
 			// malformed packets (a SUBSCRIBE cut inside its filter) panic
@@ -166,6 +167,21 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			}
 		}()
 	}
+}
+
+// handshake completes a TLS connection's handshake (within the connect
+// timeout set at accept); a failure is counted and the connection closed.
+func (l *listener) handshake(tc *tls.Conn) error {
+	nc := tc.NetConn()
+	if err := tc.Handshake(); err != nil {
+		l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+		if l.tlsFailed != nil {
+			l.tlsFailed()
+		}
+		nc.Close()
+		return err
+	}
+	return nc.SetWriteDeadline(time.Time{}) // each write sets its own (conn.Write)
 }
 
 // refuse answers nc's CONNECT with the over-the-cap CONNACK and closes it.
