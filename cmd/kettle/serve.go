@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
@@ -138,8 +139,9 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Store.ReadDSN, "db-read", "", "PostgreSQL: a standby for reads that tolerate lag (device lists, a device's history, the dashboard's charts), e.g. postgres://kettle@h2,h3/kettle?target_session_attrs=prefer-standby; writes, statistics and the node's caches stay on --db. Empty: every read on --db")
 	fs.DurationVar(&cfg.Store.MaxReadLag, "max-read-lag", 5*time.Second, "with --db-read: while the replica's replay lag (kettle_pg_read_replica_lag_seconds, measured every second) is over this or unknown, its reads go to the primary")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
+	fs.StringVar(&cfg.MQTT.Engine, "mqtt-engine", mqttapi.EngineDevice, "embedded MQTT listener's engine: device (kettles only; one goroutine and a few KiB per connection) or mochi (mochi-mqtt's general broker with kettlefleet's hooks; two goroutines and tens of KiB per connection); see docs/operations.md")
 	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
-	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")
+	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "mochi engine: while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")
 	fs.StringVar(&cfg.MQTT.ServerReference, "mqtt-server-reference", "", "where kettles refused for capacity (over --mqtt-max-conns, or while shedding) are sent: MQTT 5 gets CONNACK 0x9C use another server with this Server Reference, e.g. mqtt2.example.net:1883; empty: 0x97 quota exceeded over the cap, 0x89 server busy while shedding (MQTT 3.1.1: 0x03 either way)")
 	fs.DurationVar(&cfg.MQTT.WriteTimeout, "mqtt-write-timeout", 10*time.Second, "a write to a kettle that takes longer closes its connection (a kettle that stops reading cannot stall others)")
 	fs.StringVar(&cfg.MQTTBroker.BrokerURL, "mqtt-broker", "", "consume from an external MQTT 5 broker instead, e.g. tcp://127.0.0.1:1883 or tls://broker:8883 (shared subscription $share/<mqtt-share>/kettles/+/measurements)")
