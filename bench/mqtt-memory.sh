@@ -115,7 +115,7 @@ import json, subprocess, sys, time, statistics
 runs = [json.loads(l) for l in open(sys.argv[1])]
 names = {"A": "kettle_a", "B": "kettle", "M": "mosquitto"}
 figs, med = [], {}
-for t in ("A", "B", "M"):
+for t in ("B", "A", "M"):  # this tree first: the headline figure, beside the ratio (B / Mosquitto)
     rs = [r for r in runs if r["target"] == t]
     if not rs:
         continue

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -84,6 +85,7 @@ func startDevice(ctx context.Context, cfg Config, svc *fleet.Service, secret []b
 		maxConns: int64(cfg.MaxConns), tls: cfg.TLS, tlsFailed: cfg.TLSHandshakeFailed, panics: &b.counters.Malformed,
 		closeAll: d.closeAll, refusing: make(chan struct{}, maxRefusing), start: d.start}
 	b.ln.overCap = func(version byte) packets.Packet { return b.shed(ShedQuota, version) }
+	b.ln.dropped = d.droppedFrom
 	if err := b.ln.Init(log); err != nil {
 		b.cancel()
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
@@ -212,8 +214,12 @@ func (d *devServer) publish(id kettle.DeviceID, body []byte) error {
 // dropped logs (thinned) a connection closed after its CONNECT began
 // without a CONNACK, with why.
 func (d *devServer) dropped(dc *devConn, why string, err error) {
+	d.droppedFrom(dc.c.RemoteAddr(), why, err)
+}
+
+func (d *devServer) droppedFrom(remote net.Addr, why string, err error) {
 	if ok, skipped := d.dropLog.Allow(time.Now()); ok {
-		d.b.log.Info("mqtt: connection closed without a CONNACK", "remote", dc.c.RemoteAddr().String(), "why", why, "err", errString(err),
+		d.b.log.Info("mqtt: connection closed without a CONNACK", "remote", remote.String(), "why", why, "err", errString(err),
 			"not_logged_since_last_line", skipped)
 	}
 }

@@ -65,6 +65,9 @@ type listener struct {
 	// done), which calls l.wg.Done and l.open.Add(-1) at its end; nil:
 	// mochi's establish on a goroutine of the listener's.
 	start func(c *conn, tc *tls.Conn)
+	// dropped, when set, logs a connection closed without a CONNACK after
+	// its CONNECT began (thinned by the engine).
+	dropped func(remote net.Addr, why string, err error)
 }
 
 // maxRefusing is how many connections over the cap are answered at once;
@@ -209,23 +212,40 @@ func (l *listener) refuse(nc net.Conn) {
 	if fh.Decode(hb) != nil || fh.Type != packets.Connect {
 		return
 	}
+	// A CONNECT began: whatever happens now, its kettle gets a CONNACK or
+	// the node logs why not (l.dropped).
 	n, _, err := packets.DecodeLength(br)
 	if err != nil || n > maxConnectBytes {
+		l.drop(nc, "over the cap: CONNECT malformed or larger than a kettle's", err)
 		return
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(br, body); err != nil {
+		l.drop(nc, "over the cap: the CONNECT did not arrive whole", err)
 		return
 	}
 	fh.Remaining = n
 	pk := packets.Packet{FixedHeader: fh}
 	if err := pk.ConnectDecode(body); err != nil {
+		l.drop(nc, "over the cap: malformed CONNECT", err)
 		return
 	}
 	ack := l.overCap(pk.ProtocolVersion)
 	var buf bytes.Buffer
-	if ack.ConnackEncode(&buf) == nil {
-		_, _ = c.Write(buf.Bytes())
+	if err := ack.ConnackEncode(&buf); err != nil {
+		l.drop(nc, "over the cap: its refusal could not be encoded", err)
+		return
+	}
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		l.drop(nc, "over the cap: its refusal could not be written", err)
+	}
+}
+
+// drop reports a connection closed without a CONNACK after its CONNECT
+// began (nil dropped: not reported).
+func (l *listener) drop(nc net.Conn, why string, err error) {
+	if l.dropped != nil {
+		l.dropped(nc.RemoteAddr(), why, err)
 	}
 }
 
