@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,8 +73,13 @@ func (dc *devConn) serve(tc *tls.Conn) {
 		return
 	}
 	hdr := new([2]byte)
-	if dc.readHdr(hdr) != nil {
-		return // no CONNECT: nothing is owed (port scans, TLS to a plain port, health checks)
+	if err := dc.readHdr(hdr); err != nil {
+		// No CONNECT: nothing is owed (port scans, health checks), but a
+		// kettle whose CONNECT never came in time is worth a line.
+		if isTimeout(err) {
+			dc.d.dropped(dc, "no CONNECT within the connect timeout", err)
+		}
+		return
 	}
 	established := false
 	if dc.off(func() error { established = dc.connect(*hdr); return nil }) != nil || !established {
@@ -608,4 +614,9 @@ func (dc *devConn) flushPushes() {
 			return
 		}
 	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

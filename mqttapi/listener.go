@@ -206,6 +206,9 @@ func (l *listener) refuse(nc net.Conn) {
 	br := bufio.NewReaderSize(c, 512)
 	hb, err := br.ReadByte()
 	if err != nil {
+		if isTimeout(err) {
+			l.drop(nc, "over the cap: no CONNECT within the refusal's timeout", err)
+		}
 		return
 	}
 	var fh packets.FixedHeader
