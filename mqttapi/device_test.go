@@ -125,3 +125,35 @@ func TestConnectCutShort(t *testing.T) {
 	}
 	t.Errorf("no log line for a CONNECT cut short:\n%s", buf.String())
 }
+
+// TestKeepalive: a kettle that goes quiet for more than one and a half
+// keepalives is disconnected and its session ends; one that pings is kept.
+func TestKeepalive(t *testing.T) {
+	e := start(t, fleet.Config{})
+	conn := func() *raw {
+		t.Helper()
+		id := uuid.New()
+		r := dial(t, e.broker.Addr(), 5)
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}}
+		pk.Connect = packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 1, ClientIdentifier: id.String(),
+			UsernameFlag: true, Username: []byte(id.String()), PasswordFlag: true, Password: []byte(kettle.DeviceToken(secret, id))}
+		r.send(pk)
+		if ack := r.must(packets.Connack); ack.ReasonCode != 0 {
+			t.Fatalf("connect: 0x%02x", ack.ReasonCode)
+		}
+		return r
+	}
+	quiet, pinging := conn(), conn()
+	began := time.Now()
+	for time.Since(began) < 3*time.Second {
+		pinging.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+		pinging.must(packets.Pingresp)
+		time.Sleep(500 * time.Millisecond)
+	}
+	if _, err := quiet.read(time.Second); err == nil || isTimeout(err) {
+		t.Errorf("a kettle quiet for 3 s at keepalive 1 s: read %v, want the connection closed", err)
+	}
+	if got := e.broker.Counters().Connections.Load(); got != 1 {
+		t.Errorf("Connections = %d, want 1 (the pinging kettle)", got)
+	}
+}
