@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +20,21 @@ import (
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
+
+// mqttGCPercent is --gc-percent's default on a node with an MQTT listener:
+// the collector's headroom is a multiple of everything live, connections'
+// goroutine stacks included, and at a kettle's cadence such a node
+// allocates slowly, so collecting at 100 costs little CPU and saves most
+// of the memory per connection (docs/operations.md, MQTT at scale).
+const mqttGCPercent = 100
+
+// flagGiven reports whether name was set on the command line or from its
+// environment twin.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	_, given := os.LookupEnv(envName(name))
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
 
 func init() {
 	register("serve", "run the backend: device API, commands, statistics", runServe)
@@ -153,7 +169,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 0.01, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
 	sample := fs.Bool("sample", false, "sample this process's CPU, memory, fds, the machine and /metrics every second while serving, written to <data-dir>/system.json at exit (kettle report RESULTS --system FILE)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
-	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); the GOGC environment variable, when set, wins")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); default 100 with --mqtt-addr, where the headroom would multiply every connected kettle's memory for little CPU saved; the GOGC environment variable, when set, wins")
 	memLimitMB := fs.Int("memory-limit-mb", 2048, "soft limit of the Go heap in MiB (as GOMEMLIMIT): nearer it the collector runs more often whatever --gc-percent says (0: none); the GOMEMLIMIT environment variable, when set, wins")
 	role := logFlags(fs, &cfg.Log)
 	logFormat := fs.String("log-format", "json", "log format: json or text")
@@ -173,7 +189,11 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	cfg.Logger = log
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(*gcPercent)
+		gc := *gcPercent
+		if cfg.MQTT.Addr != "" && !flagGiven(fs, "gc-percent") {
+			gc = mqttGCPercent
+		}
+		debug.SetGCPercent(gc)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" && *memLimitMB > 0 {
 		debug.SetMemoryLimit(int64(*memLimitMB) << 20)
