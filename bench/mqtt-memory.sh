@@ -10,13 +10,14 @@
 #
 # Targets run one after another, ROUNDS times interleaved (A B M A B M …), so
 # that a neighbour's load on the shared machine falls on all of them alike:
-#   A: KETTLE_A (a prebuilt kettle, e.g. main's) with A_ARGS / A_ENV, if set
-#   B: this tree's kettle with B_ARGS / B_ENV
+#   A: KETTLE_A (a prebuilt kettle, e.g. main's; default: this tree's) with
+#      A_ARGS / A_ENV (default: --mqtt-engine mochi, the old engine)
+#   B: this tree's kettle with B_ARGS / B_ENV (default: its default engine)
 #   M: Mosquitto
 #
-#   bench/mqtt-memory.sh
+#   bench/mqtt-memory.sh                                           # mochi, device, Mosquitto
 #   CONNS=2000 HOLD=35 bench/mqtt-memory.sh                        # a quick look
-#   KETTLE_A=/tmp/kettle-main B_ARGS="--mqtt-stack-trim 2s" bench/mqtt-memory.sh
+#   KETTLE_A=/tmp/kettle-main A_ARGS= B_ARGS="--gc-percent 100" bench/mqtt-memory.sh
 #
 # Appends one JSON line to bench/results.jsonl. Bounded: each target runs
 # WARMUP+HOLD seconds, every process it starts is killed at exit; traffic
@@ -40,9 +41,10 @@ cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true
 trap cleanup EXIT
 go build -o "$work/B" ./cmd/kettle
 go build -o "$work/mqttpub" ./bench/mqttpub
-targets="B M"
-if [ -n "${KETTLE_A:-}" ]; then cp "$KETTLE_A" "$work/A"; targets="A B M"; fi
-cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" }B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
+A_ARGS=${A_ARGS-"--mqtt-engine mochi"}
+cp "${KETTLE_A:-$work/B}" "$work/A"
+targets="A B M"
+cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
 echo "rerun: $cmdline"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -113,7 +115,7 @@ import json, subprocess, sys, time, statistics
 runs = [json.loads(l) for l in open(sys.argv[1])]
 names = {"A": "kettle_a", "B": "kettle", "M": "mosquitto"}
 figs, med = [], {}
-for t in ("A", "B", "M"):
+for t in ("B", "A", "M"):  # this tree first: the headline figure, beside the ratio (B / Mosquitto)
     rs = [r for r in runs if r["target"] == t]
     if not rs:
         continue

@@ -26,6 +26,21 @@ import (
 // goroutines and decoded readings held are at most MaxPendingRows, whatever
 // the number of connections.
 
+// closer is a connection that can tell it is gone (both engines').
+type closer interface{ Closed() bool }
+
+// ackConn is a connection whose PUBACKs an acker orders: mochi's client
+// (mochiConn) or a device connection (devConn).
+type ackConn interface {
+	closer
+	writeAcks(due []*pendingAck)
+}
+
+// mochiConn writes PUBACKs through mochi's client.
+type mochiConn struct{ *mqtt.Client }
+
+func (m mochiConn) writeAcks(due []*pendingAck) { writeAcks(m.Client, due) }
+
 // acker orders one connection's PUBACKs.
 type acker struct {
 	mu       sync.Mutex
@@ -58,7 +73,7 @@ func (c *conn) acker(window int) *acker {
 // budget for one message, blocking (and so not reading the connection)
 // while either is exhausted. It fails when the broker shuts down or the
 // client is gone.
-func (b *Broker) acquire(cl *mqtt.Client, a *acker, n int) bool {
+func (b *Broker) acquire(cl closer, a *acker, n int) bool {
 	select {
 	case a.slots <- struct{}{}:
 	default:
@@ -86,7 +101,7 @@ func (b *Broker) acquire(cl *mqtt.Client, a *acker, n int) bool {
 // wait runs get, which blocks until it has what it waits for (true) or
 // abort is closed (false); abort is closed when the broker shuts down or
 // the client is gone.
-func (b *Broker) wait(cl *mqtt.Client, get func(abort <-chan struct{}) bool) bool {
+func (b *Broker) wait(cl closer, get func(abort <-chan struct{}) bool) bool {
 	abort := make(chan struct{})
 	stop := make(chan struct{})
 	defer close(stop)
@@ -217,7 +232,7 @@ func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pend
 // PUBACKs (the flusher); acks that become due meanwhile are picked up by
 // its next round, so a commit that completes several of a connection's
 // messages costs one write, not one each.
-func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets.Code, skip bool) {
+func (b *Broker) complete(cl ackConn, a *acker, p *pendingAck, code packets.Code, skip bool) {
 	a.mu.Lock()
 	p.code, p.skip, p.done = code, skip, true
 	if a.flushing {
@@ -242,7 +257,7 @@ func (b *Broker) complete(cl *mqtt.Client, a *acker, p *pendingAck, code packets
 			a.q = append([]*pendingAck(nil), a.q...) // do not keep a burst's backing array
 		}
 		a.mu.Unlock()
-		writeAcks(cl, due)
+		cl.writeAcks(due)
 		for i, h := range due {
 			<-a.slots
 			b.rows.release(h.rows)

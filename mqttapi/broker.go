@@ -80,7 +80,19 @@ type Config struct {
 	// Shedding, when set, reports whether the node is shedding load; new
 	// connections are refused meanwhile (connected kettles stay).
 	Shedding func() bool
+	// Engine is the listener's implementation: EngineDevice ("" too) or
+	// EngineMochi (doc.go, Library choice).
+	Engine string
 }
+
+// The embedded listener's engines (Config.Engine, kettle serve --mqtt-engine).
+const (
+	// EngineDevice is the device-only listener (device.go): one goroutine
+	// and a few hundred bytes per connected kettle.
+	EngineDevice = "device"
+	// EngineMochi is mochi-mqtt's general broker with kettlefleet's hooks.
+	EngineMochi = "mochi"
+)
 
 func (c *Config) defaults() {
 	if c.MaxConns <= 0 {
@@ -134,12 +146,21 @@ type Broker struct {
 	// shedLog: at most one line a second about capacity refusals, with
 	// their count since the last one.
 	shedLog logthin.Limiter
+	// dev is the device-only engine's state (nil: mochi's, srv).
+	dev *devServer
 }
 
 // Start listens on cfg.Addr and serves kettles until Close. It returns once
 // the listener is bound.
 func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.Logger) (*Broker, error) {
 	cfg.defaults()
+	switch cfg.Engine {
+	case "", EngineDevice:
+		return startDevice(ctx, cfg, svc, secret, log)
+	case EngineMochi:
+	default:
+		return nil, fmt.Errorf("mqtt engine %q: want %q or %q (--mqtt-engine)", cfg.Engine, EngineDevice, EngineMochi)
+	}
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumClients = int64(cfg.MaxConns)
 	caps.MaximumPacketSize = uint32(cfg.MaxPacketBytes)
@@ -158,13 +179,7 @@ func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.
 	caps.SharedSubAvailable = 0
 	caps.SubIDAvailable = 0
 
-	if cfg.MaxPendingRows <= 0 {
-		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
-	}
-	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows),
-		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}, shedLog: logthin.Limiter{Burst: 1}}
-	b.counters.MaxConns.Store(int64(cfg.MaxConns))
-	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	b := newBroker(ctx, cfg, svc, log)
 	b.srv = mqtt.New(&mqtt.Options{
 		Capabilities: caps,
 		// Kept per connection for its life: a kettle's PUBLISH of one
@@ -216,6 +231,18 @@ func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.
 	return b, nil
 }
 
+// newBroker is the state both engines share.
+func newBroker(ctx context.Context, cfg Config, svc *fleet.Service, log *slog.Logger) *Broker {
+	if cfg.MaxPendingRows <= 0 {
+		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
+	}
+	b := &Broker{cfg: cfg, counters: new(Counters), log: log, rows: newRowBudget(cfg.MaxPendingRows),
+		badLog: logthin.Limiter{Burst: 10}, refusedLog: logthin.Limiter{Burst: 10}, shedLog: logthin.Limiter{Burst: 1}}
+	b.counters.MaxConns.Store(int64(cfg.MaxConns))
+	b.ctx, b.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	return b
+}
+
 // shed counts and logs a capacity refusal and returns the CONNACK that says
 // why (see Config.ServerReference).
 func (b *Broker) shed(why ShedReason, version byte) packets.Packet {
@@ -261,7 +288,12 @@ func (b *Broker) Counters() *Counters { return b.counters }
 func (b *Broker) Close() error {
 	b.cancel()
 	b.bg.Wait()
-	err := b.srv.Close()
+	var err error
+	if b.dev != nil {
+		b.dev.close()
+	} else {
+		err = b.srv.Close()
+	}
 	if !b.ln.wait(b.cfg.ShutdownTimeout) {
 		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
 	}
@@ -275,6 +307,9 @@ func (b *Broker) Close() error {
 		b.log.Warn("mqtt: messages still waiting for their commit after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
 	}
 	<-b.push.done
+	if b.dev != nil {
+		b.dev.wg.Wait() // command pushes and takeover DISCONNECTs: each bounded by a write deadline
+	}
 	b.log.Info("mqtt listener stopped", "counters", b.counters.Snapshot())
 	return err
 }
@@ -310,39 +345,12 @@ func (h *hook) Provides(b byte) bool {
 // for a client id that is neither empty nor the device id, 0x83/0x05 for a
 // Will message.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
-	code := packets.CodeSuccess
-	user := string(pk.Connect.Username)
-	uid, uerr := uuid.Parse(user)
-	tokID, which := kettle.VerifyDeviceTokens(string(pk.Connect.Password), h.secret, h.b.cfg.PreviousSecret)
-	ok := which >= 0
-	switch {
-	case !pk.Connect.UsernameFlag || !pk.Connect.PasswordFlag || uerr != nil || uid.String() != user || !ok:
-		code = packets.ErrBadUsernameOrPassword
-	case tokID != uid || h.svc.Revoked(uid):
-		code = packets.ErrNotAuthorized
-	case pk.Connect.ClientIdentifier != "" && pk.Connect.ClientIdentifier != user:
-		code = packets.ErrClientIdentifierNotValid
-	case pk.Connect.WillFlag:
-		// mochi publishes a Will (and retains it, if asked) without the
-		// ACL check: a kettle could send any kettle's command topic a
-		// forged command, or leave retained messages on topics of its
-		// choosing, one per connection, never freed for an hour.
-		code = errWillRefused
-	}
+	uid, which, code := h.authenticate(pk, cl.Net.Remote)
 	if code != packets.CodeSuccess {
-		h.b.counters.ConnectsRefused.Add(1)
-		if ok, skipped := h.b.refusedLog.Allow(time.Now()); ok {
-			h.b.log.Info("mqtt: connection refused", "remote", cl.Net.Remote, "username", truncate(user, 64), "reason", code.Reason, "refusals_not_logged_since_last_line", skipped)
-		}
-		sendCode := code
-		if cl.Properties.ProtocolVersion < 5 {
-			// 3.1.1 return codes; mochi's own v5→v3 map sends 0x05 for a
-			// bad password and nothing sensible for 0x87.
-			sendCode = packets.Code{Code: v3Refusal[code.Code], Reason: code.Reason}
-		}
-		_ = h.b.srv.SendConnack(cl, sendCode, false, nil)
+		_ = h.b.srv.SendConnack(cl, refusal(code, cl.Properties.ProtocolVersion), false, nil)
 		return code
 	}
+	user := uid.String()
 	if h.b.cfg.Shedding != nil && h.b.cfg.Shedding() {
 		ack := h.b.shed(ShedBusy, cl.Properties.ProtocolVersion)
 		_ = h.b.srv.SendConnack(cl, packets.Code{Code: ack.ReasonCode, Reason: ack.Properties.ReasonString}, false, &ack.Properties)
@@ -369,6 +377,48 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		}
 	}
 	return nil
+}
+
+// authenticate checks a CONNECT (both engines): it returns the device and
+// which secret signed its token (0 current, 1 previous), or the refusal,
+// counted and logged (thinned).
+func (h *hook) authenticate(pk packets.Packet, remote string) (uid uuid.UUID, which int, code packets.Code) {
+	code = packets.CodeSuccess
+	user := string(pk.Connect.Username)
+	uid, uerr := uuid.Parse(user)
+	tokID, which := kettle.VerifyDeviceTokens(string(pk.Connect.Password), h.secret, h.b.cfg.PreviousSecret)
+	ok := which >= 0
+	switch {
+	case !pk.Connect.UsernameFlag || !pk.Connect.PasswordFlag || uerr != nil || uid.String() != user || !ok:
+		code = packets.ErrBadUsernameOrPassword
+	case tokID != uid || h.svc.Revoked(uid):
+		code = packets.ErrNotAuthorized
+	case pk.Connect.ClientIdentifier != "" && pk.Connect.ClientIdentifier != user:
+		code = packets.ErrClientIdentifierNotValid
+	case pk.Connect.WillFlag:
+		// mochi publishes a Will (and retains it, if asked) without the
+		// ACL check: a kettle could send any kettle's command topic a
+		// forged command, or leave retained messages on topics of its
+		// choosing, one per connection, never freed for an hour.
+		code = errWillRefused
+	}
+	if code != packets.CodeSuccess {
+		h.b.counters.ConnectsRefused.Add(1)
+		if ok, skipped := h.b.refusedLog.Allow(time.Now()); ok {
+			h.b.log.Info("mqtt: connection refused", "remote", remote, "username", truncate(user, 64), "reason", code.Reason, "refusals_not_logged_since_last_line", skipped)
+		}
+	}
+	return uid, which, code
+}
+
+// refusal is the CONNACK code refusing a CONNECT of the given protocol
+// version: 3.1.1 return codes below 5 (mochi's own v5→v3 map sends 0x05 for
+// a bad password and nothing sensible for 0x87).
+func refusal(code packets.Code, version byte) packets.Code {
+	if version < 5 {
+		return packets.Code{Code: v3Refusal[code.Code], Reason: code.Reason}
+	}
+	return code
 }
 
 // errWillRefused refuses a CONNECT with a Will message: 0x83 (the CONNECT
@@ -605,7 +655,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		if !h.b.acquire(cl, a, 1) {
 			return pk, packets.ErrRejectPacket
 		}
-		h.b.complete(cl, a, a.enqueue(pk.PacketID, 1, pk.Properties.User), packets.Code{Code: code.Code, Reason: code.Reason}, false)
+		h.b.complete(mochiConn{cl}, a, a.enqueue(pk.PacketID, 1, pk.Properties.User), packets.Code{Code: code.Code, Reason: code.Reason}, false)
 		return pk, packets.ErrRejectPacket
 	}
 	if !pipelined {
@@ -627,7 +677,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	go func() {
 		defer h.b.inflight.Done()
 		ok := h.ingest(cl, ms, qos)
-		h.b.complete(cl, a, p, packets.CodeSuccess, !ok)
+		h.b.complete(mochiConn{cl}, a, p, packets.CodeSuccess, !ok)
 	}()
 	return pk, packets.ErrRejectPacket // mochi writes nothing; complete does
 }
@@ -636,7 +686,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 // committed (true), retrying with jittered backoff while ingest is
 // unavailable (queue full, store down) for QoS ≥ 1; false: not committed
 // (QoS 0 dropped, or given up at shutdown or when the client left).
-func (h *hook) ingest(cl *mqtt.Client, ms []kettle.Measurement, qos byte) bool {
+func (h *hook) ingest(cl closer, ms []kettle.Measurement, qos byte) bool {
 	withheld := false
 	backoff := 20 * time.Millisecond
 	for {

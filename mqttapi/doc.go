@@ -70,38 +70,46 @@
 // Commands are published retained through the broker by the node that saw the
 // change.
 //
-// # Library choice
+// # Engines
 //
-// The embedded listener is github.com/mochi-mqtt/server/v2 (v2.7.9, MIT)
-// rather than a device-only listener on a packet codec. It gives us, tested,
-// both protocol versions, keepalive, session takeover, QoS 1 flows,
-// subscription trees, retained delivery after SUBACK and topic aliases, and
-// its hooks are exactly the seams we need: OnConnect (our own CONNACK codes),
-// OnACLCheck, OnPublish (runs on the connection's read goroutine, so blocking
-// in it is per-connection backpressure and its return decides the PUBACK).
-// The price: no release since 2025-03, a default configuration tuned for a
-// general broker (we shrink per-client queues and limits in Start), locks
-// held across socket writes and a deadlock in its outbound QoS 1 bookkeeping
-// (see Commands; we avoid both), two goroutines per connection, a once-a-second scan of all clients, and a TCP
-// listener that stops for good on the first Accept error (EMFILE) — we
-// replace it with our own listener (listener.go) that backs off and retries
-// and puts a deadline on CONNECT. Our use is confined to this package and to
-// the hook surface; the tests drive it over real TCP with real MQTT clients,
-// so a fork or a move to a device-only listener (paho.golang/packets is MQTT
-// 5 only, so it would need a 3.1.1 codec too) stays a local change.
+// The embedded listener has two engines (Config.Engine). The default,
+// EngineDevice (device.go, device_conn.go), serves kettles and nothing
+// else on mochi's packets codec (decode, validate, encode: no packet
+// parsing of our own) with this package's logic: hook.authenticate, the
+// ACL, ack.go's ordered PUBACKs after the commit, commands.go's pusher.
+// It has one goroutine per connection, waiting in a read through frames
+// small enough for Go's 2 KiB minimum stack; each packet is decoded and
+// handled on a goroutine that ends with it, so the stack that handling
+// grows is not kept by an idle connection. No writer goroutine: a packet
+// is written whole, in one Write (the socket serialises them) under its
+// own deadline, by whoever has it — the reader (CONNACK, SUBACK and the
+// command, PINGRESP), the commit (PUBACKs), a short-lived goroutine per
+// command push. A session is a devConn (a few hundred bytes with its
+// socket); a persistent one outlives its connection as a device id, an
+// expiry and whether it had subscribed. No inflight maps: commands go out
+// at QoS 0 and QoS 1 in is answered by the acker.
 //
-// Memory per connection is mostly those two goroutines' stacks. Handling a
-// packet grows the reading goroutine's stack to 16–32 KiB (mochi passes its
-// ~800-byte Packet by value down the call chain), and an idle connection's
-// cannot go below 16 KiB: the frames it waits in (attachClient, Client.Read)
-// hold about 4.5 KiB of locals, and Go halves a stack only while less than
-// a quarter of it is in use. Config.StackTrim (kettle serve
-// --mqtt-stack-trim) forces collections so that stacks get back to that
-// floor, and the heap to its live size, soon after each packet, for CPU.
-// Below that floor takes a device-only listener: one reading goroutine per
-// connection whose idle frames are small (or an epoll loop), on this
-// package's hooks' logic and mochi's packets codec (bench/mqtt-memory.sh
-// compares any of them with a bare Mosquitto).
+// EngineMochi is github.com/mochi-mqtt/server/v2 (v2.7.9, MIT) with this
+// package's hooks: OnConnect (our own CONNACK codes), OnACLCheck,
+// OnPublish (runs on the connection's read goroutine, so blocking in it is
+// per-connection backpressure and its return decides the PUBACK). It was
+// the only engine first, for what it gives tested: both protocol
+// versions, keepalive, session takeover, QoS 1 flows, retained delivery
+// after SUBACK. Its price: no release since 2025-03, a configuration tuned
+// for a general broker (Start shrinks per-client queues and limits), locks
+// held across socket writes and a deadlock in its outbound QoS 1
+// bookkeeping (see Commands; we avoid both), a once-a-second scan of all
+// clients (housekeeping.go slows it), a TCP listener that stops for good on
+// the first Accept error (listener.go replaces it), and two goroutines per
+// connection whose reader's stack grows to 16–32 KiB with each packet (mochi
+// passes its ~800-byte Packet by value down the call chain) and cannot
+// shrink below 16 KiB while idle (its waiting frames, attachClient and
+// Client.Read, hold about 4.5 KiB of locals, and Go halves a stack only
+// while under a quarter of it is in use). Config.StackTrim forces
+// collections to get stacks back to that floor, for CPU. That floor is why
+// the device engine exists: bench/mqtt-memory.sh puts both engines and a
+// bare Mosquitto side by side. The tests drive both over real TCP with
+// real MQTT clients (TestMochiEngine).
 //
 // Over Config.MaxConns the listener still reads the CONNECT and answers
 // with a reason (0x97 quota exceeded, 0x9C use another server with

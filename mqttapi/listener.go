@@ -60,6 +60,14 @@ type listener struct {
 	// refusing bounds the connections being refused at once: each holds a
 	// file descriptor until its CONNACK is out (refuse).
 	refusing chan struct{}
+	// start, when set, serves an accepted connection on a goroutine of the
+	// engine's own (tc: its TLS side, nil without TLS, handshake not yet
+	// done), which calls l.wg.Done and l.open.Add(-1) at its end; nil:
+	// mochi's establish on a goroutine of the listener's.
+	start func(c *conn, tc *tls.Conn)
+	// dropped, when set, logs a connection closed without a CONNACK after
+	// its CONNECT began (thinned by the engine).
+	dropped func(remote net.Addr, why string, err error)
 }
 
 // maxRefusing is how many connections over the cap are answered at once;
@@ -133,19 +141,15 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		}
 		_ = c.SetDeadline(time.Now().Add(l.connectTimeout))
 		l.wg.Add(1)
+		if l.start != nil {
+			l.start(c, tc)
+			continue
+		}
 		go func() {
 			defer l.wg.Done()
 			defer l.open.Add(-1)
-			if tc != nil {
-				if err := tc.Handshake(); err != nil {
-					l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
-					if l.tlsFailed != nil {
-						l.tlsFailed()
-					}
-					nc.Close()
-					return
-				}
-				_ = nc.SetWriteDeadline(time.Time{}) // each write sets its own (conn.Write)
+			if tc != nil && l.handshake(tc) != nil {
+				return
 			}
 			// mochi-mqtt v2.7.9 decodes packets on this goroutine and some
 			// malformed packets (a SUBSCRIBE cut inside its filter) panic
@@ -168,6 +172,21 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 	}
 }
 
+// handshake completes a TLS connection's handshake (within the connect
+// timeout set at accept); a failure is counted and the connection closed.
+func (l *listener) handshake(tc *tls.Conn) error {
+	nc := tc.NetConn()
+	if err := tc.Handshake(); err != nil {
+		l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+		if l.tlsFailed != nil {
+			l.tlsFailed()
+		}
+		nc.Close()
+		return err
+	}
+	return nc.SetWriteDeadline(time.Time{}) // each write sets its own (conn.Write)
+}
+
 // refuse answers nc's CONNECT with the over-the-cap CONNACK and closes it.
 // A connection that sends no valid CONNECT within refuseTimeout is closed.
 func (l *listener) refuse(nc net.Conn) {
@@ -187,29 +206,49 @@ func (l *listener) refuse(nc net.Conn) {
 	br := bufio.NewReaderSize(c, 512)
 	hb, err := br.ReadByte()
 	if err != nil {
+		if isTimeout(err) {
+			l.drop(nc, "over the cap: no CONNECT within the refusal's timeout", err)
+		}
 		return
 	}
 	var fh packets.FixedHeader
 	if fh.Decode(hb) != nil || fh.Type != packets.Connect {
 		return
 	}
+	// A CONNECT began: whatever happens now, its kettle gets a CONNACK or
+	// the node logs why not (l.dropped).
 	n, _, err := packets.DecodeLength(br)
 	if err != nil || n > maxConnectBytes {
+		l.drop(nc, "over the cap: CONNECT malformed or larger than a kettle's", err)
 		return
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(br, body); err != nil {
+		l.drop(nc, "over the cap: the CONNECT did not arrive whole", err)
 		return
 	}
 	fh.Remaining = n
 	pk := packets.Packet{FixedHeader: fh}
 	if err := pk.ConnectDecode(body); err != nil {
+		l.drop(nc, "over the cap: malformed CONNECT", err)
 		return
 	}
 	ack := l.overCap(pk.ProtocolVersion)
 	var buf bytes.Buffer
-	if ack.ConnackEncode(&buf) == nil {
-		_, _ = c.Write(buf.Bytes())
+	if err := ack.ConnackEncode(&buf); err != nil {
+		l.drop(nc, "over the cap: its refusal could not be encoded", err)
+		return
+	}
+	if _, err := c.Write(buf.Bytes()); err != nil {
+		l.drop(nc, "over the cap: its refusal could not be written", err)
+	}
+}
+
+// drop reports a connection closed without a CONNACK after its CONNECT
+// began (nil dropped: not reported).
+func (l *listener) drop(nc net.Conn, why string, err error) {
+	if l.dropped != nil {
+		l.dropped(nc.RemoteAddr(), why, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -47,7 +48,10 @@ capacity can be searched past the sockets one process or machine holds;
 --conns is then split over the workers in proportion to their shards.
 
 Connections are a shared pool (--conns, default 2000): past ~18,000 kettles
-one connection per kettle would exceed the open-file limit. Steps do not
+one connection per kettle would exceed the open-file limit. With --protocol
+mqtt every kettle holds its own connection (the answer is then how many
+connected kettles the node holds at the SLO; PUBACK is the endpoint judged),
+so past ~18,000 kettles use --workers. Steps do not
 audit (kettle swarm does). Devices accumulate on the server: each step
 registers its own.
 
@@ -74,6 +78,7 @@ func runCapacity(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.Interval, "interval", 30*time.Second, "time between a kettle's readings")
 	fs.DurationVar(&c.Jitter, "jitter", time.Second, "± jitter of each send")
 	fs.StringVar(&c.API, "api", "v1", "protocol: v0 or v1")
+	f.registerProtocol(fs)
 	fs.IntVar(&c.Batch, "batch", 1, "v1: readings per upload")
 	fs.StringVar(&f.conns, "conns", "2000", "N shared connections, or per-device (one per kettle; capped by the fd limit)")
 	fs.IntVar(&c.SourceIPs, "source-ips", 1, "spread connections over source addresses 127.0.0.1..N")
@@ -120,6 +125,15 @@ func runCapacity(ctx context.Context, args []string) error {
 	return f.capacity(ctx, os.Stderr, capacityPlan{start: *start, step: *step, max: *maxK, dur: *stepDur, warmup: *warmup, pause: *pause})
 }
 
+// registerProtocol adds the transport flags (kettle swarm and kettle
+// capacity alike).
+func (f *swarmFlags) registerProtocol(fs *flag.FlagSet) {
+	c := &f.cfg
+	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
+	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
+	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
+}
+
 type capacityPlan struct {
 	start, step, max int
 	dur, warmup      time.Duration
@@ -151,6 +165,9 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 		}
 		res.Command = fmt.Sprintf("kettle swarm --target %s --devices %d --interval %s --hatch-rate 0 --duration %s --conns %s --api %s --batch %d --slo-p99 %s --max-error-rate %g",
 			c.Target, n, c.Interval, p.dur, f.conns, c.API, c.Batch, f.sloP99, f.maxErrorRate)
+		if c.Protocol == sim.ProtocolMQTT {
+			res.Command += fmt.Sprintf(" --protocol mqtt --mqtt-target %s --mqtt-inflight %d", c.MQTTTarget, c.MQTTInflight)
+		}
 		if f.workers != "" {
 			res.Command += fmt.Sprintf(" --target %s --workers %s --worker-token …", strings.Join(f.targets, ","), f.workers)
 		}

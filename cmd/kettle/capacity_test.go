@@ -77,6 +77,50 @@ func TestCapacityAndReport(t *testing.T) {
 
 // TestCapacityOverWorkers steps a fleet split over two swarm workers: each
 // step is one merged run of the same workers.
+// TestCapacityMQTT: kettle capacity --protocol mqtt steps a fleet of
+// connected MQTT kettles (one connection each) against the embedded
+// listener and judges their PUBACKs.
+func TestCapacityMQTT(t *testing.T) {
+	dir, srv := sqliteServer(t, func(c *server.Config) { c.MQTT.Addr = "127.0.0.1:0" })
+	var f swarmFlags
+	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
+	f.cfg.Protocol, f.cfg.MQTTTarget, f.cfg.MQTTInflight, f.cfg.API = sim.ProtocolMQTT, srv.MQTTAddr(), 1, "v1"
+	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
+	f.sloP99, f.maxErrorRate, f.sample, f.serverPID, f.postgresPID = 10*time.Second, 0.5, false, os.Getpid(), -1
+	f.seed = new(uint64)
+	f.out = filepath.Join(dir, "cap")
+	f.command = "kettle capacity --protocol mqtt (test)"
+	if err := f.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(f.out, "capacity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s report.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	c := s.Capacity
+	if c == nil || len(c.Steps) != 2 || c.Holds != 40 || !strings.HasPrefix(c.Line, "holds 40 kettles at p99 ≤ 10s") {
+		t.Fatalf("capacity %+v", c)
+	}
+	res, err := os.ReadFile(c.Steps[1].Results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(res), `"`+sim.EPMQTTPublish+`"`) || !strings.Contains(string(res), "--protocol mqtt --mqtt-target "+srv.MQTTAddr()) {
+		t.Errorf("the step's results.json has no %s endpoint or no --protocol mqtt in its command", sim.EPMQTTPublish)
+	}
+	if st := c.Steps[1]; st.DonePerS <= 0 || st.P99Ms <= 0 {
+		t.Errorf("step %+v", st)
+	}
+}
+
 func TestCapacityOverWorkers(t *testing.T) {
 	dir, srv := sqliteServer(t)
 	const token = "capacity-lab-token-0123"
@@ -128,13 +172,17 @@ func TestCapacityOverWorkers(t *testing.T) {
 
 // sqliteServer starts a real kettle serve in this process on a fresh SQLite
 // store in a temporary data dir, stopped when the test ends.
-func sqliteServer(t *testing.T) (string, *server.Server) {
+func sqliteServer(t *testing.T, opts ...func(*server.Config)) (string, *server.Server) {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
+	cfg := server.Config{
 		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv, err := server.Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,9 +16,25 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
+
+// mqttGCPercent is --gc-percent's default on a node with an MQTT listener:
+// the collector's headroom is a multiple of everything live, connections'
+// goroutine stacks included, and at a kettle's cadence such a node
+// allocates slowly, so collecting at 100 costs little CPU and saves most
+// of the memory per connection (docs/operations.md, MQTT at scale).
+const mqttGCPercent = 100
+
+// flagGiven reports whether name was set on the command line or from its
+// environment twin.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	_, given := os.LookupEnv(envName(name))
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
 
 func init() {
 	register("serve", "run the backend: device API, commands, statistics", runServe)
@@ -138,8 +155,9 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Store.ReadDSN, "db-read", "", "PostgreSQL: a standby for reads that tolerate lag (device lists, a device's history, the dashboard's charts), e.g. postgres://kettle@h2,h3/kettle?target_session_attrs=prefer-standby; writes, statistics and the node's caches stay on --db. Empty: every read on --db")
 	fs.DurationVar(&cfg.Store.MaxReadLag, "max-read-lag", 5*time.Second, "with --db-read: while the replica's replay lag (kettle_pg_read_replica_lag_seconds, measured every second) is over this or unknown, its reads go to the primary")
 	fs.StringVar(&cfg.MQTT.Addr, "mqtt-addr", "", "embedded MQTT listener (3.1.1 and 5), e.g. 127.0.0.1:1883; empty: off")
+	fs.StringVar(&cfg.MQTT.Engine, "mqtt-engine", mqttapi.EngineDevice, "embedded MQTT listener's engine: device (kettles only; one goroutine and a few KiB per connection) or mochi (mochi-mqtt's general broker with kettlefleet's hooks; two goroutines and tens of KiB per connection); see docs/operations.md")
 	fs.IntVar(&cfg.MQTT.MaxConns, "mqtt-max-conns", 0, "MQTT connections allowed (0: half of the open-file budget, the other half stays with HTTP)")
-	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")
+	fs.DurationVar(&cfg.MQTT.StackTrim, "mqtt-stack-trim", 0, "mochi engine: while kettles are connected, collect garbage this often so that each connection's stack shrinks back after its last packet (MQTT memory per connection against GC CPU; see docs/operations.md), e.g. 2s; 0: only when the heap grows")
 	fs.StringVar(&cfg.MQTT.ServerReference, "mqtt-server-reference", "", "where kettles refused for capacity (over --mqtt-max-conns, or while shedding) are sent: MQTT 5 gets CONNACK 0x9C use another server with this Server Reference, e.g. mqtt2.example.net:1883; empty: 0x97 quota exceeded over the cap, 0x89 server busy while shedding (MQTT 3.1.1: 0x03 either way)")
 	fs.DurationVar(&cfg.MQTT.WriteTimeout, "mqtt-write-timeout", 10*time.Second, "a write to a kettle that takes longer closes its connection (a kettle that stops reading cannot stall others)")
 	fs.StringVar(&cfg.MQTTBroker.BrokerURL, "mqtt-broker", "", "consume from an external MQTT 5 broker instead, e.g. tcp://127.0.0.1:1883 or tls://broker:8883 (shared subscription $share/<mqtt-share>/kettles/+/measurements)")
@@ -151,7 +169,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 0.01, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
 	sample := fs.Bool("sample", false, "sample this process's CPU, memory, fds, the machine and /metrics every second while serving, written to <data-dir>/system.json at exit (kettle report RESULTS --system FILE)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
-	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); the GOGC environment variable, when set, wins")
+	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); default 100 with --mqtt-addr, where the headroom would multiply every connected kettle's memory for little CPU saved; the GOGC environment variable, when set, wins")
 	memLimitMB := fs.Int("memory-limit-mb", 2048, "soft limit of the Go heap in MiB (as GOMEMLIMIT): nearer it the collector runs more often whatever --gc-percent says (0: none); the GOMEMLIMIT environment variable, when set, wins")
 	role := logFlags(fs, &cfg.Log)
 	logFormat := fs.String("log-format", "json", "log format: json or text")
@@ -171,7 +189,11 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	cfg.Logger = log
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(*gcPercent)
+		gc := *gcPercent
+		if cfg.MQTT.Addr != "" && !flagGiven(fs, "gc-percent") {
+			gc = mqttGCPercent
+		}
+		debug.SetGCPercent(gc)
 	}
 	if os.Getenv("GOMEMLIMIT") == "" && *memLimitMB > 0 {
 		debug.SetMemoryLimit(int64(*memLimitMB) << 20)

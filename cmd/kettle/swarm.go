@@ -174,9 +174,7 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&c.Target, "target", "http://127.0.0.1:8080", "server base URL (loopback, or a host named in --allow-target); with --workers a comma-separated list of nodes, worker i loading node i mod N (the first one is audited)")
 	f.registerLab(fs)
-	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
-	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
-	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
+	f.registerProtocol(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
