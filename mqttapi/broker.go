@@ -232,7 +232,7 @@ func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.
 }
 
 // newBroker is the state both engines share.
-func newBroker(ctx context.Context, cfg Config, svc *fleet.Service, log *slog.Logger) *Broker {
+func newBroker(ctx context.Context, cfg Config, svc Fleet, log *slog.Logger) *Broker {
 	if cfg.MaxPendingRows <= 0 {
 		cfg.MaxPendingRows = max(svc.Config().QueueRows/2, 1)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
@@ -74,7 +73,7 @@ type resumable struct {
 // Capabilities.TopicAliasMaximum was).
 const topicAliasMaximum = 4
 
-func startDevice(ctx context.Context, cfg Config, svc *fleet.Service, secret []byte, log *slog.Logger) (*Broker, error) {
+func startDevice(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.Logger) (*Broker, error) {
 	b := newBroker(ctx, cfg, svc, log)
 	d := &devServer{b: b, live: make(map[kettle.DeviceID]*devConn), resume: make(map[kettle.DeviceID]resumable),
 		served: make(chan struct{}), dropLog: logthin.Limiter{Burst: 10}}

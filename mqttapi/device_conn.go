@@ -15,7 +15,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/kettlefleet/kettlefleet"
-	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/wire"
 )
 
 // devConn is one kettle's connection and session on the device engine.
@@ -455,7 +455,7 @@ func (dc *devConn) publish(pk *packets.Packet) error {
 	if wait := h.svc.Pace(dc.id); wait > 0 && !b.sleep(wait) {
 		return nil // shutting down: no PUBACK, the client redelivers
 	}
-	ms, err := httpapi.DecodeV1(pk.Payload, dc.id, h.svc.Window())
+	ms, err := wire.DecodeV1(pk.Payload, dc.id, h.svc.Window())
 	if err != nil {
 		b.counters.Invalid.Add(1)
 		if ok, skipped := b.badLog.Allow(time.Now()); ok {

@@ -59,11 +59,11 @@ reported, not judged by --slo-p99) and mqtt_publish (judged). --target is
 still needed for provisioning and the audit (HTTP operator API).
 One process holds at most one connection per open file (ulimit -n less ~200,
 and the server holds at most --mqtt-max-conns): 20,000 files ≈ 19,800 kettles
-here; past that run several swarms against several kettle serve processes
-(each with its own --mqtt-addr, sharing one PostgreSQL), e.g. 6 × 17,000
-for 100,000 kettles. Measured cost ≈ 20 KiB RSS per MQTT kettle (one reader
-goroutine per connection; the scheduler writes): 100,000 ≈ 2 GiB across
-those processes.
+here; past that, drive the fleet from several workers (--workers, below)
+against several kettle serve processes (each with its own --mqtt-addr,
+sharing one PostgreSQL), as bench/mqtt-fleet.sh does. Each MQTT kettle costs
+the simulator one reader goroutine (the scheduler writes); its measured RSS
+per kettle is in docs/results.md.
 
 Past one process or one machine: start kettle swarm worker processes
 (kettle swarm worker --help) and give their addresses to --workers with
