@@ -2,13 +2,13 @@ package ha_test
 
 import (
 	"net/http"
-
-	"github.com/kettlefleet/kettlefleet/sim"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/sim"
 )
 
 // TestHA runs kettle swarm (v1 and v0) through HAProxy to two kettle serve
@@ -80,6 +80,7 @@ func TestHA(t *testing.T) {
 		t.Errorf("failover: node 1's /readyz said ready %d of %d times while no primary was writable", n, len(rd))
 	}
 	windows = append(windows, window{"failover", kill, back})
+	tp.timeline(t, "failover", kill.Add(-time.Second), back.Add(time.Second), ingest.between(kill.Add(-time.Second), back.Add(time.Second)))
 	tp.must(30*time.Second, "start", old)
 	rejoin := tp.waitHealthy(2 * time.Minute)
 	figure(t, "failover_old_primary_rejoined", rejoin.Seconds(), "s")
@@ -115,7 +116,7 @@ func TestHA(t *testing.T) {
 			t.Errorf("rolling restart: kettles saw %d errors, want 0", n1+n0)
 		}
 	}
-	for _, w := range []window{{"before", steady, kill}, {"without_primary", kill, back}, {"after", back, time.Now()}} {
+	for _, w := range append([]window{{"before", steady, kill}, {"without_primary", kill, back}}, append(windows[1:], window{"after", back, time.Now()})...) {
 		for _, r := range []struct {
 			name string
 			res  *sim.Results
@@ -125,6 +126,9 @@ func TestHA(t *testing.T) {
 		}
 		t.Logf("probe polls %s: p99 %.1f ms, %s", w.name, p99(polls.between(w.from, w.to)).Seconds()*1000, counts(polls.between(w.from, w.to)))
 	}
+	slowSeconds(t, "v1", r1, steady, pollsEnd)
+	slowSeconds(t, "v0", r0, steady, pollsEnd)
+	logSlowest(t, "probe polls", polls.between(steady, pollsEnd), 5)
 	// The dashboard's and the audit's history reads went to the replica.
 	node := scrape(t, node1+"/metrics")
 	metricsExist(t, node1+"/metrics", "kettle_pg_read_replica_lag_seconds ", "kettle_pg_read_replica_max_lag_seconds ", `kettle_pg_read_replica_reads_total{target="replica"}`)
