@@ -34,7 +34,9 @@ var (
 
 // noise: lines that come every loop or every request and say nothing
 // about a change of roles.
-var noise = []string{"no action.", "device cache refresh", "dropping orphan temp table", "Lock owner:", "establishing a new patroni"}
+var noise = []string{"no action.", "device cache refresh", "dropping orphan temp table", "Lock owner:", "establishing a new patroni",
+	`msg="request failed"`, "terminating connection due to administrator command", "the database system is shutting down",
+	"terminating connection due to unexpected postmaster exit"}
 
 // memberLogs returns the lines of the Patroni/PostgreSQL and kettle serve
 // logs stamped in [from, to), in time order.
@@ -181,4 +183,14 @@ func uploadErrors(s sim.Second) map[string]int64 {
 		return e.Errors
 	}
 	return nil
+}
+
+// firstLine is when the first line of lines holding text was written (zero: none).
+func firstLine(lines []logLine, text string) (time.Time, string) {
+	for _, l := range lines {
+		if strings.Contains(l.text, text) {
+			return l.at, l.who
+		}
+	}
+	return time.Time{}, ""
 }
