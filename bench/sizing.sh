@@ -46,6 +46,7 @@ state() {
 		"$(deploy/cluster.sh psql -c "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")"
 }
 before=$(state)
+echo "before: $before"
 bin/kettle swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
 	--duration "$DURATION" --data-dir "$KETTLE_HA_DIR/kettle1" --out "$out/swarm" --report=false --sample=false \
 	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1
@@ -53,6 +54,7 @@ bin/kettle swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$D
 # a checkpoint writes them out, so the size counts what stays.
 deploy/cluster.sh psql -c "CHECKPOINT" >/dev/null
 after=$(state)
+echo "after: $after (primary $leader, synchronous standby $sync)"
 [ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "sizing.sh: the primary changed during the run" >&2; exit 1; }
 
 rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL bench/sizing.sh"

@@ -176,7 +176,7 @@ func TestSizing(t *testing.T) {
 	f(nil)
 	// 100,000 kettles every 30 s: 3,333 intervals/s; 120 µs each is 0.4 cores.
 	f(rec(all), "3,333 readings", "| kettle serve CPU | 120 µs / interval | 0.4 cores |", "| PostgreSQL primary CPU | 200 µs / interval | 0.667 cores |",
-		"| kettle serve memory | 2 KiB | 0.24 GiB", "40.2 GiB / day", "5,000 readings/s per core", "150,000 kettles per core", "GiB / day")
+		"| kettle serve memory (its growth with every kettle connected) | 2 KiB | 0.24 GiB", "40.2 GiB / day", "5,000 readings/s per core", "150,000 kettles per core", "GiB / day")
 	f(rec(`{"name":"interval_s","value":30,"unit":"s"}`), `lacks the figure "kettles"`)
 	if !strings.Contains(Page(rec(all)), "## Sizing per 100,000 kettles") {
 		t.Error("docs/results.md has no sizing section")

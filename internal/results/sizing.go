@@ -59,7 +59,7 @@ func Sizing(recs []Record) string {
 	b.WriteString("| what | per kettle (measured) | per 100,000 kettles |\n|---|--:|--:|\n")
 	row := func(what, per, total string) { fmt.Fprintf(&b, "| %s | %s | %s |\n", what, per, total) }
 	row("kettle serve CPU", sig(fig["serve_cpu_us_per_kettle_interval"])+" µs / interval", sig(cores(fig["serve_cpu_us_per_kettle_interval"]))+" cores")
-	row("kettle serve memory", sig(fig["serve_rss_bytes_per_kettle"]/1024)+" KiB", sig((fig["serve_rss_bytes_base"]+sizingFleet*fig["serve_rss_bytes_per_kettle"])/gib)+" GiB (with the "+sig(fig["serve_rss_bytes_base"]/(1<<20))+" MiB of an idle node)")
+	row("kettle serve memory (its growth with every kettle connected)", sig(fig["serve_rss_bytes_per_kettle"]/1024)+" KiB", sig((fig["serve_rss_bytes_base"]+sizingFleet*fig["serve_rss_bytes_per_kettle"])/gib)+" GiB (with the "+sig(fig["serve_rss_bytes_base"]/(1<<20))+" MiB of an idle node)")
 	row("PostgreSQL primary CPU", sig(fig["primary_cpu_us_per_kettle_interval"])+" µs / interval", sig(cores(fig["primary_cpu_us_per_kettle_interval"]))+" cores")
 	row("synchronous standby CPU", sig(fig["sync_standby_cpu_us_per_kettle_interval"])+" µs / interval", sig(cores(fig["sync_standby_cpu_us_per_kettle_interval"]))+" cores")
 	row("asynchronous standby CPU", sig(fig["async_standby_cpu_us_per_kettle_interval"])+" µs / interval", sig(cores(fig["async_standby_cpu_us_per_kettle_interval"]))+" cores")
