@@ -28,47 +28,7 @@ chmod 755 "$out" # Patroni runs as postgres and reads its files under it
 trap 'deploy/cluster.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
 
 # cpu DIR: CPU seconds so far of each process of the topology, as JSON.
-cpu() {
-	python3 - "$1" <<'EOF'
-import json, os, sys
-d = sys.argv[1]
-def stat(pid):
-    s = open(f"/proc/{pid}/stat").read()
-    f = s[s.rindex(")") + 2:].split()
-    return int(f[1]), (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-procs = {}
-for p in os.listdir("/proc"):
-    if p.isdigit():
-        try:
-            procs[int(p)] = stat(p)
-        except OSError:
-            pass
-def tree(root):
-    total, todo = 0.0, [root]
-    while todo:
-        r = todo.pop()
-        if r in procs:
-            total += procs[r][1]
-        todo += [p for p, (pp, _) in procs.items() if pp == r]
-    return total
-out = {}
-for name in ["kettle1", "pg1", "pg2", "pg3", "etcd1", "etcd2", "etcd3"]:
-    try:
-        pid = int(open(f"{d}/{name}.pid").read())
-    except OSError:
-        continue
-    if name.startswith("pg"):
-        out["patroni" + name[2:]] = procs.get(pid, (0, 0))[1]
-        try:
-            pm = int(open(f"{d}/{name}/data/postmaster.pid").readline())
-            out["postgres" + name[2:]] = tree(pm)
-        except OSError:
-            pass
-    else:
-        out[name] = tree(pid)
-print(json.dumps(out))
-EOF
-}
+cpu() { python3 bench/lib/topo_cpu.py "$1"; }
 
 run() { # mode kind args…
 	local mode=$1 kind=$2; shift 2
@@ -83,7 +43,7 @@ run() { # mode kind args…
 import json, sys
 r = json.load(open(sys.argv[1])); b = json.loads(sys.argv[2]); a = json.loads(sys.argv[3])
 ep = r["totals"]["endpoints"]["measurement"]
-cpu = {k: round(a[k] - b.get(k, 0), 2) for k in a}
+cpu = {k: round(a[k] - b.get(k, 0), 2) for k in a if not k.endswith("_rss_bytes")}
 print(json.dumps({"mode": sys.argv[4], "kind": sys.argv[5], "primary": sys.argv[6],
     "acked_per_s": r["totals"]["acked"] / r["totals"]["wall_seconds"], "upload_p50_ms": ep["p50_ms"],
     "upload_p99_ms": ep["p99_ms"], "errors": r["totals"]["errors"], "swarm_cpu_s": r["totals"]["cpu_seconds"],

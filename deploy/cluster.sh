@@ -13,6 +13,7 @@
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
+#        deploy/cluster.sh psql ARGS…               (psql on the primary, as postgres, unaligned)
 #
 # stop is the graceful way (SIGTERM: Patroni hands over, kettle drains);
 # kill is SIGKILL (for pgN: the postmaster and its Patroni together, as when
@@ -310,6 +311,7 @@ leader) leader ;;
 sync) role sync_standby ;;
 healthy) healthy ;;
 patronictl) shift; patronictl "$@" ;;
+psql) shift; psql_leader "$@" ;;
 start | stop | kill) member "$1" "${2:-}" ;;
 *) sed -n '2,/^set -e/p' "$0" | sed -e '/^set -e/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

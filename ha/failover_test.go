@@ -2,13 +2,13 @@ package ha_test
 
 import (
 	"net/http"
-
-	"github.com/kettlefleet/kettlefleet/sim"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/sim"
 )
 
 // TestHA runs kettle swarm (v1 and v0) through HAProxy to two kettle serve
@@ -80,6 +80,7 @@ func TestHA(t *testing.T) {
 		t.Errorf("failover: node 1's /readyz said ready %d of %d times while no primary was writable", n, len(rd))
 	}
 	windows = append(windows, window{"failover", kill, back})
+	tp.timeline(t, "failover", kill.Add(-time.Second), back.Add(time.Second), ingest.between(kill.Add(-time.Second), back.Add(time.Second)))
 	tp.must(30*time.Second, "start", old)
 	rejoin := tp.waitHealthy(2 * time.Minute)
 	figure(t, "failover_old_primary_rejoined", rejoin.Seconds(), "s")
@@ -115,7 +116,7 @@ func TestHA(t *testing.T) {
 			t.Errorf("rolling restart: kettles saw %d errors, want 0", n1+n0)
 		}
 	}
-	for _, w := range []window{{"before", steady, kill}, {"without_primary", kill, back}, {"after", back, time.Now()}} {
+	for _, w := range append([]window{{"before", steady, kill}, {"without_primary", kill, back}}, append(windows[1:], window{"after", back, time.Now()})...) {
 		for _, r := range []struct {
 			name string
 			res  *sim.Results
@@ -125,6 +126,9 @@ func TestHA(t *testing.T) {
 		}
 		t.Logf("probe polls %s: p99 %.1f ms, %s", w.name, p99(polls.between(w.from, w.to)).Seconds()*1000, counts(polls.between(w.from, w.to)))
 	}
+	slowSeconds(t, "v1", r1, steady, pollsEnd)
+	slowSeconds(t, "v0", r0, steady, pollsEnd)
+	logSlowest(t, "probe polls", polls.between(steady, pollsEnd), 5)
 	// The dashboard's and the audit's history reads went to the replica.
 	node := scrape(t, node1+"/metrics")
 	metricsExist(t, node1+"/metrics", "kettle_pg_read_replica_lag_seconds ", "kettle_pg_read_replica_max_lag_seconds ", `kettle_pg_read_replica_reads_total{target="replica"}`)
@@ -136,30 +140,49 @@ func TestHA(t *testing.T) {
 	// Polls answer from memory throughout: p99 ≤ 100 ms over the run, the
 	// failover included, or, on a machine whose noise already puts the p99
 	// before the kill near it, within 1.5× that (as chaos's outage part
-	// judges). The failover's own seconds are a figure: the reconnection
-	// attempts of the nodes take CPU from the polls there. make test runs
-	// this beside every other package on two cores, so there the bound is
-	// the one that tells "answered from memory" from "waited on the
-	// database" (1 s, a fifth of --store-timeout); the 100 ms goal is judged
-	// by make chaos's failover part, which runs alone.
+	// judges). make test runs this beside every other package on two
+	// cores, so there the bound is the one that tells "answered from
+	// memory" from "waited on the database" (1 s, a fifth of
+	// --store-timeout); the 100 ms goal is judged by make chaos's failover
+	// part, which runs alone.
+	//
+	// A simulated kettle does one exchange at a time: a poll that comes due
+	// while its own upload is still out (a commit held for the synchronous
+	// standby after a switchover, a backlog of v0 readings sent one by one
+	// after the failover) is sent when the upload returns, and its latency
+	// counts from when it came due (a late start). Those seconds measure
+	// the uploads, not the polls: the polls are judged over the seconds
+	// without late starts, and by the probe, a kettle of the test's own
+	// that only polls, on its own connection; the p99 over every second is
+	// a figure.
 	for _, r := range []struct {
 		name string
 		res  *sim.Results
 	}{{"v1", r1}, {"v0", r0}} {
 		before, _ := swarmP99(r.res, "command", steady, kill)
 		whole, _ := swarmP99(r.res, "command", steady, pollsEnd)
+		onTime, _, late := swarmP99OnTime(r.res, "command", steady, pollsEnd)
 		failover, _ := swarmP99(r.res, "command", kill, back.Add(5*time.Second))
 		figure(t, "polls_p99_"+r.name, whole.Seconds()*1000, "ms")
+		figure(t, "polls_p99_no_late_starts_"+r.name, onTime.Seconds()*1000, "ms")
+		figure(t, "polls_seconds_with_late_starts_"+r.name, float64(late), "s")
 		figure(t, "polls_p99_failover_"+r.name, failover.Seconds()*1000, "ms")
 		limit := max(100*time.Millisecond, before*3/2)
 		if !long {
 			limit = max(limit, time.Second)
+			if whole > limit {
+				t.Errorf("%s polls p99 %s over the run (from the kill to 5 s after the first commit: %s), want ≤ %s", r.name, whole, failover, limit)
+			}
 		}
-		if whole > limit {
-			t.Errorf("%s polls p99 %s over the run (from the kill to 5 s after the first commit: %s), want ≤ %s (100 ms, or 1.5× the %s before the kill)", r.name, whole, failover, limit, before)
+		if onTime > limit {
+			t.Errorf("%s polls p99 %s over the seconds without late starts (%d seconds had some; over all: %s), want ≤ %s (100 ms, or 1.5× the %s before the kill)", r.name, onTime, late, whole, limit, before)
 		}
 	}
-	figure(t, "polls_p99_probe", p99(polls.between(steady, pollsEnd)).Seconds()*1000, "ms")
+	probeP99 := p99(polls.between(steady, pollsEnd))
+	figure(t, "polls_p99_probe", probeP99.Seconds()*1000, "ms")
+	if limit := 100 * time.Millisecond; long && probeP99 > limit {
+		t.Errorf("probe polls p99 %s over the run, want ≤ %s", probeP99, limit)
+	}
 	if n := len(polls.samples) - countStatus(polls.samples, 200); n > 0 {
 		t.Errorf("probe polls: %d of %d not 200 (%s)", n, len(polls.samples), counts(polls.samples))
 	}

@@ -393,10 +393,29 @@ func swarmErrors(res *sim.Results, from, to time.Time) (int64, map[string]int64)
 // swarmP99 is the p99 of one endpoint over the seconds in [from, to), from
 // each kettle's intended send time.
 func swarmP99(res *sim.Results, ep string, from, to time.Time) (time.Duration, int64) {
+	p, n, _ := swarmP99If(res, ep, from, to, func(sim.Second) bool { return true })
+	return p, n
+}
+
+// swarmP99OnTime is swarmP99 over the seconds of [from, to) without late
+// starts (sends due while the kettle's previous exchange was still out),
+// and how many seconds had some.
+func swarmP99OnTime(res *sim.Results, ep string, from, to time.Time) (time.Duration, int64, int) {
+	return swarmP99If(res, ep, from, to, func(s sim.Second) bool { return s.LateStarts == 0 })
+}
+
+// swarmP99If is swarmP99 over the seconds keep accepts, and how many it
+// left out.
+func swarmP99If(res *sim.Results, ep string, from, to time.Time, keep func(sim.Second) bool) (time.Duration, int64, int) {
 	h := sim.NewHistogram()
+	left := 0
 	for _, s := range res.Seconds {
 		t := res.Start.Add(time.Duration(s.T) * time.Second)
 		if t.Before(from) || !t.Before(to) {
+			continue
+		}
+		if !keep(s) {
+			left++
 			continue
 		}
 		if e := s.Endpoints[ep]; e != nil && e.Histogram != "" {
@@ -405,7 +424,7 @@ func swarmP99(res *sim.Results, ep string, from, to time.Time) (time.Duration, i
 			}
 		}
 	}
-	return time.Duration(h.ValueAtQuantile(99)) * time.Microsecond, h.TotalCount()
+	return time.Duration(h.ValueAtQuantile(99)) * time.Microsecond, h.TotalCount(), left
 }
 
 func checkAudit(t *testing.T, name string, res *sim.Results) {

@@ -92,6 +92,11 @@ type Options struct {
 	// and closed hours' rollup shards into shard 0 (likewise).
 	// 0 means 1s.
 	CompactEvery time.Duration
+	// HostHoldoff is how long a host that refused, failed or was not
+	// writable (target_session_attrs=read-write) is not dialled again: the
+	// pace of the reconnection attempts while no primary is writable (see
+	// hostGate). 0 means DefaultHostHoldoff; negative, no holdoff.
+	HostHoldoff time.Duration
 }
 
 // Store is kettle.Store on PostgreSQL. It is safe for concurrent use, also by
@@ -180,6 +185,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = min(opts.MinConns, opts.MaxConns)
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	if opts.HostHoldoff == 0 {
+		opts.HostHoldoff = DefaultHostHoldoff
+	}
+	if opts.HostHoldoff > 0 {
+		g := newHostGate(opts.HostHoldoff, time.Now)
+		cfg.ConnConfig.DialFunc = g.dial(cfg.ConnConfig.DialFunc)
+		cfg.ConnConfig.ValidateConnect = g.validate(cfg.ConnConfig.ValidateConnect)
+	}
 	rp := cfg.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {
 		// Not "kettle": the name of every version before the nodes table

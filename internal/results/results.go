@@ -118,6 +118,7 @@ func Page(recs []Record) string {
 		b.WriteString("No run recorded yet: run a script under `bench/`, then `make results`.\n")
 		return b.String()
 	}
+	b.WriteString(Sizing(recs))
 	b.WriteString("## Latest run of each benchmark\n\n")
 	for _, r := range latest {
 		fmt.Fprintf(&b, "### %s\n\n", r.Bench)

@@ -145,3 +145,40 @@ func TestRecordPy(t *testing.T) {
 		t.Errorf("record read back: %+v", r)
 	}
 }
+
+func TestSizing(t *testing.T) {
+	rec := func(figs string) []Record {
+		t.Helper()
+		recs, err := Read(strings.NewReader(`{"bench":"sizing.sh","commit":"abc","time_utc":"2026-11-27T22:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1 1 1"},"command":"bench/sizing.sh","figures":[` + figs + `]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return recs
+	}
+	all := `{"name":"interval_s","value":30,"unit":"s"},{"name":"kettles","value":2000,"unit":"kettles"},` +
+		`{"name":"serve_cpu_us_per_kettle_interval","value":120,"unit":"µs"},{"name":"primary_cpu_us_per_kettle_interval","value":200,"unit":"µs"},` +
+		`{"name":"sync_standby_cpu_us_per_kettle_interval","value":30,"unit":"µs"},{"name":"async_standby_cpu_us_per_kettle_interval","value":25,"unit":"µs"},` +
+		`{"name":"patroni_etcd_cpu_s_per_s","value":0.05,"unit":"cores"},{"name":"serve_rss_bytes_per_kettle","value":2048,"unit":"bytes"},` +
+		`{"name":"serve_rss_bytes_base","value":52428800,"unit":"bytes"},{"name":"disk_bytes_per_reading","value":150,"unit":"bytes"},` +
+		`{"name":"wal_bytes_per_reading","value":400,"unit":"bytes"}`
+	f := func(recs []Record, want ...string) {
+		t.Helper()
+		got := Sizing(recs)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("Sizing lacks %q:\n%s", w, got)
+			}
+		}
+		if len(want) == 0 && got != "" {
+			t.Errorf("Sizing without a sizing.sh run: %q, want nothing", got)
+		}
+	}
+	f(nil)
+	// 100,000 kettles every 30 s: 3,333 intervals/s; 120 µs each is 0.4 cores.
+	f(rec(all), "3,333 readings", "| kettle serve CPU | 120 µs / interval | 0.4 cores |", "| PostgreSQL primary CPU | 200 µs / interval | 0.667 cores |",
+		"| kettle serve memory (its growth with every kettle connected) | 2 KiB | 0.24 GiB", "40.2 GiB / day", "5,000 readings/s per core", "150,000 kettles per core", "GiB / day")
+	f(rec(`{"name":"interval_s","value":30,"unit":"s"}`), `lacks the figure "kettles"`)
+	if !strings.Contains(Page(rec(all)), "## Sizing per 100,000 kettles") {
+		t.Error("docs/results.md has no sizing section")
+	}
+}
