@@ -22,28 +22,11 @@ import (
 // what a step wrote.
 func TestCapacityAndReport(t *testing.T) {
 	dir, srv := sqliteServer(t)
-	var f swarmFlags
-	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
-	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
+	f := testCapacityFlags(srv)
 	f.sloP99, f.maxErrorRate, f.sample, f.serverPID, f.postgresPID = 10*time.Second, 0.5, true, os.Getpid(), -1
-	f.seed = new(uint64)
 	f.out = filepath.Join(dir, "cap")
 	f.command = "kettle capacity (test)"
-	if err := f.resolve(); err != nil {
-		t.Fatal(err)
-	}
-	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(f.out, "capacity.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s report.Summary
-	if err := json.Unmarshal(b, &s); err != nil {
-		t.Fatal(err)
-	}
+	s := stepCapacity(t, &f)
 	c := s.Capacity
 	if c == nil || len(c.Steps) != 2 || c.Holds != 40 || c.BreaksAt != 0 || !strings.HasPrefix(c.Line, "holds 40 kettles at p99 ≤ 10s") {
 		t.Fatalf("capacity %+v", c)
@@ -82,29 +65,12 @@ func TestCapacityAndReport(t *testing.T) {
 // listener and judges their PUBACKs.
 func TestCapacityMQTT(t *testing.T) {
 	dir, srv := sqliteServer(t, func(c *server.Config) { c.MQTT.Addr = "127.0.0.1:0" })
-	var f swarmFlags
-	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
+	f := testCapacityFlags(srv)
 	f.cfg.Protocol, f.cfg.MQTTTarget, f.cfg.MQTTInflight, f.cfg.API = sim.ProtocolMQTT, srv.MQTTAddr(), 1, "v1"
-	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
 	f.sloP99, f.maxErrorRate, f.sample, f.serverPID, f.postgresPID = 10*time.Second, 0.5, false, os.Getpid(), -1
-	f.seed = new(uint64)
 	f.out = filepath.Join(dir, "cap")
 	f.command = "kettle capacity --protocol mqtt (test)"
-	if err := f.resolve(); err != nil {
-		t.Fatal(err)
-	}
-	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(filepath.Join(f.out, "capacity.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s report.Summary
-	if err := json.Unmarshal(b, &s); err != nil {
-		t.Fatal(err)
-	}
+	s := stepCapacity(t, &f)
 	c := s.Capacity
 	if c == nil || len(c.Steps) != 2 || c.Holds != 40 || !strings.HasPrefix(c.Line, "holds 40 kettles at p99 ≤ 10s") {
 		t.Fatalf("capacity %+v", c)
@@ -141,21 +107,12 @@ func TestCapacityOverWorkers(t *testing.T) {
 		defer hs.Close()
 		addrs = append(addrs, l.Addr().String())
 	}
-	var f swarmFlags
-	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
-	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
+	f := testCapacityFlags(srv)
 	f.sloP99, f.maxErrorRate, f.sample = 10*time.Second, 0.5, false
 	f.workers, f.workerToken = strings.Join(addrs, ","), token
-	f.seed = new(uint64)
 	f.out = filepath.Join(dir, "cap")
 	f.command = "kettle capacity --workers (test)"
-	if err := f.resolve(); err != nil {
-		t.Fatal(err)
-	}
-	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	stepCapacity(t, &f)
 	for _, n := range []int{20, 40} {
 		r, err := sim.ReadResults(filepath.Join(f.out, fmt.Sprintf("step-%07d", n), "results.json"))
 		if err != nil {
@@ -188,4 +145,36 @@ func sqliteServer(t *testing.T, opts ...func(*server.Config)) (string, *server.S
 	}
 	t.Cleanup(func() { srv.Close() })
 	return dir, srv
+}
+
+// testCapacityFlags are the flags the capacity tests share: srv's target and
+// credentials, a 1 s interval, batches of 1, 20 connections.
+func testCapacityFlags(srv *server.Server) swarmFlags {
+	var f swarmFlags
+	f.cfg.Target, f.cfg.Operator, f.secret = srv.URL(), srv.OperatorToken(), string(srv.Secret())
+	f.cfg.Interval, f.cfg.Timeout, f.cfg.Batch, f.conns = time.Second, 5*time.Second, 1, "20"
+	f.seed = new(uint64)
+	return f
+}
+
+// stepCapacity resolves f and steps 20 then 40 kettles, 3 s a step; it
+// returns the summary (capacity.json) the run wrote.
+func stepCapacity(t *testing.T, f *swarmFlags) report.Summary {
+	t.Helper()
+	if err := f.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 40, dur: 3 * time.Second, warmup: time.Second, pause: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(f.out, "capacity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s report.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
