@@ -297,6 +297,9 @@ func (b *Broker) Close() error {
 	if !b.ln.wait(b.cfg.ShutdownTimeout) {
 		b.log.Warn("mqtt: connections still open after shutdown timeout", "timeout", b.cfg.ShutdownTimeout)
 	}
+	if b.dev != nil {
+		b.dev.stopPoll()
+	}
 	// Messages handed to ingest: their commits finish (b.ctx only stops
 	// the retries of messages still waiting for room).
 	done := make(chan struct{})

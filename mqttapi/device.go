@@ -59,6 +59,9 @@ type devServer struct {
 	// dropLog thins the lines about connections closed without a CONNACK
 	// (the CONNECT never came whole, or its CONNACK could not be written).
 	dropLog logthin.Limiter
+	// poll holds the established plain-TCP connections between packets
+	// (poll_linux.go); nil: each keeps a reading goroutine.
+	poll *poller
 }
 
 // resumable is a disconnected persistent session: a kettle that reconnects
@@ -89,6 +92,16 @@ func startDevice(ctx context.Context, cfg Config, svc Fleet, secret []byte, log 
 		b.cancel()
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
+	p, err := newPoller(func(err error) {
+		log.Error("mqtt: the connection poller failed; idle connections are no longer read (restart the node)", "err", err)
+	})
+	if err != nil {
+		log.Warn("mqtt: no connection poller: every connection keeps a reading goroutine (more memory per kettle)", "err", err)
+	} else if p != nil {
+		d.poll = p
+		b.bg.Add(1)
+		go func() { defer b.bg.Done(); d.expire(b.ctx) }()
+	}
 	go func() {
 		defer close(d.served)
 		b.ln.Serve(nil) // start serves every connection
@@ -103,10 +116,47 @@ func startDevice(ctx context.Context, cfg Config, svc Fleet, secret []byte, log 
 }
 
 // close stops accepting and disconnects every kettle (listener.Close calls
-// closeAll); Broker.Close then waits for the connections.
+// closeAll); Broker.Close then waits for the connections, then stops the
+// poller (stopPoll).
 func (d *devServer) close() {
 	d.b.ln.Close(nil)
 	<-d.served
+}
+
+func (d *devServer) stopPoll() {
+	if d.poll != nil {
+		d.poll.close()
+	}
+}
+
+// expire ends the poller's connections whose kettle sent nothing for one
+// and a half keepalives [MQTT-3.1.2-22]: no read waits on them whose
+// deadline would. A connection whose packet is being handled is not
+// expired (devConn.due is 0 meanwhile).
+func (d *devServer) expire(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var late []*devConn
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			n := now.UnixNano()
+			d.mu.Lock()
+			for _, dc := range d.live {
+				if due := dc.due.Load(); due != 0 && due < n {
+					late = append(late, dc)
+				}
+			}
+			d.mu.Unlock()
+			for i, dc := range late {
+				dc.c.abort()
+				late[i] = nil
+			}
+			late = late[:0]
+		}
+	}
 }
 
 // closeAll tells every connected kettle the server is shutting down (MQTT 5)

@@ -49,6 +49,14 @@ type devConn struct {
 	wmu     sync.Mutex
 	pend    atomic.Pointer[[]byte] // the newest command not yet written
 	pushing atomic.Bool            // a flushPushes goroutine runs
+
+	// due is when the kettle's next packet is overdue (unix ns; 0: never):
+	// a connection held by the poller has no read waiting for it whose
+	// deadline would end it (devServer.expire).
+	due atomic.Int64
+	// pollFD and pollGen: its registration with the poller.
+	pollFD  int32
+	pollGen uint32
 }
 
 // Closed reports whether the connection ended (or is being taken over).
@@ -57,20 +65,38 @@ func (dc *devConn) Closed() bool { return dc.closed.Load() }
 // pingresp is the whole PINGRESP packet.
 var pingresp = [2]byte{packets.Pingresp << 4, 0}
 
-// serve is the connection's goroutine: its CONNECT, then its packets until
-// it ends. Between packets it waits in readHdr, and nothing else runs on it:
-// decoding, handling and writing happen in off, on a goroutine that ends
-// with the packet. Every frame under that wait is small, so the stack stays
-// at Go's 2 KiB: a goroutine that once grew to 4 KiB keeps it while blocked
-// in a read (a stack shrinks only when three quarters of it are free,
-// counting the runtime's 800-byte guard).
+// serve is the connection's goroutine: its CONNECT, then, on Linux over
+// plain TCP, it hands the connection to the poller and ends (poll_linux.go:
+// no goroutine waits for an idle kettle). Otherwise it reads the
+// connection's packets until it ends: between packets it waits in readHdr,
+// and nothing else runs on it: decoding, handling and writing happen in
+// off, on a goroutine that ends with the packet. Every frame under that
+// wait is small, so the stack stays at Go's 2 KiB: a goroutine that once
+// grew to 4 KiB keeps it while blocked in a read (a stack shrinks only when
+// three quarters of it are free, counting the runtime's 800-byte guard).
 func (dc *devConn) serve(tc *tls.Conn) {
 	l := dc.d.b.ln
-	defer l.wg.Done()
-	defer l.open.Add(-1)
-	defer dc.c.Conn.Close()
-	if tc != nil && dc.off(func() error { return l.handshake(tc) }) != nil {
+	if !dc.establish(tc) {
+		_ = dc.c.Conn.Close()
+		l.open.Add(-1)
+		l.wg.Done()
 		return
+	}
+	if p := dc.d.poll; p != nil && p.add(dc) {
+		return // dc is the poller's now
+	}
+	hdr := new([2]byte)
+	for dc.readHdr(hdr) == nil && dc.off(func() error { return dc.packet(*hdr) }) == nil {
+	}
+	dc.finish()
+}
+
+// establish does the TLS handshake and the CONNECT, and reports whether a
+// session was established.
+func (dc *devConn) establish(tc *tls.Conn) bool {
+	l := dc.d.b.ln
+	if tc != nil && dc.off(func() error { return l.handshake(tc) }) != nil {
+		return false
 	}
 	hdr := new([2]byte)
 	if err := dc.readHdr(hdr); err != nil {
@@ -79,15 +105,39 @@ func (dc *devConn) serve(tc *tls.Conn) {
 		if isTimeout(err) {
 			dc.d.dropped(dc, "no CONNECT within the connect timeout", err)
 		}
-		return
+		return false
 	}
 	established := false
-	if dc.off(func() error { established = dc.connect(*hdr); return nil }) != nil || !established {
+	if dc.off(func() error { established = dc.connect(*hdr); return nil }) != nil {
+		return false
+	}
+	return established
+}
+
+// ready runs on a goroutine the poller starts when bytes (or the end of the
+// connection) arrive: it handles one packet and re-arms the connection, or
+// ends it.
+func (dc *devConn) ready() {
+	hdr := new([2]byte)
+	err := dc.readHdr(hdr)
+	if err == nil {
+		dc.due.Store(0) // the kettle is on time; refreshDeadline sets the next
+		err = dc.guard(func() error { return dc.packet(*hdr) })
+	}
+	if err == nil && dc.d.poll.rearm(dc) == nil {
 		return
 	}
-	defer dc.end()
-	for dc.readHdr(hdr) == nil && dc.off(func() error { return dc.packet(*hdr) }) == nil {
-	}
+	dc.d.poll.remove(dc)
+	dc.finish()
+}
+
+// finish ends an established connection: its session, its socket and its
+// count in the listener.
+func (dc *devConn) finish() {
+	l := dc.d.b.ln
+	dc.end()
+	l.open.Add(-1)
+	l.wg.Done()
 }
 
 // readHdr reads a packet's first two bytes, its type and the first byte
@@ -151,29 +201,34 @@ func (dc *devConn) refreshDeadline() error {
 	var t time.Time
 	if dc.keepalive > 0 {
 		t = time.Now().Add(time.Duration(dc.keepalive) * 1500 * time.Millisecond)
+		dc.due.Store(t.UnixNano())
 	}
-	return dc.c.SetDeadline(t) // reads only (conn)
+	return dc.c.SetDeadline(t) // reads only (conn); the poller's connections: expire
 }
 
 // off runs f on a goroutine of its own and waits for it, so that the stack
-// f grows leaves with that goroutine (device.go). A panic in f (mochi's
-// decoder does not survive some malformed packets) ends only this
-// connection.
+// f grows leaves with that goroutine (device.go).
 func (dc *devConn) off(f func() error) (err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer func() {
-			if r := recover(); r != nil {
-				dc.d.b.counters.Malformed.Add(1)
-				dc.d.b.log.Error("mqtt: malformed packet crashed this connection's decoder; connection closed", "remote", dc.c.RemoteAddr().String(), "panic", fmt.Sprint(r))
-				err = packets.ErrMalformedPacket
-			}
-		}()
-		err = f()
+		err = dc.guard(f)
 	}()
 	<-done
 	return err
+}
+
+// guard runs f; a panic in f (mochi's decoder does not survive some
+// malformed packets) ends only this connection.
+func (dc *devConn) guard(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			dc.d.b.counters.Malformed.Add(1)
+			dc.d.b.log.Error("mqtt: malformed packet crashed this connection's decoder; connection closed", "remote", dc.c.RemoteAddr().String(), "panic", fmt.Sprint(r))
+			err = packets.ErrMalformedPacket
+		}
+	}()
+	return f()
 }
 
 // write encodes pk for this kettle (its protocol version, packet size and
@@ -343,7 +398,7 @@ func (dc *devConn) kick(code packets.Code) {
 			_ = dc.write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code,
 				Properties: packets.Properties{ReasonString: code.Reason}})
 		}
-		_ = dc.c.Conn.Close()
+		dc.c.abort()
 	}()
 }
 

@@ -326,9 +326,26 @@ func (c *conn) Write(p []byte) (int, error) {
 	c.mu.Unlock()
 	n, err := c.Conn.Write(p)
 	if err != nil {
-		c.Conn.Close()
+		c.abort()
 	}
 	return n, err
+}
+
+// abort ends the connection from outside its reading: it shuts the socket
+// down both ways, which wakes whoever reads it (its goroutine, or the
+// device engine's poller) to close it and end its session. Closing the fd
+// here instead would take it out of the poller's set unseen, and its
+// session would never end.
+func (c *conn) abort() {
+	nc := c.Conn
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if tcp, ok := nc.(*net.TCPConn); ok && tcp.CloseRead() == nil {
+		_ = tcp.CloseWrite()
+		return
+	}
+	_ = c.Conn.Close()
 }
 
 // SetDeadline is mochi's keepalive deadline: reads only.
