@@ -368,12 +368,13 @@ errs=$(cat "$work"/node*.log | grep -ci '"level":"error"' || true)
 echo "node log lines at ERROR: $errs$( ((errs > 0)) && echo "; first: $(grep -hi '"level":"error"' "$work"/node*.log | head -1 | cut -c1-300)")"
 echo "run took $(($(date +%s) - t_start))s"
 # One record of the run in bench/results.jsonl.
-[ -s "$work/figures.json" ] && python3 - "$work/figures.json" "$tc" "$ncpu" "$scpu" "$win" "$srss" "$DEVICES" "$lrc" "$nrss" \
+[ -s "$work/figures.json" ] && python3 - "$work/figures.json" "$tc" "$ncpu" "$scpu" "$win" "$srss" "$DEVICES" "$lrc" "$nrss" "$NODES" "$NODE_CAP" "$INTERVAL" \
 	"DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh" <<'PY'
 import json, os, subprocess, sys, datetime
 figs = json.load(open(sys.argv[1]))
 conns, ncpu, scpu, win, srss, devices, lrc = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 nrss = int(sys.argv[9])  # KiB, every node's RSS at the end of the hold
+nodes, node_cap, interval = int(sys.argv[10]), int(sys.argv[11]), int(sys.argv[12])
 figs += [
     {"name": "nodes_rss_per_connection", "value": round(nrss / conns, 1) if conns else 0, "unit": "KiB"},
     {"name": "connections_at_hold_end", "value": conns, "unit": "connections"},
@@ -381,6 +382,9 @@ figs += [
     {"name": "workers_cpu", "value": round(100 * scpu / win, 1), "unit": "% of a core"},
     {"name": "workers_rss_per_kettle", "value": round(srss / devices, 1), "unit": "KiB"},
     {"name": "lab_exit_code", "value": lrc, "unit": "exit code"},
+    {"name": "nodes", "value": nodes, "unit": "nodes"},
+    {"name": "node_cap", "value": node_cap, "unit": "connections"},
+    {"name": "interval_s", "value": interval, "unit": "s"},
 ]
 rec = {
     "bench": "mqtt-fleet.sh",
@@ -388,7 +392,7 @@ rec = {
     "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "machine": {"cores": os.cpu_count(), "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
                 "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
-    "command": sys.argv[10],
+    "command": sys.argv[13],
     "figures": figs,
 }
 with open("bench/results.jsonl", "a") as f:

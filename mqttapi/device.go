@@ -25,19 +25,23 @@ import (
 // with the hook's authentication, ACL, ingest and PUBACK order (ack.go)
 // and the pusher (commands.go) unchanged.
 //
-// Memory per connection is what it must be. One goroutine reads each
-// connection, and while the kettle is quiet it waits in a read of a 2-byte
-// array through frames of a few hundred bytes: its stack stays at Go's
-// minimum (2 KiB). A packet's bytes are read into a pooled buffer, and the
-// packet is decoded and handled on a goroutine of its own, which ends with
-// it: the stack it grows (JSON, the store's call chain) goes back to the
-// runtime at once instead of staying with an idle connection until
+// Memory per connection is what it must be. Between packets no goroutine
+// waits for a connected kettle: on Linux, after its CONNECT, a plain-TCP
+// connection is held in one epoll set (poller, poll_linux.go), and bytes
+// arriving start a goroutine that reads and handles one packet and ends
+// (elsewhere, and over TLS, whose records may hold bytes the socket no
+// longer shows, one goroutine reads each connection, waiting in a read of a
+// 2-byte array through frames of a few hundred bytes: its stack stays at
+// Go's minimum, 2 KiB, and each packet is handled on a goroutine of its
+// own, off). A packet's bytes are read into a pooled buffer. The stack a
+// packet grows (JSON, the store's call chain) goes back to the runtime
+// with its goroutine instead of staying with an idle connection until
 // collections shrink it (mochi's reader: 16–32 KiB each). Nothing writes on
 // a goroutine of its own: a packet is written whole by whoever has it —
 // the reader (CONNACK, SUBACK, PINGRESP), the commit (PUBACKs, ack.go), a
 // short-lived goroutine per command push (pushes) — in one Write, which
 // the socket serialises, each under its own deadline (conn). The session
-// is a devConn (about 150 bytes), found by device id in one map; a
+// is a devConn (about 170 bytes), found by device id in one map; a
 // persistent session (clean session 0, or an MQTT 5 session expiry) leaves
 // only its device id, expiry and whether it subscribed.
 

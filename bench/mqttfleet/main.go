@@ -42,6 +42,10 @@ func main() {
 		audit                                        sim.Audit
 		audits                                       int
 		hist                                         = sim.NewHistogram()
+		// Per 10 s of the hold: where in it the slow PUBACKs were, beside
+		// the simulators' own lag then.
+		slices   = map[int64]*hdrhistogram.Histogram{}
+		sliceLag = map[int64]float64{}
 	)
 	for _, p := range flag.Args() {
 		r, err := sim.ReadResults(p)
@@ -63,6 +67,8 @@ func main() {
 			late += s.LateStarts
 			commands += s.CommandsReceived
 			maxLag = max(maxLag, s.MaxLagMs)
+			k := (at - *from) / 10
+			sliceLag[k] = max(sliceLag[k], s.MaxLagMs)
 			lastOpen = s.OpenConns
 			e := s.Endpoints[sim.EPMQTTPublish]
 			if e == nil {
@@ -79,6 +85,10 @@ func main() {
 					os.Exit(1)
 				}
 				hist.Merge(h)
+				if slices[k] == nil {
+					slices[k] = sim.NewHistogram()
+				}
+				slices[k].Merge(h)
 			}
 		}
 		open += lastOpen
@@ -112,6 +122,16 @@ func main() {
 	fmt.Printf("  publish errors %d of %d%s; late starts %d; simulator max lag %.1f ms; commands received %d\n",
 		nerr, requests, strings.Join(append([]string{""}, ks...), " "), late, maxLag, commands)
 	fmt.Printf("  swarm connections open at the end of the hold %d; connections lost (whole run) %d\n", open, lost)
+	var ts []int64
+	for k := range slices {
+		ts = append(ts, k)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	fmt.Printf("  per 10 s of the hold: PUBACK p99 ms / simulator max lag ms:")
+	for _, k := range ts {
+		fmt.Printf(" +%d %.0f/%.0f", 10*k, float64(slices[k].ValueAtQuantile(99))/1000, sliceLag[k])
+	}
+	fmt.Println()
 	if audits > 0 {
 		fmt.Printf("  audit (%d of %d results files): %s\n", audits, flag.NArg(), audit.Line())
 		for i, e := range audit.Examples {

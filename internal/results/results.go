@@ -119,6 +119,9 @@ func Page(recs []Record) string {
 		return b.String()
 	}
 	b.WriteString(Sizing(recs))
+	if m := MQTTNodes(recs); m != "" {
+		b.WriteString("## MQTT nodes per million kettles\n\n" + m)
+	}
 	b.WriteString("## Latest run of each benchmark\n\n")
 	for _, r := range latest {
 		fmt.Fprintf(&b, "### %s\n\n", r.Bench)

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "write docs/results.md and the README's headline table from bench/results.jsonl (make results)")
+var update = flag.Bool("update", false, "write docs/results.md, the README's headline table and docs/operations.md's MQTT nodes per million kettles from bench/results.jsonl (make results)")
 
 // TestRenderedResultsCurrent fails when docs/results.md or the README's
 // headline table differ from what bench/results.jsonl renders to.
@@ -32,9 +32,18 @@ func TestRenderedResultsCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("README.md: %v", err)
 	}
+	ops, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOps, err := Splice(string(ops), "mqtt-nodes", MQTTNodes(recs))
+	if err != nil {
+		t.Fatalf("docs/operations.md: %v", err)
+	}
 	files := map[string]string{
-		filepath.Join(root, "docs", "results.md"): Page(recs),
-		filepath.Join(root, "README.md"):          wantReadme,
+		filepath.Join(root, "docs", "results.md"):    Page(recs),
+		filepath.Join(root, "README.md"):             wantReadme,
+		filepath.Join(root, "docs", "operations.md"): wantOps,
 	}
 	for path, want := range files {
 		if *update {
@@ -181,4 +190,39 @@ func TestSizing(t *testing.T) {
 	if !strings.Contains(Page(rec(all)), "## Sizing per 100,000 kettles") {
 		t.Error("docs/results.md has no sizing section")
 	}
+}
+
+func TestMQTTNodes(t *testing.T) {
+	rec := func(when, figs string) string {
+		return `{"bench":"mqtt-fleet.sh","commit":"abc","time_utc":"` + when + `","machine":{"cores":2,"cpu_model":"x","loadavg":"1 1 1"},"command":"bench/mqtt-fleet.sh","figures":[` + figs + `]}` + "\n"
+	}
+	f := func(log string, want ...string) {
+		t.Helper()
+		recs, err := Read(strings.NewReader(log))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := MQTTNodes(recs)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("MQTTNodes lacks %q:\n%s", w, got)
+			}
+		}
+		if len(want) == 0 && got != "" {
+			t.Errorf("MQTTNodes without a run at 100,000: %q, want nothing", got)
+		}
+	}
+	all := `{"name":"connections_at_hold_end","value":100000,"unit":"connections"},{"name":"nodes","value":6,"unit":"nodes"},` +
+		`{"name":"node_cap","value":17500,"unit":"connections"},{"name":"interval_s","value":30,"unit":"s"},` +
+		`{"name":"nodes_rss_per_connection","value":8,"unit":"KiB"},{"name":"nodes_cpu","value":70,"unit":"% of a core"},{"name":"puback_p99","value":90,"unit":"ms"}`
+	small := `{"name":"connections_at_hold_end","value":16000,"unit":"connections"},{"name":"nodes_rss_per_connection","value":1,"unit":"KiB"}`
+	f("")
+	f(rec("2026-11-28T00:00:00Z", small))
+	// 8 KiB × 1,000,000 = 7.63 GiB; 0.7 cores over 100,000 → 7 per million;
+	// 1,000,000 / 17,500 → 58 nodes of 137 MiB and 0.122 cores.
+	f(rec("2026-11-28T00:00:00Z", all), "100,000 MQTT kettles on 6 nodes", "PUBACK p99 90 ms", "| 8 KiB per connection | 7.63 GiB |",
+		"| 7 cores per million connections | 7 cores |", "**58 nodes per million kettles**", "137 MiB and 0.122 of a core")
+	// A later small rehearsal does not replace the 100,000-kettle run.
+	f(rec("2026-11-28T00:00:00Z", all)+rec("2026-11-28T01:00:00Z", small), "**58 nodes per million kettles**")
+	f(rec("2026-11-28T00:00:00Z", `{"name":"connections_at_hold_end","value":100000,"unit":"connections"}`), `lacks the figure "nodes"`)
 }
