@@ -49,6 +49,7 @@ func (s *Service) logStoreError(rows int, err error) {
 }
 
 type request struct {
+	at   time.Time // queued (BatchWait runs from the first request's)
 	rows []kettle.Measurement
 	dup  []bool
 	err  error
@@ -83,7 +84,7 @@ func (s *Service) Ingest(ctx context.Context, rows []kettle.Measurement) (stored
 			RetryAfter: s.cfg.RetryAfter,
 		}
 	}
-	req := &request{rows: rows, done: make(chan struct{})}
+	req := &request{at: time.Now(), rows: rows, done: make(chan struct{})}
 	s.sendMu.RLock()
 	if s.closed.Load() {
 		s.sendMu.RUnlock()
@@ -154,7 +155,11 @@ func (s *Service) batcher(queue chan *request) {
 		)
 		switch {
 		case s.cfg.BatchWait > 0:
-			timer = time.NewTimer(s.cfg.BatchWait)
+			// From the first reading's arrival, not from now: readings
+			// that queued while the previous batch committed have waited
+			// that long already (a full BatchWait on top made the wait
+			// BatchWait + a commit for most readings under load).
+			timer = time.NewTimer(max(s.cfg.BatchWait-time.Since(first.at), 0))
 			deadline = timer.C
 		case len(batch) < busyMinRows && s.committing.Load() > 0:
 			// Another writer is committing: the store is busy, so do not

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // poller holds the device engine's idle plain-TCP connections in one epoll
@@ -17,7 +18,8 @@ import (
 // reading every 30 s. Each connection is registered one-shot: when bytes
 // (or its end) arrive, the poller starts a goroutine that reads and
 // handles one packet and then re-arms it, so a connection is handled by one
-// goroutine at a time and in order, as by a reader of its own, and a
+// goroutine at a time and in order, as by a reader of its own (the
+// handler goroutines are reused: dispatch), and a
 // connection whose handling waits (its window of PUBACKs full, --device-rate)
 // is not read meanwhile. Level-triggered: bytes already waiting at the
 // re-arm fire at once. Reads and writes still go through the net.Conn
@@ -33,7 +35,18 @@ type poller struct {
 	stop  atomic.Bool
 	done  chan struct{}
 	onErr func(error)
+
+	// work hands a ready connection to an idle handler goroutine; with
+	// none idle, a new one starts. A handler keeps the stack its packets
+	// grew (a fresh goroutine starts at 2 KiB and copies its stack at each
+	// doubling, for every packet), and ends after handlerIdle without work.
+	work     chan *devConn
+	quit     chan struct{}
+	handlers sync.WaitGroup
 }
+
+// handlerIdle is how long a handler goroutine waits for more work.
+const handlerIdle = 2 * time.Second
 
 // newPoller starts the poller's goroutine (stopped by close).
 func newPoller(onErr func(error)) (*poller, error) {
@@ -41,7 +54,7 @@ func newPoller(onErr func(error)) (*poller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &poller{epfd: fd, done: make(chan struct{}), onErr: onErr}
+	p := &poller{epfd: fd, done: make(chan struct{}), onErr: onErr, work: make(chan *devConn), quit: make(chan struct{})}
 	go p.run()
 	return p, nil
 }
@@ -65,7 +78,7 @@ func (p *poller) run() {
 		for _, ev := range events[:n] {
 			if fd := int(ev.Fd); fd < len(p.conns) {
 				if dc := p.conns[fd]; dc != nil && dc.pollGen == uint32(ev.Pad) {
-					go dc.ready()
+					p.dispatch(dc)
 				}
 			}
 		}
@@ -73,10 +86,39 @@ func (p *poller) run() {
 	}
 }
 
-// close stops the poller's goroutine once every connection has ended.
+// dispatch hands dc to an idle handler, or starts one.
+func (p *poller) dispatch(dc *devConn) {
+	select {
+	case p.work <- dc:
+	default:
+		p.handlers.Add(1)
+		go p.handle(dc)
+	}
+}
+
+func (p *poller) handle(dc *devConn) {
+	defer p.handlers.Done()
+	idle := time.NewTimer(handlerIdle)
+	defer idle.Stop()
+	for {
+		dc.ready()
+		idle.Reset(handlerIdle)
+		select {
+		case dc = <-p.work:
+		case <-idle.C:
+			return
+		case <-p.quit:
+			return
+		}
+	}
+}
+
+// close stops the poller's goroutines once every connection has ended.
 func (p *poller) close() {
 	p.stop.Store(true)
 	<-p.done
+	close(p.quit)
+	p.handlers.Wait()
 	syscall.Close(p.epfd)
 }
 
