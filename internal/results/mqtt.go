@@ -61,11 +61,11 @@ func MQTTNodes(recs []Record) string {
 	row("nodes' RSS (all of it, over the connections)", sig(kib)+" KiB per connection", sig(kib*million/(1<<20))+" GiB")
 	row("nodes' CPU", sig(coresPerConn*1e6)+" cores per million connections", sig(coresPerConn*million)+" cores")
 	perNode := math.Ceil(million / nodeCap)
-	fmt.Fprintf(&b, "\nAt this run's cap of %s connections per node (`--mqtt-max-conns`, under the 20,000 open files one process has here): "+
+	fmt.Fprintf(&b, "\nAt this run's cap of %s connections per node (`--mqtt-max-conns`, below the open-file limit of one process on the machine it ran on): "+
 		"**%s nodes per million kettles**, each holding about %s MiB and %s of a core, plus one node for each node you may lose at once. "+
-		"With more open files per process, a node holds more kettles: the cap is then the smallest of the node's memory / %s KiB "+
-		"and its cores / %s cores per million connections ([operations.md](operations.md#the-cap-per-node)).\n\n",
-		group(nodeCap), group(perNode), group(nodeCap*kib/1024), sig(nodeCap*coresPerConn), sig(kib), sig(coresPerConn*1e6))
+		"Where a process may open more files, a node holds more kettles, up to the smaller of its memory / %s KiB "+
+		"and its cores × %s connections a core ([the cap per node](operations.md#the-cap-per-node)).\n\n",
+		group(nodeCap), group(perNode), group(nodeCap*kib/1024), sig(nodeCap*coresPerConn), sig(kib), group(1/coresPerConn))
 	return b.String()
 }
 

@@ -219,9 +219,11 @@ func TestMQTTNodes(t *testing.T) {
 	f("")
 	f(rec("2026-11-28T00:00:00Z", small))
 	// 8 KiB × 1,000,000 = 7.63 GiB; 0.7 cores over 100,000 → 7 per million;
-	// 1,000,000 / 17,500 → 58 nodes of 137 MiB and 0.122 cores.
+	// 1,000,000 / 17,500 → 58 nodes of 137 MiB and 0.122 cores; a core
+	// holds 100,000 / 0.7 connections.
 	f(rec("2026-11-28T00:00:00Z", all), "100,000 MQTT kettles on 6 nodes", "PUBACK p99 90 ms", "| 8 KiB per connection | 7.63 GiB |",
-		"| 7 cores per million connections | 7 cores |", "**58 nodes per million kettles**", "137 MiB and 0.122 of a core")
+		"| 7 cores per million connections | 7 cores |", "**58 nodes per million kettles**", "137 MiB and 0.122 of a core",
+		"142,857 connections a core")
 	// A later small rehearsal does not replace the 100,000-kettle run.
 	f(rec("2026-11-28T00:00:00Z", all)+rec("2026-11-28T01:00:00Z", small), "**58 nodes per million kettles**")
 	f(rec("2026-11-28T00:00:00Z", `{"name":"connections_at_hold_end","value":100000,"unit":"connections"}`), `lacks the figure "nodes"`)
