@@ -114,9 +114,9 @@ func (dc *devConn) establish(tc *tls.Conn) bool {
 	return established
 }
 
-// ready runs on a goroutine the poller starts when bytes (or the end of the
-// connection) arrive: it handles one packet and re-arms the connection, or
-// ends it.
+// ready runs on one of the poller's handler goroutines when bytes (or the
+// end of the connection) arrive: it handles one packet and re-arms the
+// connection, or ends it.
 func (dc *devConn) ready() {
 	hdr := new([2]byte)
 	err := dc.readHdr(hdr)
