@@ -370,7 +370,7 @@ echo "node log lines at ERROR: $errs$( ((errs > 0)) && echo "; first: $(grep -hi
 echo "run took $(($(date +%s) - t_start))s"
 # One record of the run in bench/results.jsonl.
 [ -s "$work/figures.json" ] && python3 - "$work/figures.json" "$tc" "$ncpu" "$scpu" "$win" "$srss" "$DEVICES" "$lrc" "$nrss" "$NODES" "$NODE_CAP" "$INTERVAL" \
-	"DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh" <<'PY'
+	"DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL BATCH_WAIT=$BATCH_WAIT ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh" <<'PY'
 import json, os, subprocess, sys, datetime
 figs = json.load(open(sys.argv[1]))
 conns, ncpu, scpu, win, srss, devices, lrc = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
