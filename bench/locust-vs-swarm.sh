@@ -9,8 +9,11 @@
 # CPU is the generator process's user+system time from /usr/bin/time (Locust:
 # one process, the way most people run it; it uses one core at most;
 # its start-up, about 0.7 CPU-s of Python imports, is included). The
-# swarm runs with --audit=false, since Locust has no audit, and with its SLO
-# gates off: this compares cost, the swarm's own summary still shows latency.
+# swarm runs on SWARM_PROCS cores (GOMAXPROCS; default 1, as Locust's one
+# process; 0: all), with --audit=false and --sample=false, since Locust
+# neither audits nor samples the machine, and with its SLO gates off: this
+# compares the cost of generating load; the swarm's summary still shows
+# latency.
 # The server's CPU per request in each run is printed too, as a check that
 # both runs asked the same work of it.
 set -euo pipefail
@@ -19,6 +22,7 @@ NDEV=${DEVICES:-2000}
 INTERVAL=${INTERVAL:-2}   # seconds
 DURATION=${DURATION:-40}  # seconds, each run
 API=${API:-v1}
+PROCS=${SWARM_PROCS:-1}
 command -v locust >/dev/null || { echo "locust missing: apt-get install -y python3-locust (or make deps)"; exit 1; }
 work=$(mktemp -d /tmp/kettle-locust-vs-swarm-XXXXXX)
 pids=()
@@ -42,13 +46,15 @@ stored() { curl -s -H "Authorization: Bearer $(cat "$work/data/operator-token")"
 
 offered=$(awk -v n="$NDEV" -v i="$INTERVAL" 'BEGIN { printf "%.0f", 2 * n / i }')
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); Locust $(dpkg-query -W -f='${Version}' python3-locust 2>/dev/null) on $(head -1 "$(command -v locust)" | sed 's/^#!//') $($(head -1 "$(command -v locust)" | sed 's/^#!//') --version 2>&1)"
-echo "fleet: $NDEV kettles, $API, interval ${INTERVAL}s, ${DURATION}s per run: offered ≈ $offered req/s (a measurement and a command poll per kettle per interval)"
+echo "fleet: $NDEV kettles, $API, interval ${INTERVAL}s, ${DURATION}s per run: offered ≈ $offered req/s (a measurement and a command poll per kettle per interval); swarm GOMAXPROCS ${PROCS/#0/all cores}"
 
 # --- kettle swarm ---
 s0=$(server_cpu); n0=$(stored)
-/usr/bin/time -f "%U %S %M" -o "$work/swarm.time" \
+swarm_env=()
+[ "$PROCS" -gt 0 ] && swarm_env=(GOMAXPROCS="$PROCS")
+env "${swarm_env[@]}" /usr/bin/time -f "%U %S %M" -o "$work/swarm.time" \
 	"$work/kettle" swarm --target "$url" --data-dir "$work/data" --api "$API" --devices "$NDEV" \
-	--interval "${INTERVAL}s" --duration "${DURATION}s" --audit=false --slo-p99 0 --max-error-rate -1 \
+	--interval "${INTERVAL}s" --duration "${DURATION}s" --audit=false --sample=false --slo-p99 0 --max-error-rate -1 \
 	--out "$work/swarm" >"$work/swarm.log" 2>&1 || { echo "kettle swarm failed:"; tail -20 "$work/swarm.log"; exit 1; }
 s1=$(server_cpu); n1=$(stored)
 sed -n '/^swarm summary/,$p' "$work/swarm.log" | sed 's/^/  swarm| /'
@@ -96,9 +102,10 @@ awk -v lr="$lreq" -v d="$DURATION" -v off="$offered" -v st="$lsteady" 'BEGIN { i
 	printf "NOTE   Locust fell behind: %.0f req/s steady, %.0f over the run, of %d offered (closed model: the shortfall is load never sent).\n", st, lr / d, off }'
 # One record of the run in bench/results.jsonl.
 python3 - "$sreq" "$su" "$ss" "$srss" "$ssteady" "$lreq" "$lu" "$ls" "$lrss" "$lsteady" "$offered" \
-	"DEVICES=$NDEV INTERVAL=$INTERVAL DURATION=$DURATION API=$API bench/locust-vs-swarm.sh" <<'PY'
+	"DEVICES=$NDEV INTERVAL=$INTERVAL DURATION=$DURATION API=$API SWARM_PROCS=$PROCS bench/locust-vs-swarm.sh" "$PROCS" <<'PY'
 import datetime, json, os, subprocess, sys
 sreq, su, ss, srss, ssteady, lreq, lu, ls, lrss, lsteady, offered = (float(x) for x in sys.argv[1:12])
+procs = int(sys.argv[13]) or os.cpu_count()
 s_us, l_us = 1e6 * (su + ss) / sreq, 1e6 * (lu + ls) / lreq
 rec = {
     "bench": "locust-vs-swarm.sh",
@@ -116,6 +123,7 @@ rec = {
         {"name": "locust_cpu_per_request", "value": round(l_us, 1), "unit": "CPU-us"},
         {"name": "swarm_max_rss", "value": round(srss / 1024, 1), "unit": "MiB"},
         {"name": "locust_max_rss", "value": round(lrss / 1024, 1), "unit": "MiB"},
+        {"name": "swarm_gomaxprocs", "value": procs, "unit": "cores"},
     ],
     "ceiling": {"name": "swarm_cpu_per_request_target (1/3 of Locust's)", "value": round(l_us / 3, 1), "unit": "CPU-us"},
     "ratio": round(l_us / s_us, 2),

@@ -28,6 +28,7 @@ import (
 type conn struct {
 	nc     net.Conn
 	br     *bufio.Reader
+	last   scratch // the last answer's body and ETag (readResponse reuses it)
 	reused bool
 }
 
@@ -119,47 +120,77 @@ func (p *pool) closeAll() {
 
 var errPoolTimeout = errors.New("no free connection before the request deadline")
 
-// request is one HTTP request, built by the caller into buf.
+// scratch is storage an answer's body and ETag are read into.
+type scratch struct{ body, etag []byte }
+
+// response is one HTTP answer as the swarm acts on it.
 type response struct {
 	status     int
 	body       []byte
 	retryAfter time.Duration
-	etag       string
-	maxAge     time.Duration // Cache-Control max-age; 0: none
+	etag       []byte // valid as long as body
+
+	maxAge time.Duration // Cache-Control max-age; 0: none
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
-// do sends raw (a complete HTTP/1.1 request) on the slot's connection and
-// reads the response, dialing when the slot is empty. A reused connection
-// that the server closed while idle is redialed once and the request resent
-// (every request the swarm sends is idempotent on the server).
-func (p *pool) do(s *slot, raw []byte, deadline time.Time) (response, error) {
-	for attempt := 0; ; attempt++ {
+// do sends the requests in raw (request j ends at ends[j]) on the slot's
+// connection in one write — HTTP/1.1 pipelining: a kettle's reading and
+// its poll cost one write, not two — and reads their answers in order,
+// handing each to got before it reads the next (an answer's body is valid
+// only during got). It dials when the slot is empty. A reused connection
+// that the server closed while idle is redialed once and the unanswered
+// requests resent (every request the swarm sends is idempotent on the
+// server); after an answer with Connection: close the rest go on a new
+// connection.
+func (p *pool) do(s *slot, raw []byte, ends []int, deadline time.Time, got func(j int, r response, err error)) {
+	next, retried := 0, false
+	for next < len(ends) {
 		if s.c == nil {
 			nc, err := p.dial(p)
 			if err != nil {
-				return response{}, err
+				for ; next < len(ends); next++ {
+					got(next, response{}, err)
+				}
+				return
 			}
 			p.open.Add(1)
 			p.dials.Add(1)
 			s.c = &conn{nc: nc, br: bufio.NewReaderSize(nc, 2048)}
 		}
 		c := s.c
-		resp, err := c.roundTrip(raw, deadline)
-		if err == nil {
-			c.reused = true
-			if resp.close {
-				p.discard(s)
-			}
-			return resp.response, nil
+		from := 0
+		if next > 0 {
+			from = ends[next-1]
 		}
-		reused := c.reused
-		p.discard(s)
-		if attempt == 0 && reused && staleConn(err) {
+		first, reused := next, c.reused
+		err := c.write(raw[from:], deadline)
+		for err == nil && next < len(ends) {
+			var r rawResponse
+			if r, err = readResponse(c.br, &c.last); err != nil {
+				break
+			}
+			c.reused = true
+			got(next, r.response, nil)
+			next++
+			if r.close {
+				p.discard(s)
+				break
+			}
+		}
+		if err == nil {
 			continue
 		}
-		return response{}, err
+		p.discard(s)
+		if !retried && reused && next == first && staleConn(err) {
+			retried = true
+			continue
+		}
+		for ; next < len(ends); next++ {
+			got(next, response{}, err)
+		}
+		return
 	}
 }
 
@@ -181,27 +212,28 @@ type rawResponse struct {
 	close bool
 }
 
-func (c *conn) roundTrip(raw []byte, deadline time.Time) (rawResponse, error) {
-	var r rawResponse
+func (c *conn) write(raw []byte, deadline time.Time) error {
 	if err := c.nc.SetDeadline(deadline); err != nil {
-		return r, err
+		return err
 	}
-	if _, err := c.nc.Write(raw); err != nil {
-		return r, err
-	}
-	return readResponse(c.br)
+	_, err := c.nc.Write(raw)
+	return err
 }
 
 // maxBody bounds a response body the swarm reads.
 const maxBody = 4 << 20
 
 // readResponse reads one HTTP/1.1 response: the status, the few headers the
-// swarm acts on, and the body (Content-Length or chunked). It is the hot
+// swarm acts on, and the body (Content-Length or chunked), body and ETag
+// into sc's storage when it is large enough (nil: new storage). It is the hot
 // path of every request, so it reads straight from the connection's buffer
 // without building a header map; anything it does not understand is an
 // error, counted as such.
-func readResponse(br *bufio.Reader) (rawResponse, error) {
+func readResponse(br *bufio.Reader, sc *scratch) (rawResponse, error) {
 	var r rawResponse
+	if sc == nil {
+		sc = new(scratch)
+	}
 	line, err := readLine(br)
 	if err != nil {
 		return r, err
@@ -243,7 +275,8 @@ func readResponse(br *bufio.Reader) (rawResponse, error) {
 		case headerIs(name, "Connection"):
 			r.close = bytes.EqualFold(value, []byte("close"))
 		case headerIs(name, "ETag"):
-			r.etag = string(value)
+			sc.etag = append(sc.etag[:0], value...)
+			r.etag = sc.etag
 		case headerIs(name, "Retry-After"):
 			if sec, err := strconv.Atoi(string(value)); err == nil && sec >= 0 {
 				r.retryAfter = time.Duration(sec) * time.Second
@@ -262,7 +295,10 @@ func readResponse(br *bufio.Reader) (rawResponse, error) {
 			return r, fmt.Errorf("response body of %d bytes: more than %d", length, maxBody)
 		}
 		if length > 0 {
-			r.body = make([]byte, length)
+			if int64(cap(sc.body)) < length {
+				sc.body = make([]byte, length)
+			}
+			r.body = sc.body[:length]
 			_, err = io.ReadFull(br, r.body)
 		}
 	default: // until the server closes
@@ -342,15 +378,22 @@ func maxAge(cc string) time.Duration {
 	return 0
 }
 
-// buildRequest appends an HTTP/1.1 request to dst.
-func buildRequest(dst []byte, method, host, path, headers string, body []byte) []byte {
+// appendRequestLine appends an HTTP/1.1 request's line and Host header to
+// dst; its other headers, then endRequest, follow.
+func appendRequestLine(dst []byte, method, host, base, path string) []byte {
 	dst = append(dst, method...)
 	dst = append(dst, ' ')
+	dst = append(dst, base...)
 	dst = append(dst, path...)
 	dst = append(dst, " HTTP/1.1\r\nHost: "...)
 	dst = append(dst, host...)
-	dst = append(dst, "\r\n"...)
-	dst = append(dst, headers...)
+	return append(dst, "\r\n"...)
+}
+
+// endRequest appends the body's headers, the end of the header and the
+// body (nil: a request without one) to a request begun by
+// appendRequestLine.
+func endRequest(dst, body []byte) []byte {
 	if body != nil {
 		dst = append(dst, "Content-Type: application/json\r\nContent-Length: "...)
 		dst = strconv.AppendInt(dst, int64(len(body)), 10)

@@ -35,8 +35,8 @@ func (s *mqttTransport) describe(p *Params) {
 	p.Protocol, p.MQTTTarget, p.MQTTInflight = s.cfg.Protocol, s.cfg.MQTTTarget, s.cfg.MQTTInflight
 }
 
-func (s *mqttTransport) initKettle(k *kettleState) {
-	k.mq = &mqttKettle{owedAt: -1, user: k.id.String(), pass: strings.TrimSuffix(strings.TrimPrefix(k.auth, "Authorization: Bearer "), "\r\n")}
+func (s *mqttTransport) initKettle(i int, k *kettleState) {
+	k.mq = &mqttKettle{owedAt: -1, user: k.id.String(), pass: string(s.token(i))}
 }
 
 func (s *mqttTransport) fire(ev event) (event, bool) { return s.fireMQTT(ev) }

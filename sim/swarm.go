@@ -63,7 +63,6 @@ func (w *work) merge(o work) {
 type kettleState struct {
 	mu       sync.Mutex
 	id       uuid.UUID
-	auth     string // request header line(s) carrying the credential
 	loggedIn bool
 	inflight bool
 	attempts uint8 // consecutive failed uploads
@@ -75,8 +74,8 @@ type kettleState struct {
 	pollAt   int64 // no poll before this (the last command's max-age)
 	owed     work  // work that came due while an exchange was outstanding
 	pending  []kettle.Measurement
-	acked    ackLog // device times of acknowledged readings
-	etag     string
+	acked    ackLog      // device times of acknowledged readings
+	etag     string      // of the command obeyed
 	mq       *mqttKettle // MQTT kettles only
 }
 
@@ -87,18 +86,22 @@ type Swarm struct {
 	host    string
 	pool    *pool
 	kettles []kettleState
-	start   time.Time
-	endAt   int64
-	heapMu  sync.Mutex
-	heap    minheap.Heap[event]
-	wg      sync.WaitGroup // exchanges outstanding
-	stop    atomic.Bool
-	st      *stats
-	hatched atomic.Int64
-	busy    atomic.Int64
-	params  Params
-	http    *httpClient
-	tr      transport
+	// The kettles' device tokens end to end, kettle i's ending at
+	// tokenEnd[i]: one allocation for the fleet instead of one each.
+	tokens   []byte
+	tokenEnd []uint32
+	start    time.Time
+	endAt    int64
+	heapMu   sync.Mutex
+	heap     minheap.Heap[event]
+	wg       sync.WaitGroup // exchanges outstanding
+	stop     atomic.Bool
+	st       *stats
+	hatched  atomic.Int64
+	busy     atomic.Int64
+	params   Params
+	http     *httpClient
+	tr       transport
 	// cpuStart is the process CPU when the run started.
 	cpuStart float64
 }
@@ -167,6 +170,15 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	return s.run(ctx)
 }
 
+// token is kettle i's device token (empty: none, API v0).
+func (s *Swarm) token(i int) []byte {
+	from := uint32(0)
+	if i > 0 {
+		from = s.tokenEnd[i-1]
+	}
+	return s.tokens[from:s.tokenEnd[i]]
+}
+
 // fleetIndex is kettle i's index in the whole fleet (see Config.First).
 func (s *Swarm) fleetIndex(i int) int { return s.cfg.First + i*max(s.cfg.Stride, 1) }
 
@@ -193,6 +205,17 @@ func (s *Swarm) setup(ctx context.Context) error {
 		}
 	}
 	iv := int64(cfg.Interval)
+	s.tokenEnd = make([]uint32, cfg.Devices)
+	switch s.params.Provisioning {
+	case "secret":
+		s.tokens = make([]byte, 0, cfg.Devices*len(kettle.DeviceToken(cfg.Secret, uuid.UUID{})))
+	case "operator":
+		n := 0
+		for _, p := range provisioned {
+			n += len(p.Token)
+		}
+		s.tokens = make([]byte, 0, n)
+	}
 	for i := range s.kettles {
 		k := &s.kettles[i]
 		g := s.fleetIndex(i)
@@ -201,18 +224,18 @@ func (s *Swarm) setup(ctx context.Context) error {
 		switch s.params.Provisioning {
 		case "secret":
 			k.id = uuid.New()
-			k.auth = "Authorization: Bearer " + kettle.DeviceToken(cfg.Secret, k.id) + "\r\n"
+			s.tokens = append(s.tokens, kettle.DeviceToken(cfg.Secret, k.id)...)
 		case "operator":
 			k.id = provisioned[i].ID
-			k.auth = "Authorization: Bearer " + provisioned[i].Token + "\r\n"
+			s.tokens = append(s.tokens, provisioned[i].Token...)
 		}
+		s.tokenEnd[i] = uint32(len(s.tokens))
 		if cfg.HatchRate > 0 {
 			k.phase = int64(float64(g) / cfg.HatchRate * 1e9)
 		} else {
 			k.phase = int64(k.rng.Float64() * float64(iv))
 		}
-		k.pending = make([]kettle.Measurement, 0, cfg.Batch)
-		s.tr.initKettle(k)
+		s.tr.initKettle(i, k)
 	}
 	// The schedule: every kettle's first tick.
 	s.heap = make(minheap.Heap[event], 0, cfg.Devices+cfg.Devices/8)

@@ -475,7 +475,7 @@ func TestCompare(t *testing.T) {
 func TestRoundTrip(t *testing.T) {
 	f := func(ms []kettle.Measurement, api string) {
 		t.Helper()
-		body := appendUpload(nil, ms, api)
+		body := appendUploadBody(nil, ms, api)
 		var got []kettle.Measurement
 		var err error
 		if api == "v0" {

@@ -251,13 +251,14 @@ func runSwarm(ctx context.Context, args []string) error {
 	return f.run(ctx, os.Stderr)
 }
 
-// lowGCHeadroom runs a swarm process with GOGC=50 unless GOGC is set: its
+// lowGCHeadroom runs a swarm process with GOGC=25 unless GOGC is set: its
 // heap is mostly kettle state that lives the whole run and it allocates
-// little per request, so a smaller headroom keeps RSS near that state for
-// a GC every minute or so.
+// little per request (about a reading's worth, bench/swarm-memory.sh's
+// profile), so a small headroom keeps RSS near that state for a collection
+// every few seconds, whose cost is the allocation rate's, not the fleet's.
 func lowGCHeadroom() {
 	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
+		debug.SetGCPercent(25)
 	}
 }
 
