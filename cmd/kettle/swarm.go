@@ -90,8 +90,11 @@ summary and results.json. With --protocol mqtt the kettles speak TLS to
 --mqtt-target too (kettle serve --tls-cert makes its MQTT listener TLS).
 
 Memory: the heap of a swarm (and of a swarm worker) is mostly kettle
-state held for the whole run, so the process runs with GOGC=50 unless GOGC
-is set, and gives setup's garbage back before the run starts.
+state held for the whole run, so the process runs with GOGC=25 unless GOGC
+is set, and gives setup's garbage back before the run starts. With shared
+connections (--conns N) a kettle waiting for one is a queued entry, not a
+goroutine. GOMAXPROCS limits the cores it uses (one is enough below a few
+thousand requests a second, and costs less CPU per request than two).
 
 At the end, with the operator token (--operator-token, or the file in
 --data-dir), every acknowledged reading is looked up in the server:
