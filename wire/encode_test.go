@@ -48,10 +48,6 @@ func TestCommandRoundTrip(t *testing.T) {
 		if v1, err := wire.ParseCommand(b, "v1"); err != nil || v1 != c {
 			t.Errorf("v1 %+v: %+v %v", c, v1, err)
 		}
-		// The server's body (a newline after it) takes the fast path.
-		if v1, ok := wire.ParseCommandV1Fast(append(b, '\n')); !ok || v1 != c {
-			t.Errorf("v1 fast path %s: %+v %v", b, v1, ok)
-		}
 	}
 	f(kettle.Command{})
 	f(kettle.Command{Charge: true, Fill: true, Reason: "battery 5%"})
@@ -62,27 +58,4 @@ func TestCommandRoundTrip(t *testing.T) {
 	if got := wire.PollSeconds(1500 * time.Millisecond); got != 2 {
 		t.Errorf("PollSeconds(1.5s) = %d, want 2", got)
 	}
-}
-
-// FuzzParseCommandV1Fast: whatever the fast path of ParseCommand takes,
-// encoding/json takes as the same command.
-func FuzzParseCommandV1Fast(f *testing.F) {
-	for _, c := range []kettle.Command{{}, {Charge: true, Fill: true, Reason: "battery 5%"}, {FlushMLPerS: 12.5, Reason: "override"}, {FlushMLPerS: 1e-7}} {
-		b, _ := json.Marshal(wire.NewCommandJSON(c, 30*time.Second))
-		f.Add(append(b, '\n'))
-	}
-	f.Add([]byte(`{"charge":true,"fill":false,"flush_ml_per_s":-0.5e+3,"reason":"a\"b","poll_after_s":01}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		c, ok := wire.ParseCommandV1Fast(b)
-		if !ok {
-			return
-		}
-		want, err := wire.ParseCommandV1General(b)
-		if err != nil {
-			t.Fatalf("fast path accepted %q, encoding/json: %v", b, err)
-		}
-		if c != want {
-			t.Fatalf("%q: fast path %+v, encoding/json %+v", b, c, want)
-		}
-	})
 }

@@ -12,10 +12,3 @@ func FastV1(body []byte, dev kettle.DeviceID, win kettle.Window) ([]kettle.Measu
 }
 
 var ParseUTC = parseUTC
-
-// ParseCommandV1Fast is ParseCommand's v1 fast path alone, and
-// ParseCommandV1General its encoding/json path.
-var (
-	ParseCommandV1Fast    = parseCommandV1Fast
-	ParseCommandV1General = parseCommandV1
-)

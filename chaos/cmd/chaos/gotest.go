@@ -22,7 +22,6 @@ var fuzzTargets = []struct{ pkg, name, what string }{
 	{"./mqttapi", "FuzzMQTTPayload", "MQTT 5 / 3.1.1 QoS 1 measurement payloads, through the embedded listener"},
 	{"./mqttapi", "FuzzMQTTPacket", "raw bytes after a valid CONNECT, through the embedded listener"},
 	{"./wire", "FuzzDecodeV1Fast", "v1 JSON: whatever the fast path takes, the general decoder takes as the same readings"},
-	{"./wire", "FuzzParseCommandV1Fast", "v1 commands: whatever the simulator's fast path takes, encoding/json takes as the same command"},
 	{"./wire", "FuzzParseUTC", "device times: whatever the fast parser takes, time.Parse returns as the identical time"},
 	{".", "FuzzValid", "readings: Measurement.Valid says yes exactly when Validate names no field"},
 }
