@@ -25,7 +25,9 @@ func TestReadReplica(t *testing.T) {
 	}
 	dead := "postgres://kettle@" + ln.Addr().String() + "/kettle?connect_timeout=1"
 	ln.Close()
-	f := func(read string, wantReplica bool) {
+	// Each case writes its own kettle: both write "now", and two cases a
+	// second apart would otherwise both be in one kettle's history.
+	f := func(dev int, read string, wantReplica bool) {
 		t.Helper()
 		s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 4, ReadDSN: read, MaxReadLag: time.Second})
 		if err != nil {
@@ -33,10 +35,10 @@ func TestReadReplica(t *testing.T) {
 		}
 		defer s.Close()
 		rng := rand.New(rand.NewPCG(3, 4))
-		if _, err := s.Write(context.Background(), []kettle.Measurement{rowAt(rng, devID(1), time.Now().UTC().Truncate(time.Second))}, time.Now()); err != nil {
+		if _, err := s.Write(context.Background(), []kettle.Measurement{rowAt(rng, devID(dev), time.Now().UTC().Truncate(time.Second))}, time.Now()); err != nil {
 			t.Fatal(err)
 		}
-		h, err := s.History(context.Background(), kettle.HistoryQuery{Device: devID(1), Limit: 10})
+		h, err := s.History(context.Background(), kettle.HistoryQuery{Device: devID(dev), Limit: 10})
 		if err != nil || len(h) != 1 {
 			t.Fatalf("History: %d rows, %v", len(h), err)
 		}
@@ -51,6 +53,6 @@ func TestReadReplica(t *testing.T) {
 			t.Errorf("an unreachable replica: %+v, want the read on the primary and lag NaN", st)
 		}
 	}
-	f(dsn, true) // the primary as its own "replica": lag 0
-	f(dead, false)
+	f(1, dsn, true) // the primary as its own "replica": lag 0
+	f(2, dead, false)
 }
