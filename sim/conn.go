@@ -30,6 +30,97 @@ type conn struct {
 	br     *bufio.Reader
 	last   scratch // the last answer's body and ETag (readResponse reuses it)
 	reused bool
+	raw    *rawConn // plain TCP on Linux: reads and writes by rawRead, rawWrite
+}
+
+// newConn wraps a dialed connection.
+func newConn(nc net.Conn) *conn {
+	c := &conn{nc: nc}
+	var r io.Reader = nc
+	if sc, ok := nc.(syscall.Conn); ok && rawIO {
+		if rc, err := sc.SyscallConn(); err == nil {
+			c.raw = newRawConn(rc)
+			r = c.raw
+		}
+	}
+	c.br = bufio.NewReaderSize(r, 2048)
+	return c
+}
+
+// rawConn reads and writes a socket with rawRead and rawWrite, waiting for
+// readiness (and honouring deadlines) through the runtime's poller as
+// net.Conn does. Its callbacks are made once, so a request allocates
+// nothing. One goroutine may read while another writes, as on a net.Conn.
+type rawConn struct {
+	rc     syscall.RawConn
+	rd, wr rawOp
+}
+
+// rawOp is the state of a read or a write in progress, and its callback.
+type rawOp struct {
+	b   []byte
+	n   int
+	err error
+	f   func(fd uintptr) bool
+}
+
+func newRawConn(rc syscall.RawConn) *rawConn {
+	r := &rawConn{rc: rc}
+	r.rd.f = func(fd uintptr) bool {
+		op := &r.rd
+		n, err := rawRead(fd, op.b)
+		for err == syscall.EINTR {
+			n, err = rawRead(fd, op.b)
+		}
+		if err == syscall.EAGAIN {
+			return false
+		}
+		op.n, op.err = n, err
+		if err == nil && n == 0 {
+			op.err = io.EOF
+		}
+		return true
+	}
+	r.wr.f = func(fd uintptr) bool {
+		op := &r.wr
+		for op.n < len(op.b) {
+			m, err := rawWrite(fd, op.b[op.n:])
+			switch err {
+			case nil:
+				op.n += m
+			case syscall.EINTR:
+			case syscall.EAGAIN:
+				return false
+			default:
+				op.err = err
+				return true
+			}
+		}
+		return true
+	}
+	return r
+}
+
+func (r *rawConn) Read(b []byte) (int, error) {
+	op := &r.rd
+	op.b, op.n, op.err = b, 0, nil
+	err := r.rc.Read(op.f)
+	op.b = nil
+	if err != nil {
+		return 0, err
+	}
+	return op.n, op.err
+}
+
+func (r *rawConn) Write(b []byte) (int, error) {
+	op := &r.wr
+	op.b, op.n, op.err = b, 0, nil
+	err := r.rc.Write(op.f)
+	op.b = nil
+	if err == nil {
+		err = op.err
+	}
+	return op.n, err
 }
 
 // slot holds at most one connection; a nil conn is dialed on first use.
@@ -157,7 +248,7 @@ func (p *pool) do(s *slot, raw []byte, ends []int, deadline time.Time, got func(
 			}
 			p.open.Add(1)
 			p.dials.Add(1)
-			s.c = &conn{nc: nc, br: bufio.NewReaderSize(nc, 2048)}
+			s.c = newConn(nc)
 		}
 		c := s.c
 		from := 0
@@ -216,7 +307,12 @@ func (c *conn) write(raw []byte, deadline time.Time) error {
 	if err := c.nc.SetDeadline(deadline); err != nil {
 		return err
 	}
-	_, err := c.nc.Write(raw)
+	var err error
+	if c.raw != nil {
+		_, err = c.raw.Write(raw)
+	} else {
+		_, err = c.nc.Write(raw)
+	}
 	return err
 }
 

@@ -118,6 +118,9 @@ func TestPoolDo(t *testing.T) {
 		}
 	}
 	check(do("/a", "/b"), 1, `0 "/a"`, `1 "/b"`)
+	if (sl.c.raw != nil) != rawIO {
+		t.Errorf("plain TCP read and written by rawRead/rawWrite: %v, want %v", sl.c.raw != nil, rawIO)
+	}
 	check(do("/close", "/c"), 2, `0 "/close"`, `1 "/c"`)
 	time.Sleep(200 * time.Millisecond) // the server closes the idle connection
 	check(do("/d", "/e"), 3, `0 "/d"`, `1 "/e"`)
@@ -140,4 +143,38 @@ func TestPoolDo(t *testing.T) {
 	p = newPool(1, false, dialer(ln.Addr().String(), nil, time.Second, nil))
 	sl = <-p.shared
 	check(do("/f", "/g"), 1, "error", "error")
+
+	// A server that takes connections and never answers: the deadline ends
+	// the wait, counted as a timeout.
+	quiet, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quiet.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := quiet.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	p = newPool(1, false, dialer(quiet.Addr().String(), nil, time.Second, nil))
+	sl = <-p.shared
+	raw := endRequest(appendRequestLine(nil, "GET", addr, "", "/h"), nil)
+	var kinds []string
+	start := time.Now()
+	p.do(sl, raw, []int{len(raw)}, time.Now().Add(200*time.Millisecond), func(_ int, _ response, err error) {
+		kinds = append(kinds, errKind(err))
+	})
+	if took := time.Since(start); strings.Join(kinds, ",") != "timeout" || took > 2*time.Second {
+		t.Errorf("a server that never answers: errors %q after %v, want one timeout after the 200ms deadline", kinds, took)
+	}
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"net"
 	"syscall"
 	"time"
@@ -30,12 +31,17 @@ type mqConn struct {
 }
 
 func newMQConn(nc net.Conn) *mqConn {
-	c := &mqConn{nc: nc, br: bufio.NewReaderSize(nc, 256)}
+	c := &mqConn{nc: nc}
+	var r io.Reader = nc
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
+			if rawIO {
+				r = newRawConn(rc)
+			}
 		}
 	}
+	c.br = bufio.NewReaderSize(r, 256)
 	return c
 }
 
