@@ -382,10 +382,11 @@ func TestLabGuards(t *testing.T) {
 // physics it has in one process running the whole fleet, with or without a
 // hatch rate, so the workers' schedules stay in step with each other.
 func TestShardsAreTheFleet(t *testing.T) {
+	at := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	setup := func(cfg Config) *Swarm {
 		t.Helper()
 		cfg.defaults()
-		s := &Swarm{cfg: cfg}
+		s := &Swarm{cfg: cfg, clock: func() time.Time { return at }}
 		s.tr = &httpTransport{Swarm: s}
 		if err := s.setup(t.Context()); err != nil {
 			t.Fatal(err)

@@ -104,6 +104,10 @@ type Swarm struct {
 	tr       transport
 	// cpuStart is the process CPU when the run started.
 	cpuStart float64
+	// clock is the wall clock the kettles' models start from (nil:
+	// time.Now); tests fix it, since a model's ambient temperature follows
+	// the time of day.
+	clock func() time.Time
 }
 
 func (s *Swarm) now() int64              { return int64(time.Since(s.start)) }
@@ -187,6 +191,9 @@ func (s *Swarm) setup(ctx context.Context) error {
 	cfg := &s.cfg
 	s.kettles = make([]kettleState, cfg.Devices)
 	s.start = time.Now()
+	if s.clock != nil {
+		s.start = s.clock()
+	}
 	switch {
 	case cfg.API == "v0":
 		s.params.Provisioning = "login"
