@@ -164,16 +164,34 @@ func Table(recs []Record) string {
 	return b.String()
 }
 
-// Headline is a record in a few words: its ratio against its ceiling when
-// it has one, else its first figures.
+// Headline is a record in a few words: its first figure as a ratio of its
+// ceiling when the record says so (first figure = ratio × ceiling), else its
+// first figures — those in the ceiling's unit when it has one — its ceiling
+// and its ratio.
 func Headline(r Record) string {
 	f := r.Figures[0]
-	if r.Ratio != nil && r.Ceiling != nil {
+	if r.Ratio != nil && r.Ceiling != nil && f.Unit == r.Ceiling.Unit &&
+		math.Abs(f.Value-*r.Ratio*r.Ceiling.Value) <= 0.01*math.Abs(f.Value) {
 		return fmt.Sprintf("%s %s %s = %s × %s (%s %s)", f.Name, num(f.Value), f.Unit, num(*r.Ratio), r.Ceiling.Name, num(r.Ceiling.Value), r.Ceiling.Unit)
 	}
+	figs := r.Figures
+	if r.Ceiling != nil {
+		var same []Figure
+		for _, f := range r.Figures {
+			if f.Unit == r.Ceiling.Unit {
+				same = append(same, f)
+			}
+		}
+		if len(same) > 0 {
+			figs = same
+		}
+	}
 	parts := []string{}
-	for _, f := range r.Figures[:min(3, len(r.Figures))] {
+	for _, f := range figs[:min(3, len(figs))] {
 		parts = append(parts, fmt.Sprintf("%s %s %s", f.Name, num(f.Value), f.Unit))
+	}
+	if r.Ceiling != nil {
+		parts = append(parts, fmt.Sprintf("ceiling %s %s %s", r.Ceiling.Name, num(r.Ceiling.Value), r.Ceiling.Unit))
 	}
 	if r.Ratio != nil {
 		parts = append(parts, "ratio "+num(*r.Ratio))

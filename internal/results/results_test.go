@@ -103,6 +103,13 @@ func TestLatestAndHeadline(t *testing.T) {
 	if h := Headline(l[1]); h != "p99 11 ms" {
 		t.Errorf("Headline without: %q", h)
 	}
+	// A ratio that is not the first figure's to the ceiling (locust-vs-swarm.sh:
+	// Locust's CPU per request over the swarm's).
+	other := Record{Figures: []Figure{{Name: "offered", Value: 1500, Unit: "req/s"}, {Name: "swarm", Value: 70, Unit: "us"}, {Name: "locust", Value: 420, Unit: "us"}},
+		Ceiling: &Figure{Name: "target", Value: 140, Unit: "us"}, Ratio: new(6.0)}
+	if h := Headline(other); h != "swarm 70 us; locust 420 us; ceiling target 140 us; ratio 6" {
+		t.Errorf("Headline with another ratio: %q", h)
+	}
 	page := Page(recs)
 	if !strings.Contains(page, "| 2026-11-27 19:00 | b.sh | `3`") || strings.Index(page, "19:00 | b.sh") > strings.Index(page, "18:00 | b.sh") {
 		t.Errorf("history not newest first:\n%s", page)
