@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -30,6 +32,9 @@ type TargetConfig struct {
 	// roots, no resumption. With an https Target, MQTT kettles speak TLS
 	// to MQTTTarget too.
 	TLS *tls.Config
+	// CAPEM is the PEM TLS's roots were read from (nil: the system's
+	// roots): a lab's controller hands it to its workers in their plans.
+	CAPEM []byte
 	// AllowHosts names non-loopback hosts the operator allows as Target or
 	// MQTTTarget (exact names or addresses; empty: loopback only).
 	AllowHosts []string
@@ -221,4 +226,25 @@ func (c *Config) Validate() []error {
 		add("--batch %d: want 1..%d", c.Batch, kettle.MaxBatch)
 	}
 	return errs
+}
+
+// ClientTLS is the client side of an https target: the server's
+// certificate checked against the PEM certificates caPEM (nil: the system's
+// roots), sessions resumed when resume is set.
+func ClientTLS(caPEM []byte, resume bool) (*tls.Config, error) {
+	// The key exchanges kettle firmware offers (mbedTLS, wolfSSL): X25519,
+	// then P-256 — not Go's default hybrid X25519MLKEM768, which would cost
+	// the simulator, co-located with the server, more than a kettle's own
+	// chip pays.
+	c := &tls.Config{CurvePreferences: []tls.CurveID{tls.X25519, tls.CurveP256}}
+	if caPEM != nil {
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("no PEM certificate in it")
+		}
+	}
+	if resume {
+		c.ClientSessionCache = tls.NewLRUClientSessionCache(64)
+	}
+	return c, nil
 }

@@ -443,6 +443,9 @@ func shardPlans(lc *LabConfig, runID string) []Plan {
 		if cfg.Conns > 0 {
 			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
 		}
+		if cfg.TLS != nil {
+			p.CA, p.TLSResume = cfg.CAPEM, cfg.TLS.ClientSessionCache != nil
+		}
 		if cfg.Protocol == ProtocolMQTT {
 			p.MQTTTarget = lc.MQTTTargets[i%len(lc.MQTTTargets)]
 		}
@@ -667,6 +670,9 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(), Batch: cfg.Batch,
 		TimeoutS: cfg.Timeout.Seconds(), Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
 		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0)}
+	if len(ws) > 0 && strings.HasPrefix(ws[0].plan.Target, "https:") {
+		params.TLS, params.TLSResume = true, ws[0].plan.TLSResume
+	}
 	if cfg.Protocol == ProtocolMQTT {
 		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,6 +68,10 @@ type Plan struct {
 	// trust, or loopback.
 	Secret   []byte `json:"secret,omitempty"`
 	Operator string `json:"operator,omitempty"`
+	// An https Target: the PEM certificates to trust (none: the worker's
+	// system roots), and whether kettles resume TLS sessions.
+	CA        []byte `json:"ca,omitempty"`
+	TLSResume bool   `json:"tls_resume,omitempty"`
 }
 
 // validate checks the plan against the worker's bounds and target guard.
@@ -89,12 +94,31 @@ func (p *Plan) validate(w *WorkerConfig) error {
 			errs = append(errs, fmt.Errorf("this worker %w", err))
 		}
 	}
+	if _, err := p.tls(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
+// tls is the client side of an https Target (nil: http).
+func (p *Plan) tls() (*tls.Config, error) {
+	if !strings.HasPrefix(p.Target, "https:") {
+		if p.CA != nil {
+			return nil, fmt.Errorf("ca: the target %s is not https", p.Target)
+		}
+		return nil, nil
+	}
+	c, err := ClientTLS(p.CA, p.TLSResume)
+	if err != nil {
+		return nil, fmt.Errorf("ca: %w", err)
+	}
+	return c, nil
+}
+
 func (p *Plan) config(w *WorkerConfig) Config {
+	tlsCfg, _ := p.tls() // validated
 	return Config{
-		TargetConfig:    TargetConfig{Target: p.Target, Secret: p.Secret, Operator: p.Operator, AllowHosts: w.AllowHosts},
+		TargetConfig:    TargetConfig{Target: p.Target, TLS: tlsCfg, Secret: p.Secret, Operator: p.Operator, AllowHosts: w.AllowHosts},
 		FleetConfig:     FleetConfig{First: p.First, Stride: p.Stride, Devices: p.Devices, Seed: p.Seed},
 		ScheduleConfig:  ScheduleConfig{Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate, Duration: p.Duration},
 		TransportConfig: TransportConfig{Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive, Timeout: p.Timeout, SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs},

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -203,23 +202,16 @@ func (f *swarmFlags) tlsConfig() (*tls.Config, error) {
 		}
 		return nil, err
 	}
-	// The key exchanges kettle firmware offers (mbedTLS, wolfSSL): X25519,
-	// then P-256 — not Go's default hybrid X25519MLKEM768, which would cost
-	// the simulator, co-located with the server, more than a kettle's own
-	// chip pays.
-	c := &tls.Config{CurvePreferences: []tls.CurveID{tls.X25519, tls.CurveP256}}
+	var pem []byte
 	if f.ca != "" {
-		pem, err := os.ReadFile(f.ca)
-		if err != nil {
+		if pem, err = os.ReadFile(f.ca); err != nil {
 			return nil, fmt.Errorf("--ca: %w", err)
 		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--ca %s: no PEM certificate in it", f.ca)
-		}
+		f.cfg.CAPEM = pem
 	}
-	if f.tlsResume {
-		c.ClientSessionCache = tls.NewLRUClientSessionCache(64)
+	c, err := sim.ClientTLS(pem, f.tlsResume)
+	if err != nil {
+		return nil, fmt.Errorf("--ca %s: %w", f.ca, err)
 	}
 	return c, nil
 }

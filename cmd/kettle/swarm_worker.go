@@ -119,9 +119,6 @@ func (f *swarmFlags) resolveLab() error {
 		if f.metricsAddr != "" {
 			return errors.New("--metrics-addr with --workers: not supported (the workers see the requests); the controller's progress line and results.json carry the merged figures")
 		}
-		if strings.HasPrefix(c.Target, "https") {
-			return errors.New("--workers with an https --target: not supported yet (the workers would need the CA); run one kettle swarm per machine instead")
-		}
 		for _, w := range splitList(f.workers) {
 			if _, _, err := net.SplitHostPort(w); err != nil {
 				return fmt.Errorf("--workers %q: want HOST:PORT,HOST:PORT,…", f.workers)
