@@ -284,6 +284,15 @@ func (p *poller) add(dc *devConn) bool {
 	if dc.c.Conn.SetReadDeadline(time.Time{}) != nil {
 		return false
 	}
+	if !p.register(dc, rc) {
+		_ = dc.refreshDeadline() // its reading goroutine reads under the keepalive
+		return false
+	}
+	return true
+}
+
+// register puts dc in the set; false: the caller reads it.
+func (p *poller) register(dc *devConn, rc syscall.RawConn) bool {
 	dc.pollState.Store(pollIdle)
 	var err error
 	if cerr := rc.Control(func(fd uintptr) {
@@ -301,14 +310,17 @@ func (p *poller) add(dc *devConn) bool {
 		p.conns[fd] = dc
 		p.mu.Unlock()
 		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | epollET, Fd: dc.pollFD, Pad: int32(dc.pollGen)}
-		if err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev); err != nil {
-			p.remove(dc)
-		}
+		err = syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(fd), &ev)
 	}); cerr != nil {
-		p.remove(dc)
-		return false
+		err = cerr
 	}
-	return err == nil
+	if err == nil {
+		return true
+	}
+	p.remove(dc)
+	// A poller that failed meanwhile may have handed dc to a reading
+	// goroutine already (pollOut): then that one reads it, not the caller.
+	return !dc.pollState.CompareAndSwap(pollIdle, pollOut)
 }
 
 // epollET is EPOLLET, which package syscall spells as a negative int.
