@@ -28,8 +28,8 @@ import (
 // Memory per connection is what it must be. Between packets no goroutine
 // waits for a connected kettle: on Linux, after its CONNECT, a plain-TCP
 // connection is held in one epoll set (poller, poll_linux.go), and bytes
-// arriving start a goroutine that reads and handles one packet and ends
-// (elsewhere, and over TLS, whose records may hold bytes the socket no
+// arriving give it a turn on a pooled goroutine that reads and handles the
+// packets there (elsewhere, and over TLS, whose records may hold bytes the socket no
 // longer shows, one goroutine reads each connection, waiting in a read of a
 // 2-byte array through frames of a few hundred bytes: its stack stays at
 // Go's minimum, 2 KiB, and each packet is handled on a goroutine of its
@@ -96,8 +96,9 @@ func startDevice(ctx context.Context, cfg Config, svc Fleet, secret []byte, log 
 		b.cancel()
 		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
 	}
-	p, err := newPoller(func(err error) {
-		log.Error("mqtt: the connection poller failed; idle connections are no longer read (restart the node)", "err", err)
+	p, err := newPoller(func(err error, handedBack int) {
+		log.Error("mqtt: the connection poller failed; every connection now has a reading goroutine of its own (more memory per kettle; restart the node to get the poller back)",
+			"err", err, "connections_handed_back", handedBack)
 	})
 	if err != nil {
 		log.Warn("mqtt: no connection poller: every connection keeps a reading goroutine (more memory per kettle)", "err", err)
@@ -182,6 +183,9 @@ func (d *devServer) closeAll() {
 // devConn.serve, so that nothing but its own small frames lies under the
 // read it waits in (device_conn.go).
 func (d *devServer) start(c *conn, tc *tls.Conn) {
+	if tc == nil {
+		c.raw = rawConnOf(c.Conn)
+	}
 	dc := &devConn{c: c, d: d}
 	go dc.serve(tc)
 }

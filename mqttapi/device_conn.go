@@ -54,9 +54,11 @@ type devConn struct {
 	// a connection held by the poller has no read waiting for it whose
 	// deadline would end it (devServer.expire).
 	due atomic.Int64
-	// pollFD and pollGen: its registration with the poller.
-	pollFD  int32
-	pollGen uint32
+	// pollFD and pollGen: its registration with the poller; pollState:
+	// who reads it (poll_linux.go).
+	pollFD    int32
+	pollGen   uint32
+	pollState atomic.Uint32
 }
 
 // Closed reports whether the connection ended (or is being taken over).
@@ -68,12 +70,7 @@ var pingresp = [2]byte{packets.Pingresp << 4, 0}
 // serve is the connection's goroutine: its CONNECT, then, on Linux over
 // plain TCP, it hands the connection to the poller and ends (poll_linux.go:
 // no goroutine waits for an idle kettle). Otherwise it reads the
-// connection's packets until it ends: between packets it waits in readHdr,
-// and nothing else runs on it: decoding, handling and writing happen in
-// off, on a goroutine that ends with the packet. Every frame under that
-// wait is small, so the stack stays at Go's 2 KiB: a goroutine that once
-// grew to 4 KiB keeps it while blocked in a read (a stack shrinks only when
-// three quarters of it are free, counting the runtime's 800-byte guard).
+// connection's packets until it ends (readLoop).
 func (dc *devConn) serve(tc *tls.Conn) {
 	l := dc.d.b.ln
 	if !dc.establish(tc) {
@@ -85,10 +82,35 @@ func (dc *devConn) serve(tc *tls.Conn) {
 	if p := dc.d.poll; p != nil && p.add(dc) {
 		return // dc is the poller's now
 	}
+	dc.readLoop()
+}
+
+// readLoop reads the connection's packets until it ends: between packets
+// it waits in readHdr, and nothing else runs on it: decoding, handling and
+// writing happen in off, on a goroutine that ends with the packet. Every
+// frame under that wait is small, so the stack stays at Go's 2 KiB: a
+// goroutine that once grew to 4 KiB keeps it while blocked in a read (a
+// stack shrinks only when three quarters of it are free, counting the
+// runtime's 800-byte guard).
+func (dc *devConn) readLoop() {
 	hdr := new([2]byte)
-	for dc.readHdr(hdr) == nil && dc.off(func() error { return dc.packet(*hdr) }) == nil {
+	for dc.readHdr(hdr) == nil && dc.off(func() error {
+		if err := dc.packet(*hdr, dc.c); err != nil {
+			return err
+		}
+		return dc.refreshDeadline()
+	}) == nil {
 	}
 	dc.finish()
+}
+
+// readOwn is the reading goroutine of a connection the failed poller
+// handed back, under the keepalive deadline its last packet gave it.
+func (dc *devConn) readOwn() {
+	if due := dc.due.Load(); due != 0 {
+		_ = dc.c.SetDeadline(time.Unix(0, due))
+	}
+	dc.readLoop()
 }
 
 // establish does the TLS handshake and the CONNECT, and reports whether a
@@ -114,23 +136,6 @@ func (dc *devConn) establish(tc *tls.Conn) bool {
 	return established
 }
 
-// ready runs on one of the poller's handler goroutines when bytes (or the
-// end of the connection) arrive: it handles one packet and re-arms the
-// connection, or ends it.
-func (dc *devConn) ready() {
-	hdr := new([2]byte)
-	err := dc.readHdr(hdr)
-	if err == nil {
-		dc.due.Store(0) // the kettle is on time; refreshDeadline sets the next
-		err = dc.guard(func() error { return dc.packet(*hdr) })
-	}
-	if err == nil && dc.d.poll.rearm(dc) == nil {
-		return
-	}
-	dc.d.poll.remove(dc)
-	dc.finish()
-}
-
 // finish ends an established connection: its session, its socket and its
 // count in the listener.
 func (dc *devConn) finish() {
@@ -154,22 +159,21 @@ func (dc *devConn) readHdr(hdr *[2]byte) error {
 }
 
 // fixedHeader decodes the fixed header whose first two bytes are hdr,
-// reading any further length bytes.
-func (dc *devConn) fixedHeader(hdr [2]byte) (packets.FixedHeader, error) {
+// reading any further length bytes from r.
+func fixedHeader(hdr [2]byte, r io.Reader) (packets.FixedHeader, error) {
 	var fh packets.FixedHeader
 	if err := fh.Decode(hdr[0]); err != nil {
 		return fh, err
 	}
-	n, _, err := packets.DecodeLength(&lenReader{first: hdr[1], r: dc.c})
+	n, _, err := packets.DecodeLength(&lenReader{first: hdr[1], r: r})
 	fh.Remaining = n
 	return fh, err
 }
 
-// packet reads the rest of one packet into a pooled buffer and handles it
-// (on off's goroutine), then gives the kettle its keepalive to send the
-// next.
-func (dc *devConn) packet(hdr [2]byte) error {
-	fh, err := dc.fixedHeader(hdr)
+// packet reads the rest of one packet from r (the connection, or a poller
+// turn's buffer) into a pooled buffer and handles it.
+func (dc *devConn) packet(hdr [2]byte, r io.Reader) error {
+	fh, err := fixedHeader(hdr, r)
 	if err != nil {
 		return err
 	}
@@ -178,7 +182,7 @@ func (dc *devConn) packet(hdr [2]byte) error {
 	}
 	buf := getBuf(fh.Remaining)
 	defer putBuf(buf)
-	if _, err := io.ReadFull(dc.c, *buf); err != nil {
+	if _, err := io.ReadFull(r, *buf); err != nil {
 		return err
 	}
 	switch fh.Type {
@@ -189,21 +193,27 @@ func (dc *devConn) packet(hdr [2]byte) error {
 	default:
 		err = dc.handle(fh, *buf)
 	}
-	if err != nil {
-		return err
-	}
-	return dc.refreshDeadline()
+	return err
 }
 
 // refreshDeadline gives the kettle one and a half keepalives to send its
 // next packet [MQTT-3.1.2-22] (keepalive 0: no deadline).
 func (dc *devConn) refreshDeadline() error {
 	var t time.Time
-	if dc.keepalive > 0 {
-		t = time.Now().Add(time.Duration(dc.keepalive) * 1500 * time.Millisecond)
-		dc.due.Store(t.UnixNano())
+	if due := dc.nextDue(); due != 0 {
+		t = time.Unix(0, due)
+		dc.due.Store(due)
 	}
-	return dc.c.SetDeadline(t) // reads only (conn); the poller's connections: expire
+	return dc.c.SetDeadline(t) // reads only (conn)
+}
+
+// nextDue is when the kettle's next packet is overdue if it sent one now
+// (unix ns; 0: keepalive 0, never).
+func (dc *devConn) nextDue() int64 {
+	if dc.keepalive == 0 {
+		return 0
+	}
+	return time.Now().Add(time.Duration(dc.keepalive) * 1500 * time.Millisecond).UnixNano()
 }
 
 // off runs f on a goroutine of its own and waits for it, so that the stack
@@ -265,7 +275,7 @@ func (dc *devConn) encode(buf *bytes.Buffer, pk packets.Packet) error {
 // session was established.
 func (dc *devConn) connect(hdr [2]byte) bool {
 	d, b := dc.d, dc.d.b
-	fh, err := dc.fixedHeader(hdr)
+	fh, err := fixedHeader(hdr, dc.c)
 	if err != nil || fh.Type != packets.Connect {
 		return false // not MQTT, or not a CONNECT first [MQTT-3.1.0-1]: nothing is owed
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -306,6 +307,12 @@ type conn struct {
 
 	ack *acker // pipelined QoS 1 PUBACKs (ack.go); set on the read goroutine at the first one
 
+	// raw is the plain-TCP socket the device engine reads and writes with
+	// raw system calls (poll_linux.go; nil: through Conn); writing keeps
+	// each Write's bytes together when part of them must wait.
+	raw     syscall.RawConn
+	writing sync.Mutex
+
 	// clientID is the id of the session this connection established; set
 	// on its own goroutine (OnSessionEstablished), read there at its end.
 	clientID string
@@ -317,6 +324,36 @@ type conn struct {
 const takeoverGrace = time.Second
 
 func (c *conn) Write(p []byte) (int, error) {
+	if c.raw == nil {
+		return c.write(p)
+	}
+	// The socket usually takes a packet at once: one write(2), without a
+	// deadline to set or the scheduler's syscall bookkeeping (writeNow).
+	// What it does not take goes out under a deadline, before anyone
+	// else's bytes (writing): a packet is never interleaved.
+	c.writing.Lock()
+	defer c.writing.Unlock()
+	n, err := writeNow(c.raw, p)
+	if err != nil {
+		c.abort()
+		return n, err
+	}
+	if n == len(p) {
+		return n, nil
+	}
+	m, err := c.write(p[n:])
+	if err == nil {
+		c.mu.Lock()
+		if !c.cut {
+			_ = c.Conn.SetWriteDeadline(time.Time{}) // the next writeNow must not fail on this one's
+		}
+		c.mu.Unlock()
+	}
+	return n + m, err
+}
+
+// write is one Write under its own deadline.
+func (c *conn) write(p []byte) (int, error) {
 	c.mu.Lock()
 	d := c.timeout
 	if c.cut {

@@ -1,0 +1,13 @@
+//go:build linux
+
+package mqttapi
+
+// BreakPoller closes the device engine's epoll set from under its poller,
+// so that its next wait fails as a failing epoll_wait would; false: b has
+// no poller.
+func BreakPoller(b *Broker) bool {
+	if b.dev == nil || b.dev.poll == nil {
+		return false
+	}
+	return b.dev.poll.ep.Close() == nil
+}
