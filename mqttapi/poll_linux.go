@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/kettlefleet/kettlefleet/internal/rawio"
 )
 
 // poller holds the device engine's idle plain-TCP connections in one epoll
@@ -32,7 +34,7 @@ import (
 // scheduler a thread handoff and a wakeup of its monitor thread), and
 // collects the events with a non-blocking epoll_wait made without the
 // scheduler's syscall bookkeeping (RawSyscall), as the connections' reads
-// and writes are (rawRead, conn.Write). Connections are registered once,
+// and writes are (rawio.Read, conn.Write). Connections are registered once,
 // edge-triggered: no epoll_ctl per packet. An edge comes with every arrival
 // of bytes, so a turn ends once a read has left the socket empty, and an
 // edge that arrives during a turn makes it read again (pollAgain).
@@ -423,7 +425,7 @@ func newTurnReader() *turnReader {
 	t := &turnReader{buf: make([]byte, turnBufBytes)}
 	t.read = func(fd uintptr) bool {
 		for {
-			n, e := rawRead(fd, t.dst)
+			n, e := rawio.Read(fd, t.dst)
 			switch e {
 			case 0:
 				t.n = n
@@ -520,7 +522,7 @@ var rawWriteOps = sync.Pool{New: func() any {
 	op := &rawWriteOp{}
 	op.f = func(fd uintptr) bool {
 		for op.n < len(op.b) {
-			m, e := rawWrite(fd, op.b[op.n:])
+			m, e := rawio.Write(fd, op.b[op.n:])
 			switch e {
 			case 0:
 				op.n += m

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/rawio"
 )
 
 // The swarm speaks HTTP/1.1 over plain keep-alive connections it owns, with no
@@ -30,14 +32,14 @@ type conn struct {
 	br     *bufio.Reader
 	last   scratch // the last answer's body and ETag (readResponse reuses it)
 	reused bool
-	raw    *rawConn // plain TCP on Linux: reads and writes by rawRead, rawWrite
+	raw    *rawConn // plain TCP on Linux: reads and writes by rawio
 }
 
 // newConn wraps a dialed connection.
 func newConn(nc net.Conn) *conn {
 	c := &conn{nc: nc}
 	var r io.Reader = nc
-	if sc, ok := nc.(syscall.Conn); ok && rawIO {
+	if sc, ok := nc.(syscall.Conn); ok && rawio.Enabled {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.raw = newRawConn(rc)
 			r = c.raw
@@ -47,7 +49,7 @@ func newConn(nc net.Conn) *conn {
 	return c
 }
 
-// rawConn reads and writes a socket with rawRead and rawWrite, waiting for
+// rawConn reads and writes a socket with rawio.Read and rawio.Write, waiting for
 // readiness (and honouring deadlines) through the runtime's poller as
 // net.Conn does. Its callbacks are made once, so a request allocates
 // nothing. One goroutine may read while another writes, as on a net.Conn.
@@ -68,31 +70,33 @@ func newRawConn(rc syscall.RawConn) *rawConn {
 	r := &rawConn{rc: rc}
 	r.rd.f = func(fd uintptr) bool {
 		op := &r.rd
-		n, err := rawRead(fd, op.b)
-		for err == syscall.EINTR {
-			n, err = rawRead(fd, op.b)
+		n, e := rawio.Read(fd, op.b)
+		for e == syscall.EINTR {
+			n, e = rawio.Read(fd, op.b)
 		}
-		if err == syscall.EAGAIN {
+		switch {
+		case e == syscall.EAGAIN:
 			return false
-		}
-		op.n, op.err = n, err
-		if err == nil && n == 0 {
+		case e != 0:
+			op.err = e
+		case n == 0:
 			op.err = io.EOF
 		}
+		op.n = n
 		return true
 	}
 	r.wr.f = func(fd uintptr) bool {
 		op := &r.wr
 		for op.n < len(op.b) {
-			m, err := rawWrite(fd, op.b[op.n:])
-			switch err {
-			case nil:
+			m, e := rawio.Write(fd, op.b[op.n:])
+			switch e {
+			case 0:
 				op.n += m
 			case syscall.EINTR:
 			case syscall.EAGAIN:
 				return false
 			default:
-				op.err = err
+				op.err = e
 				return true
 			}
 		}

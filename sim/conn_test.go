@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/rawio"
 )
 
 // TestReadResponse: the swarm's own response reader against the shapes a
@@ -118,8 +120,8 @@ func TestPoolDo(t *testing.T) {
 		}
 	}
 	check(do("/a", "/b"), 1, `0 "/a"`, `1 "/b"`)
-	if (sl.c.raw != nil) != rawIO {
-		t.Errorf("plain TCP read and written by rawRead/rawWrite: %v, want %v", sl.c.raw != nil, rawIO)
+	if (sl.c.raw != nil) != rawio.Enabled {
+		t.Errorf("plain TCP read and written by rawio: %v, want %v", sl.c.raw != nil, rawio.Enabled)
 	}
 	check(do("/close", "/c"), 2, `0 "/close"`, `1 "/c"`)
 	time.Sleep(200 * time.Millisecond) // the server closes the idle connection

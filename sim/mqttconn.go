@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
+
+	"github.com/kettlefleet/kettlefleet/internal/rawio"
 )
 
 // mqConn is one MQTT connection of a kettle: the packets are paho.golang's
@@ -36,7 +38,7 @@ func newMQConn(nc net.Conn) *mqConn {
 	if sc, ok := nc.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			c.rc = rc
-			if rawIO {
+			if rawio.Enabled {
 				r = newRawConn(rc)
 			}
 		}
@@ -106,14 +108,14 @@ func (c *mqConn) tryWrite(b []byte) (n int, err error) {
 	var werr error
 	err = c.rc.Write(func(fd uintptr) bool {
 		for n < len(b) {
-			m, e := rawWrite(fd, b[n:])
+			m, e := rawio.Write(fd, b[n:])
 			if e == syscall.EINTR {
 				continue
 			}
 			if e == syscall.EAGAIN {
 				break
 			}
-			if e != nil {
+			if e != 0 {
 				werr = e
 				break
 			}
