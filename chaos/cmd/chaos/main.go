@@ -62,7 +62,9 @@ var parts = []part{
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
 	{"failover", "7. High availability (PostgreSQL failover, switchover, standby loss, node restarts behind HAProxy)", partFailover},
 	{"log-outage", "8a. Readings log: PostgreSQL stopped 60 s behind Kafka", partLogOutage},
-	{"log-broker", "8b. Readings log: kill -9 one Kafka broker", partLogBroker},
+	{"log-broker", "8b. Readings log: kill -9 one Kafka broker (not the active controller)", partLogBrokerFault("kill", "broker")},
+	{"log-broker-pause", "8b'. Readings log: one Kafka broker paused (SIGSTOP) 30 s", partLogBrokerFault("pause", "broker")},
+	{"log-controller", "8b''. Readings log: kill -9 the Kafka node that is the active controller", partLogBrokerFault("kill", "controller")},
 	{"log-writer", "8c. Readings log: kill -9 a writer mid-run", partLogWriter},
 	{"mqttstorm", "9. MQTT reconnect storm (a lost node's kettles reconnect at once)", partMQTTStorm},
 }
@@ -104,8 +106,9 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
   failover  Patroni failover, switchover, standby loss, rolling restart behind HAProxy (go test ./ha/, long)
-  log-outage, log-broker, log-writer
-            kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed, a writer killed
+  log-outage, log-broker, log-broker-pause, log-controller, log-writer
+            kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed or paused, the
+            active controller killed (each: ≤ 1 s over the usual p99 for 30 foreign kettles), a writer killed
   mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
