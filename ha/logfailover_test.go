@@ -68,24 +68,7 @@ func TestLogFailover(t *testing.T) {
 	}
 
 	const run = 300 * time.Second
-	out := filepath.Join(tp.dir, "swarm-log")
-	sw := exec.Command(tp.bin, "swarm", "--target", balancer, "--api", "v1", "--devices", "300", "--interval", "2s", "--duration", run.String(),
-		"--data-dir", filepath.Join(tp.dir, "kettle1"), "--out", out, "--report=false", "--sample=false", "--slo-p99", "0", "--max-error-rate", "-1",
-		"--hatch-rate", "0", "--audit-after", writer+"/drained")
-	var swOut bytes.Buffer
-	sw.Stdout, sw.Stderr = &swOut, &swOut
-	if err := sw.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sw.Process.Kill() })
-	s := &swarm{out: out, cmd: sw, done: make(chan error, 1)}
-	go func() {
-		err := sw.Wait()
-		if err != nil {
-			err = fmt.Errorf("%v: %s", err, swOut.String())
-		}
-		s.done <- err
-	}()
+	s := tp.swarm("v1", 300, run, "--audit-after", writer+"/drained")
 	swarmStart := time.Now()
 	secret := tp.readFile("secret")
 	var probes []*probe

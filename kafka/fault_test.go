@@ -243,14 +243,9 @@ func fullyReplicated(topic string) bool {
 // outside the ISR.
 func checkNoUnclean(t *testing.T, topic string) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rc, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
+	ctx, adm, done := admin(t)
+	defer done()
+	rc, err := adm.DescribeTopicConfigs(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,17 +17,23 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 )
 
+// dsnFields splits a keyword/value DSN (pgtest's form).
+func dsnFields(dsn string) map[string]string {
+	kv := map[string]string{}
+	for _, f := range strings.Fields(dsn) {
+		k, v, _ := strings.Cut(f, "=")
+		kv[k] = v
+	}
+	return kv
+}
+
 // TestHostGate: a host of a multi-host DSN that refused, or turned out not
 // writable, is not dialled again within the holdoff (the driver goes on to
 // the next host, or fails at once when none is left), and is dialled again
 // after it.
 func TestHostGate(t *testing.T) {
 	dsn := pgtest.Start(t)
-	kv := map[string]string{}
-	for _, f := range strings.Fields(dsn) {
-		k, v, _ := strings.Cut(f, "=")
-		kv[k] = v
-	}
+	kv := dsnFields(dsn)
 	network, target := blackhole.Target(dsn)
 	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
 	if err != nil {
@@ -112,11 +118,7 @@ func TestHostGate(t *testing.T) {
 // timeout) every write here fails at its 3 s deadline.
 func TestHungHost(t *testing.T) {
 	dsn := pgtest.Start(t)
-	kv := map[string]string{}
-	for _, f := range strings.Fields(dsn) {
-		k, v, _ := strings.Cut(f, "=")
-		kv[k] = v
-	}
+	kv := dsnFields(dsn)
 	network, target := blackhole.Target(dsn)
 	var ports []string
 	var hung *blackhole.Proxy
