@@ -57,6 +57,21 @@ func TestPausedPrimary(t *testing.T) {
 		if nl == old {
 			t.Errorf("%s: %s is the leader again after the %s (no failover happened)", fault, old, fault)
 		}
+		// The nodes' share: from the new primary accepting connections to
+		// the first acknowledgement. Before it, no member is writable:
+		// Patroni's (the ttl, and in its leader race a 2 s request to each
+		// member's REST API, which a paused member neither answers nor
+		// refuses: patroni/ha.py fetch_node_status, timeout=2, fixed).
+		if ready, who := firstLine(tp.memberLogs(at, back.Add(time.Second)), "database system is ready to accept connections"); ready.IsZero() {
+			t.Errorf("%s: no member logged that it accepts connections between the %s and the first acknowledgement", fault, fault)
+		} else {
+			share := back.Sub(ready)
+			t.Logf("%s: %s accepted connections %.2fs after the %s; the first upload was acknowledged %.2fs after that", fault, who, ready.Sub(at).Seconds(), fault, share.Seconds())
+			figure(t, "primary_"+fault+"_promoted_to_first_ack", share.Seconds(), "s")
+			if share > time.Second {
+				t.Errorf("%s: the first upload was acknowledged %.2fs after the new primary accepted connections, want ≤ 1 s (the nodes' share)", fault, share.Seconds())
+			}
+		}
 		tp.timeline(t, fault, at.Add(-time.Second), back.Add(2*time.Second), ingest.between(at.Add(-time.Second), back.Add(2*time.Second)))
 		rejoin := tp.waitHealthy(3 * time.Minute)
 		t.Logf("%s: %s rejoined; three healthy members %.1fs later", fault, old, rejoin.Seconds())
