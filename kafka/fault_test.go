@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -13,7 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/blackhole"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/kafka"
+	"github.com/kettlefleet/kettlefleet/server"
 )
 
 // upload is one Append as a kettle saw it.
@@ -262,4 +266,39 @@ func checkNoUnclean(t *testing.T, topic string) {
 		}
 	}
 	t.Errorf("topic %s: unclean.leader.election.enable not described", topic)
+}
+
+// TestReadyWithoutStore (issue 53, scenario f): with the log in front, a
+// node stays ready and answers uploads 200 while PostgreSQL does not
+// answer at all (packets dropped: a failover, a switchover, a cut-off
+// primary). Every node shares the store; had they all said not ready, the
+// balancer would refuse every kettle at once, which turns the writers'
+// lag into refusals.
+func TestReadyWithoutStore(t *testing.T) {
+	needKafka(t)
+	dsn := pgtest.Start(t)
+	network, target := blackhole.Target(dsn)
+	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bh.Close)
+	front := startFront(t, blackhole.Via(dsn, bh.Addr()), topic(t), func(c *server.Config) { c.Ingest.StoreTimeout = 500 * time.Millisecond })
+	base := front.URL()
+	bh.Block(true)
+	defer bh.Block(false)
+	res, err := http.Get(base + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("/readyz with the store unreachable and the log up: %d, want 200", res.StatusCode)
+	}
+	id := uuid.New()
+	for i := range 3 {
+		if code, body, _ := upload(t, base, id, reading(time.Now().Add(time.Duration(i-10)*time.Second), 500)); code != 200 {
+			t.Errorf("upload %d with the store unreachable: %d %s, want 200 (the log acknowledges)", i, code, body)
+		}
+	}
 }

@@ -179,6 +179,15 @@ func (p *Producer) Append(ctx context.Context, rows []kettle.Measurement, receiv
 	return nil
 }
 
+// Ping reports whether a broker of the log answers (a front's readiness
+// with --log: see fleet.Service.Ping).
+func (p *Producer) Ping(ctx context.Context) error {
+	if err := p.cl.Ping(ctx); err != nil {
+		return fmt.Errorf("readings log %s: %w", p.cfg.Target, err)
+	}
+	return nil
+}
+
 // Close flushes what is buffered (bounded by the delivery timeout) and
 // disconnects. Call it after the fleet service closed.
 func (p *Producer) Close() {
