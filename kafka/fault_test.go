@@ -277,13 +277,8 @@ func checkNoUnclean(t *testing.T, topic string) {
 func TestReadyWithoutStore(t *testing.T) {
 	needKafka(t)
 	dsn := pgtest.Start(t)
-	network, target := blackhole.Target(dsn)
-	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bh.Close)
-	front := startFront(t, blackhole.Via(dsn, bh.Addr()), topic(t), func(c *server.Config) { c.Ingest.StoreTimeout = 500 * time.Millisecond })
+	bh, via := blackhole.ForDSN(t, dsn)
+	front := startFront(t, via, topic(t), func(c *server.Config) { c.Ingest.StoreTimeout = 500 * time.Millisecond })
 	base := front.URL()
 	bh.Block(true)
 	defer bh.Block(false)
