@@ -20,7 +20,7 @@ func partPause(ctx context.Context, e *env) *Result {
 		"Judged: the longest time without an acknowledged upload around each fault (a pause may cost no more than a kill, +1 s), and the swarm's audit (a commit the resumed stale leader took would be rewound away: lost > 0). (go test ./ha/ -run TestPausedPrimary, KETTLE_HA_LONG=1)"}
 	haTestPart(ctx, e, r, "TestPausedPrimary", 20*time.Minute, "pause_test.go")
 	if r.Pass {
-		r.Verdict = "paused primary (30 s, past the ttl) against a dead one: " + strings.Join(r.Measured[:min(2, len(r.Measured))], "; ")
+		r.Verdict = "paused primary (30 s, past the ttl) against a dead one: " + headline(r, "primary_pause_no_ack_span", "primary_kill_no_ack_span", "primary_pause_promoted_to_first_ack")
 	}
 	return r
 }
@@ -32,7 +32,7 @@ func partLogFailover(ctx context.Context, e *env) *Result {
 		"the Patroni primary killed -9 and started again, three healthy members, then patronictl switchover. Judged: every answer 200 (0 non-200: the failover is the writer's lag, not the kettles' refusals), the audit after the writer drained the log. (go test ./ha/ -run TestLogFailover, KETTLE_HA_LONG=1)"}
 	haTestPart(ctx, e, r, "TestLogFailover", 20*time.Minute, "logfailover_test.go")
 	if r.Pass {
-		r.Verdict = "kill -9 of the primary and a switchover behind the readings log: " + strings.Join(r.Measured[:min(2, len(r.Measured))], "; ")
+		r.Verdict = "kill -9 of the primary and a switchover behind the readings log: " + headline(r, "log_run_kettle_errors", "log_failover_probe_non200", "log_switchover_probe_non200", "v1_lost")
 	}
 	return r
 }
@@ -56,4 +56,17 @@ func haTestPart(ctx context.Context, e *env, r *Result, test string, limit time.
 	if err != nil {
 		r.fail("go test ./ha/ -run %s: %v %s", test, err, failureExcerpt(out))
 	}
+}
+
+// headline joins the findings of r that report the named figures.
+func headline(r *Result, figures ...string) string {
+	var out []string
+	for _, f := range figures {
+		for _, m := range r.Measured {
+			if strings.HasPrefix(m, f+": ") {
+				out = append(out, m)
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }
