@@ -61,7 +61,7 @@ func (sy synth) run(t testing.TB, seed uint64) *sim.Results {
 			ep.Errors = map[string]int64{"http_503": errs}
 		}
 		r.Seconds = append(r.Seconds, sim.Second{T: s, Kettles: kettles, CPUSeconds: cpu,
-			RSSBytes: int64(sy.rssPerKettleB * kettles * (1 + 0.01*rng.NormFloat64())),
+			RSSBytes:  int64(sy.rssPerKettleB * kettles * (1 + 0.01*rng.NormFloat64())),
 			Endpoints: map[string]*sim.EndpointSecond{sim.EPMeasurement: ep}})
 	}
 	return r
