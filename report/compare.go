@@ -42,6 +42,9 @@ type Comparison struct {
 	// code of kettle report --baseline).
 	Failed bool   `json:"failed"`
 	Line   string `json:"line"`
+
+	rules  *Thresholds
+	sa, sb *Summary // the runs' reports, for the page's charts
 }
 
 // RunInfo is one side of a comparison.
@@ -109,7 +112,7 @@ func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, 
 		return nil, fmt.Errorf("candidate: %w", err)
 	}
 	c := &Comparison{Title: o.Title, Confidence: th.Confidence, Resamples: th.Resamples, BlockS: blockS,
-		Baseline: ra.info(o.BaselinePath), Candidate: rb.info(o.CandidatePath)}
+		Baseline: ra.info(o.BaselinePath), Candidate: rb.info(o.CandidatePath), rules: th, sa: ra.s, sb: rb.s}
 	if c.Title == "" {
 		c.Title = fmt.Sprintf("kettle report: %s against the baseline of %s",
 			b.Start.UTC().Format("2006-01-02 15:04"), a.Start.UTC().Format("2006-01-02 15:04"))
