@@ -35,7 +35,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	r := loadRecorded(t)
 	// Samples are accepted into Prometheus' head block only, so the run is
 	// moved to a few minutes ago.
-	shift := time.Now().Add(-5*time.Minute).Truncate(time.Second).Sub(r.Start)
+	shift := time.Now().Add(-5 * time.Minute).Truncate(time.Second).Sub(r.Start)
 	r.Start, r.End = r.Start.Add(shift), r.End.Add(shift)
 	if r.System != nil {
 		for i := range r.System.Samples {
