@@ -66,14 +66,15 @@ results:
 	$(GO) test -count=1 -run '^TestRenderedResultsCurrent$$' ./internal/results/ -update
 
 # The README's images, taken in Chromium (make deps) by the browser tests:
-# the report of a recorded demo run (report/testdata) and the dashboard on a
-# real kettle serve; written to docs/img/.
+# the report of a recorded demo run (report/testdata), the comparison of two
+# recorded runs and the dashboard on a real kettle serve; written to docs/img/.
 SHOTS := .deps/screenshots
 screenshots:
 	rm -rf $(SHOTS)
-	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
+	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestCompareInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
 	mkdir -p docs/img
 	cp $(SHOTS)/report.png docs/img/report.png
+	cp $(SHOTS)/compare.png docs/img/compare.png
 	cp $(SHOTS)/fleet-1280.png docs/img/dashboard.png
 
 clean:

@@ -84,6 +84,9 @@ func DefaultRules() map[string]*Rule {
 		// Connecting is once per kettle, at hatching: reported, not gated
 		// (as kettle swarm's --slo-p99 does not judge it).
 		"mqtt_connect.*": {Fail: bptr(false)},
+		// A verdict also names the machine's neighbours (machine-cpu):
+		// shown side by side, gated only when a file says so.
+		"run.verdict": {Fail: bptr(false)},
 	}
 }
 
