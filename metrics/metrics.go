@@ -406,17 +406,17 @@ func (m *Server) RegisterFleet(f Fleet) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "kettle_device_lookups_total",
 			Help:        lookupsHelp,
-			ConstLabels: prometheus.Labels{"result": "found"},
+			ConstLabels: prometheus.Labels{"kind": "found"},
 		}, func() float64 { return float64(f.Lookups().Found) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "kettle_device_lookups_total",
 			Help:        lookupsHelp,
-			ConstLabels: prometheus.Labels{"result": "unknown"},
+			ConstLabels: prometheus.Labels{"kind": "unknown"},
 		}, func() float64 { return float64(f.Lookups().Unknown) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "kettle_device_lookups_total",
 			Help:        lookupsHelp,
-			ConstLabels: prometheus.Labels{"result": "error"},
+			ConstLabels: prometheus.Labels{"kind": "error"},
 		}, func() float64 { return float64(f.Lookups().Failed) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_device_lookups_avoided_total",
