@@ -7,8 +7,9 @@
 //
 // One file per concern: ingest.go (queues, batchers, commit), registry.go
 // (devices, overrides, commands), ratelimit.go (limits), refresh.go (what
-// other nodes wrote), lookup.go (credentials other nodes issued), prune.go and retention.go (expiry), reads.go (the
-// store reads the adapters answer with), config.go.
+// other nodes wrote), lookup.go (credentials other nodes issued), prune.go
+// and retention.go (expiry), reads.go (the store reads the adapters answer
+// with), config.go.
 package fleet
 
 import (

@@ -21,8 +21,8 @@ import (
 // (kettle.Store.Device), so the store always has it. Lookups are shared
 // per id (singleflight), at most maxLookups run at once, each bounded by
 // Config.StoreTimeout, and ids the store does not hold are remembered for
-// LookupMissTTL (at most maxMisses of them), so a client repeating a made-up or
-// pruned id is answered from memory, not by the database.
+// LookupMissTTL (at most maxMisses of them), so a client repeating a
+// made-up or pruned id is answered from memory, not by the database.
 //
 // Self-verifying ids (a MAC under the fleet's secret) would need no store,
 // but every id issued before them would stop working; the store holds the
@@ -159,8 +159,9 @@ func (c *missCache) has(id kettle.DeviceID, now int64) bool {
 	return ok && now < u
 }
 
-// add remembers id as unknown from now (unix ns) for LookupMissTTL, dropping the
-// expired entries first and then, when full, the one closest to expiry.
+// add remembers id as unknown from now (unix ns) for LookupMissTTL,
+// dropping the expired entries first and then, when full, the one closest
+// to expiry.
 func (c *missCache) add(id kettle.DeviceID, now int64) {
 	if c.until == nil {
 		c.until = make(map[kettle.DeviceID]int64)
