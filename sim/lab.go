@@ -48,7 +48,7 @@ type WorkerResult struct {
 	Devices int `json:"devices"`
 	// State is "done", or "lost" (stopped answering, or failed): its
 	// seconds up to LastT are merged, its readings are not audited.
-	State      string  `json:"state"`
+	State      WorkerState `json:"state"`
 	LastT      int     `json:"last_t"`
 	Error      string  `json:"error,omitempty"`
 	Requests   int64   `json:"requests"`
@@ -77,7 +77,7 @@ type labWorker struct {
 	seconds  []Second
 	lastT    int
 	lastOK   time.Time
-	state    string
+	state    WorkerState
 	err      string
 	res      *Results
 	acked    []DeviceAcked
@@ -308,11 +308,11 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 			switch {
 			case err != nil:
 				if now.Sub(w.lastOK) > lc.LostAfter {
-					w.state, w.err = "lost", fmt.Sprintf("no answer for %s: %v", now.Sub(w.lastOK).Round(time.Second), err)
+					w.state, w.err = stateLost, fmt.Sprintf("no answer for %s: %v", now.Sub(w.lastOK).Round(time.Second), err)
 				}
 				return
 			case st.State == stateFailed:
-				w.state, w.err = "lost", "failed: "+st.Error
+				w.state, w.err = stateLost, "failed: "+st.Error
 			case st.State == stateDone:
 				w.state = stateDone
 			}
@@ -326,10 +326,10 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 			}
 		})
 		for _, w := range ws {
-			if w.state == "lost" && w.err != "" {
+			if w.state == stateLost && w.err != "" {
 				fmt.Fprintf(cfg.Log, "lab: worker %s lost at t=%ds (%d kettles from #%d every %d): %s\n", w.addr, w.lastT, w.plan.Devices, w.plan.First, w.plan.Stride, w.err)
 				w.err = "lost at t=" + strconv.Itoa(w.lastT) + "s: " + w.err
-				w.state = "lost-reported"
+				w.state = stateLostReported
 			}
 		}
 		running := 0
@@ -348,7 +348,7 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 		if time.Now().After(end) {
 			for _, w := range ws {
 				if w.state == stateRunning {
-					w.state, w.err = "lost-reported", fmt.Sprintf("lost at t=%ds: not done %s after the run's end", w.lastT, end.Sub(start.Add(cfg.Duration)).Round(time.Second))
+					w.state, w.err = stateLostReported, fmt.Sprintf("lost at t=%ds: not done %s after the run's end", w.lastT, end.Sub(start.Add(cfg.Duration)).Round(time.Second))
 				}
 			}
 			break
@@ -380,7 +380,7 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
-			w.state, w.err = "lost-reported", fmt.Sprintf("lost after t=%ds: its result could not be fetched: %v", w.lastT, err)
+			w.state, w.err = stateLostReported, fmt.Sprintf("lost after t=%ds: its result could not be fetched: %v", w.lastT, err)
 			return
 		}
 		w.res, w.acked = &res, acked
@@ -515,7 +515,7 @@ func labProgress(ws []*labWorker, elapsed time.Duration) string {
 		if n := len(w.seconds); n > 0 {
 			lag = w.seconds[n-1].MaxLagMs
 		}
-		fmt.Fprintf(&b, " %s %s cpu %.1fs rss %dMiB lag %.0fms;", w.addr, strings.TrimSuffix(w.state, "-reported"), w.cpu, int64(w.rss)>>20, lag)
+		fmt.Fprintf(&b, " %s %s cpu %.1fs rss %dMiB lag %.0fms;", w.addr, strings.TrimSuffix(string(w.state), "-reported"), w.cpu, int64(w.rss)>>20, lag)
 	}
 	return b.String()
 }
@@ -706,7 +706,7 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 			params.Conns += r.Params.Conns
 			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
 		} else {
-			wr.State = "lost"
+			wr.State = stateLost
 			// Its CPU as far as its seconds tell, from when it was ready.
 			if n := len(w.seconds); n > 0 {
 				wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
