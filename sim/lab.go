@@ -49,12 +49,12 @@ type WorkerResult struct {
 	// State is "done", or "lost" (stopped answering, or failed): its
 	// seconds up to LastT are merged, its readings are not audited.
 	State      WorkerState `json:"state"`
-	LastT      int     `json:"last_t"`
-	Error      string  `json:"error,omitempty"`
-	Requests   int64   `json:"requests"`
-	Errors     int64   `json:"errors"`
-	Acked      int64   `json:"acked"`
-	CPUSeconds float64 `json:"cpu_seconds"`
+	LastT      int         `json:"last_t"`
+	Error      string      `json:"error,omitempty"`
+	Requests   int64       `json:"requests"`
+	Errors     int64       `json:"errors"`
+	Acked      int64       `json:"acked"`
+	CPUSeconds float64     `json:"cpu_seconds"`
 	// CPUMicrosPerRequest and MaxRSSBytes are the worker process's own.
 	CPUMicrosPerRequest float64 `json:"cpu_us_per_request"`
 	MaxRSSBytes         int64   `json:"max_rss_bytes"`

@@ -129,9 +129,9 @@ func (p *Plan) config(w *WorkerConfig) Config {
 
 // WorkerStatus is a worker's answer to a status request.
 type WorkerStatus struct {
-	Run   string `json:"run"`
+	Run   string      `json:"run"`
 	State WorkerState `json:"state"` // idle, setup, ready, running, done, failed
-	Error string `json:"error,omitempty"`
+	Error string      `json:"error,omitempty"`
 	// Seconds closed since the asked-for one (at most maxStatusSeconds).
 	Seconds    []Second `json:"seconds,omitempty"`
 	CPUSeconds float64  `json:"cpu_seconds"`
