@@ -73,21 +73,14 @@ func partMQTTStorm(ctx context.Context, e *env) *Result {
 		"%d more kettles (1 in 4 MQTT 3.1.1), each with one unacknowledged QoS 1 reading (half of them already stored by the \"lost\" node), "+
 		"connect within %s and retry refusals with jittered backoff for %s more; audit of every acknowledged and every pre-stored reading",
 		maxConns, held, storm, window, stormRetryFor)
-	dir := filepath.Join(e.out, "mqttstorm")
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		return r.fail("%v", err)
-	}
 	pub := filepath.Join(e.out, "bin", "mqttpub")
 	build := exec.CommandContext(ctx, "go", "build", "-o", pub, "./bench/mqttpub")
 	build.Dir = e.root
 	if b, err := build.CombinedOutput(); err != nil {
 		return r.fail("go build ./bench/mqttpub: %v %s", err, b)
 	}
-	addr, _ := freeAddr()
 	maddr, _ := freeAddr()
-	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
+	srv, dir, data, err := startPartServe(ctx, e, "mqttstorm", "",
 		"--mqtt-addr", maddr, "--mqtt-max-conns", strconv.Itoa(maxConns), "--max-conns", "500")
 	if err != nil {
 		return r.fail("%v", err)

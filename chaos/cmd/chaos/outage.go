@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -59,15 +58,7 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 		defer proxy.Close()
 		dsn = blackhole.Via(dsn, proxy.Addr())
 	}
-	dir := filepath.Join(e.out, name)
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	os.MkdirAll(data, 0o755)
-	addr, err := freeAddr()
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	srv, err := startServe(ctx, e, addr, data, dsn, filepath.Join(dir, "serve.log"), "--store-timeout", outageStoreTimeout.String())
+	srv, dir, data, err := startPartServe(ctx, e, name, dsn, "--store-timeout", outageStoreTimeout.String())
 	if err != nil {
 		return r.fail("%v", err)
 	}

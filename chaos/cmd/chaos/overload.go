@@ -77,7 +77,7 @@ func partOverload(ctx context.Context, e *env) *Result {
 	capa := overloadCapacity{kettles: e.overloadCapacity, source: fmt.Sprintf("given: chaos -overload-capacity %d", e.overloadCapacity)}
 	if capa.kettles <= 0 {
 		var err error
-		if capa, err = measureCapacity(ctx, e, filepath.Join(e.out, "overload-capacity"), maxConns); err != nil {
+		if capa, err = measureCapacity(ctx, e, maxConns); err != nil {
 			return (&Result{Pass: true, Done: "overload: " + err.Error()}).fail("capacity: %v", err)
 		}
 	}

@@ -46,6 +46,28 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
+// startPartServe starts the kettle serve a part runs against: in a fresh
+// directory OUT/name (its data directory dir/data, its log dir/serve.log),
+// on a free loopback address, with the store db ("": a SQLite file in the
+// data directory) and the flags extra.
+func startPartServe(ctx context.Context, e *env, name, db string, extra ...string) (srv *serveProc, dir, data string, err error) {
+	dir = filepath.Join(e.out, name)
+	os.RemoveAll(dir)
+	data = filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return nil, dir, data, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, dir, data, err
+	}
+	if db == "" {
+		db = "sqlite:" + filepath.Join(data, "kettle.db")
+	}
+	srv, err = startServe(ctx, e, addr, data, db, filepath.Join(dir, "serve.log"), extra...)
+	return srv, dir, data, err
+}
+
 // startServe runs `kettle serve --addr addr --data-dir dir --db db extra…`
 // and returns once it prints its URL (at most 60 s). Its output goes to
 // logPath (appended: a restart continues the same file).

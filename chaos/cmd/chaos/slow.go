@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -51,15 +50,7 @@ func partSlow(ctx context.Context, e *env) *Result {
 		"The normal client is a separate kettle swarm process (50 kettles, each polling and uploading every second on its own connection) running before, during and after the attack; "+
 		"under attack its p99 must stay within 100 ms, or within 1.5× its own p99 outside the attack when the machine's noise already puts that near 100 ms.",
 		slowReadHeader, slowRead, slowWrite, slowIdle, slowMaxConns, nSlowHeaders, nSlowBodies, nIdle, nExcess, nNoRead)}
-	dir := filepath.Join(e.out, "slow")
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	os.MkdirAll(data, 0o755)
-	addr, err := freeAddr()
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
+	srv, dir, data, err := startPartServe(ctx, e, "slow", "",
 		"--read-header-timeout", slowReadHeader.String(), "--read-timeout", slowRead.String(), "--write-timeout", slowWrite.String(), "--idle-timeout", slowIdle.String(),
 		"--max-conns", fmt.Sprint(slowMaxConns))
 	if err != nil {
@@ -80,7 +71,7 @@ func partSlow(ctx context.Context, e *env) *Result {
 	}
 	sleep(ctx, 8*time.Second)
 
-	a := &slowAttack{addr: addr, start: time.Now(), closed: map[string][]time.Duration{}, unclosed: map[string]int{}, dialErr: map[string]int{}}
+	a := &slowAttack{addr: srv.addr, start: time.Now(), closed: map[string][]time.Duration{}, unclosed: map[string]int{}, dialErr: map[string]int{}}
 	a.slowHeaders()
 	a.slowBodies(idev.token)
 	a.idle(ctx)
