@@ -187,7 +187,8 @@ func (sr *stormRun) startHeld(ctx context.Context, pub string) (*heldFleet, erro
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { hf.done <- cmd.Wait() }()
+	done := hf.done
+	go func() { done <- cmd.Wait() }()
 	return hf, nil
 }
 
