@@ -213,6 +213,21 @@ type Audit struct {
 	Examples []string `json:"examples,omitempty"` // a few lost or duplicated readings, "device time"
 }
 
+// add sums another shard's audit into a, keeping the first ten examples.
+func (a *Audit) add(b *Audit) {
+	a.Devices += b.Devices
+	a.Acked += b.Acked
+	a.Stored += b.Stored
+	a.Lost += b.Lost
+	a.Duplicated += b.Duplicated
+	a.Unacked += b.Unacked
+	for _, e := range b.Examples {
+		if len(a.Examples) < 10 {
+			a.Examples = append(a.Examples, e)
+		}
+	}
+}
+
 // Line is the audit's one-line verdict.
 func (a *Audit) Line() string {
 	return fmt.Sprintf("acked=%d stored=%d lost=%d duplicated=%d (unacked but stored=%d, %d devices, %.1fs)",
