@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -619,14 +618,52 @@ func addCounts(dst, src map[string]int64) map[string]int64 {
 
 // mergeLab builds the fleet's Results from its workers'.
 func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
-	res := &Results{Schema: SchemaVersion, Start: start, End: end}
+	res := &Results{Schema: SchemaVersion, Start: start, End: end, Seconds: mergeSeconds(ws)}
+	tot := mergeTotals(res.Seconds, cfg.steadyFrom(len(res.Seconds)))
+	tot.WallSeconds = end.Sub(start).Seconds()
+	params := cfg.params()
+	if len(ws) > 0 && strings.HasPrefix(ws[0].plan.Target, "https:") {
+		params.TLS, params.TLSResume = true, ws[0].plan.TLSResume
+	}
+	if cfg.Protocol == ProtocolMQTT {
+		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
+	}
+	for i, w := range ws {
+		wr := w.result()
+		if r := w.res; r != nil {
+			t := r.Totals
+			tot.Unacked += t.Unacked
+			tot.DuplicatesReported += t.DuplicatesReported
+			tot.PollsDeferred += t.PollsDeferred
+			tot.Dials += t.Dials
+			tot.TLSHandshakes += t.TLSHandshakes
+			tot.TLSResumed += t.TLSResumed
+			tot.ConnsLost += t.ConnsLost
+			if i == 0 || params.ConnMode == "" {
+				params.ConnMode, params.Provisioning, params.SourceIPs = r.Params.ConnMode, r.Params.Provisioning, r.Params.SourceIPs
+			}
+			params.Conns += r.Params.Conns
+			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
+		}
+		tot.MaxRSSBytes += wr.MaxRSSBytes
+		tot.CPUSeconds += wr.CPUSeconds
+		res.Workers = append(res.Workers, wr)
+	}
+	tot.setCPURates(res.Seconds)
+	res.Params = params
+	res.Totals = tot
+	return res
+}
+
+// mergeSeconds merges the workers' seconds of each T, each worker's part
+// kept beside (a worker's T are strictly increasing).
+func mergeSeconds(ws []*labWorker) []Second {
 	maxT := 0
 	for _, w := range ws {
 		if n := len(w.seconds); n > 0 {
 			maxT = max(maxT, w.seconds[n-1].T)
 		}
 	}
-	// Per T, each worker's second (a worker's T are strictly increasing).
 	byT := make([][]Second, maxT+1)
 	wsec := make([][]WorkerSecond, maxT+1)
 	for t := range wsec {
@@ -642,27 +679,25 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 			wsec[s.T][i] = WorkerSecond{Requests: req, CPUSeconds: s.CPUSeconds, RSSBytes: s.RSSBytes, MaxLagMs: s.MaxLagMs}
 		}
 	}
+	var out []Second
 	for t := 1; t <= maxT; t++ {
 		if len(byT[t]) == 0 {
 			continue
 		}
 		s := mergeSecond(t, byT[t])
 		s.Workers = wsec[t]
-		res.Seconds = append(res.Seconds, s)
+		out = append(out, s)
 	}
+	return out
+}
 
-	// Totals: latency from the merged histograms, counts summed.
+// mergeTotals is the totals of merged seconds: latency from the merged
+// histograms, counts summed, the rate over the steady seconds (from
+// steadyFrom on).
+func mergeTotals(secs []Second, steadyFrom int) Totals {
 	tot := Totals{Endpoints: map[string]*EndpointTotal{}, ErrorsByKind: map[string]int64{}}
-	tot.WallSeconds = end.Sub(start).Seconds()
-	steadyFrom := 0
-	if cfg.HatchRate > 0 {
-		steadyFrom = int(float64(cfg.Devices)/cfg.HatchRate) + 1
-	}
-	if steadyFrom >= len(res.Seconds)-1 {
-		steadyFrom = 0
-	}
 	hists := map[string]*hdrhistogram.Histogram{}
-	for j, s := range res.Seconds {
+	for j, s := range secs {
 		for name, e := range s.Endpoints {
 			et := tot.Endpoints[name]
 			if et == nil {
@@ -691,15 +726,9 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 		tot.MaxLagMs = max(tot.MaxLagMs, s.MaxLagMs)
 	}
 	for name, et := range tot.Endpoints {
-		h := hists[name]
-		et.P50Ms = float64(h.ValueAtQuantile(50)) / 1000
-		et.P99Ms = float64(h.ValueAtQuantile(99)) / 1000
-		et.P999Ms = float64(h.ValueAtQuantile(99.9)) / 1000
-		et.MaxMs = float64(h.Max()) / 1000
-		enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		et.Histogram = string(enc)
-		if secs := len(res.Seconds) - steadyFrom; secs > 0 {
-			et.PerSecond /= float64(secs)
+		et.setLatency(hists[name])
+		if n := len(secs) - steadyFrom; n > 0 {
+			et.PerSecond /= float64(n)
 		}
 		tot.Requests += et.Requests
 		tot.Errors += et.Errors
@@ -707,73 +736,38 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 	if tot.Requests > 0 {
 		tot.ErrorRate = float64(tot.Errors) / float64(tot.Requests)
 	}
+	return tot
+}
 
-	params := Params{Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
-		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(), Batch: cfg.Batch,
-		TimeoutS: cfg.Timeout.Seconds(), Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
-		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0)}
-	if len(ws) > 0 && strings.HasPrefix(ws[0].plan.Target, "https:") {
-		params.TLS, params.TLSResume = true, ws[0].plan.TLSResume
-	}
-	if cfg.Protocol == ProtocolMQTT {
-		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
-	}
-	for i, w := range ws {
-		wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
-		for _, s := range w.seconds {
-			for _, e := range s.Endpoints {
-				wr.Requests += e.Requests
-				for _, v := range e.Errors {
-					wr.Errors += v
-				}
+// result is the worker's line of the merged Results: its counts from its
+// seconds; its cost from its own totals, or, lost, as far as its seconds
+// tell, from when it was ready.
+func (w *labWorker) result() WorkerResult {
+	wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
+	for _, s := range w.seconds {
+		for _, e := range s.Endpoints {
+			wr.Requests += e.Requests
+			for _, v := range e.Errors {
+				wr.Errors += v
 			}
-			wr.Acked += s.Acked
-			wr.MaxLagMs = max(wr.MaxLagMs, s.MaxLagMs)
-			wr.MaxRSSBytes = max(wr.MaxRSSBytes, s.RSSBytes)
 		}
-		if r := w.res; r != nil {
-			t := r.Totals
-			wr.CPUSeconds, wr.MaxRSSBytes, wr.CPUMicrosPerRequest = t.CPUSeconds, t.MaxRSSBytes, t.CPUMicrosPerRequest
-			tot.Unacked += t.Unacked
-			tot.DuplicatesReported += t.DuplicatesReported
-			tot.PollsDeferred += t.PollsDeferred
-			tot.Dials += t.Dials
-			tot.TLSHandshakes += t.TLSHandshakes
-			tot.TLSResumed += t.TLSResumed
-			tot.ConnsLost += t.ConnsLost
-			tot.MaxRSSBytes += t.MaxRSSBytes
-			if i == 0 || params.ConnMode == "" {
-				params.ConnMode, params.Provisioning, params.SourceIPs = r.Params.ConnMode, r.Params.Provisioning, r.Params.SourceIPs
-			}
-			params.Conns += r.Params.Conns
-			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
-		} else {
-			wr.State = stateLost
-			// Its CPU as far as its seconds tell, from when it was ready.
-			if n := len(w.seconds); n > 0 {
-				wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
-			}
-			if wr.Requests > 0 {
-				wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
-			}
-			tot.MaxRSSBytes += wr.MaxRSSBytes
-		}
-		tot.CPUSeconds += wr.CPUSeconds
-		res.Workers = append(res.Workers, wr)
+		wr.Acked += s.Acked
+		wr.MaxLagMs = max(wr.MaxLagMs, s.MaxLagMs)
+		wr.MaxRSSBytes = max(wr.MaxRSSBytes, s.RSSBytes)
 	}
-	var kettleSeconds float64
-	for _, s := range res.Seconds {
-		kettleSeconds += float64(s.Kettles)
+	if r := w.res; r != nil {
+		t := r.Totals
+		wr.CPUSeconds, wr.MaxRSSBytes, wr.CPUMicrosPerRequest = t.CPUSeconds, t.MaxRSSBytes, t.CPUMicrosPerRequest
+		return wr
 	}
-	if kettleSeconds > 0 {
-		tot.CPUPer10kKettlesPerMin = tot.CPUSeconds / (kettleSeconds / 60 / 10000)
+	wr.State = stateLost
+	if n := len(w.seconds); n > 0 {
+		wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
 	}
-	if tot.Requests > 0 {
-		tot.CPUMicrosPerRequest = tot.CPUSeconds / float64(tot.Requests) * 1e6
+	if wr.Requests > 0 {
+		wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
 	}
-	res.Params = params
-	res.Totals = tot
-	return res
+	return wr
 }
 
 // LostWorkers lists the workers that did not finish (empty: none).
