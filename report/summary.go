@@ -8,8 +8,9 @@ package report
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
@@ -416,12 +417,7 @@ func (se *Series) addServer(i int, smp, prev *sysstat.Sample) {
 // fromSystem takes the verdict's system series from se: the busiest disk,
 // CPU, memory (in bytes), the queue, the pool and PostgreSQL's WAL.
 func (tl *Timeline) fromSystem(se *Series, heap []Num, diskPeak map[string]float64) {
-	var names []string
-	for name := range diskPeak {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(diskPeak)) {
 		if tl.Disk == "" || diskPeak[name] > diskPeak[tl.Disk] {
 			tl.Disk = name
 		}
@@ -642,13 +638,8 @@ func kindsStr(m map[string]int64) string {
 	if len(m) == 0 {
 		return ""
 	}
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
 	s := " ("
-	for i, k := range ks {
+	for i, k := range slices.Sorted(maps.Keys(m)) {
 		if i > 0 {
 			s += ", "
 		}

@@ -10,9 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -533,12 +534,7 @@ func labProgress(ws []*labWorker, elapsed time.Duration) string {
 	}
 	m := mergeSecond(t, secs)
 	fmt.Fprintf(&b, "[%4.0fs] lab t=%ds kettles %d", elapsed.Seconds(), t, m.Kettles)
-	names := make([]string, 0, len(m.Endpoints))
-	for n := range m.Endpoints {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(m.Endpoints)) {
 		e := m.Endpoints[n]
 		p99 := int64(0)
 		if h, err := hdrhistogram.Decode([]byte(e.Histogram)); err == nil {
