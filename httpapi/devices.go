@@ -15,6 +15,9 @@ import (
 )
 
 // MeasurementJSON is a stored reading as the v1 API returns it.
+// kafka.ReadingJSON has the same fields and names on purpose, but it is the
+// readings log's record, versioned with the log's schema: the two change
+// apart.
 type MeasurementJSON struct {
 	Time    time.Time `json:"time"`
 	Charge  float64   `json:"battery_charge_mwh"`

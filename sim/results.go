@@ -214,7 +214,9 @@ type Audit struct {
 	Examples []string `json:"examples,omitempty"` // a few lost or duplicated readings, "device time"
 }
 
-// add sums another shard's audit into a, keeping the first ten examples.
+// add sums another shard's audit into a, keeping the first ten examples
+// (bench/mqttfleet sums whole runs' audits its own way: every example, and
+// the slowest audit's seconds, as the runs audit side by side).
 func (a *Audit) add(b *Audit) {
 	a.Devices += b.Devices
 	a.Acked += b.Acked
