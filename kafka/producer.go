@@ -41,8 +41,13 @@ type ProducerConfig struct {
 	Metrics      prometheus.Registerer
 }
 
-// DefaultGroup is the writers' consumer group.
-const DefaultGroup = "kettle-writers"
+// The producer's defaults: a zero ProducerConfig field takes its value.
+const (
+	DefaultGroup        = "kettle-writers" // the writers' consumer group
+	DefaultMaxInflight  = 20000            // readings awaiting the log's acknowledgement
+	DefaultTimeout      = 10 * time.Second // an upload's wait for the acknowledgement
+	DefaultMonitorEvery = 5 * time.Second  // between measurements of the writers' lag
+)
 
 // Producer hands validated readings to the log (fleet.Log): one record per
 // device run of an upload, keyed by device id, idempotent, acks=all.
@@ -62,10 +67,10 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 		cfg.Group = DefaultGroup
 	}
 	if cfg.MaxInflight <= 0 {
-		cfg.MaxInflight = 20000
+		cfg.MaxInflight = DefaultMaxInflight
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = time.Second

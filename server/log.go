@@ -106,7 +106,7 @@ func StartWriter(ctx context.Context, cfg Config) (*Writer, error) {
 	registerPool(m, store)
 	batch := cfg.Ingest.BatchRows
 	if batch <= 0 {
-		batch = 16000
+		batch = PGBatchRows
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger, store: store, stop: make(chan struct{}), beat: make(chan struct{}), done: make(chan error, 1)}
 	w.w, err = kafka.NewWriter(ctx, store, kafka.WriterConfig{Target: t,
