@@ -18,7 +18,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 
-// devConn is one kettle's connection and session on the device engine.
+// devConn is one kettle's connection and session.
 type devConn struct {
 	c *conn // per-write deadlines, the takeover cut, the acker (listener.go)
 	d *devServer
@@ -462,7 +462,7 @@ func (dc *devConn) handle(fh packets.FixedHeader, body []byte) error {
 		if code := pk.AuthValidate(); code != packets.CodeSuccess {
 			return dc.violation(code)
 		}
-		return nil // no enhanced authentication: ignored, as mochi does without an auth hook
+		return nil // no enhanced authentication: ignored (as a broker without an auth hook does)
 	case packets.Connect:
 		return dc.violation(packets.ErrProtocolViolationSecondConnect) // [MQTT-3.1.0-2]
 	}

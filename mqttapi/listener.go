@@ -51,7 +51,7 @@ type listener struct {
 	// l.wg.Done and l.open.Add(-1) at its end.
 	start func(c *conn, tc *tls.Conn)
 	// dropped, when set, logs a connection closed without a CONNACK after
-	// its CONNECT began (thinned by the engine).
+	// its CONNECT began (thinned by the sessions, devServer.droppedFrom).
 	dropped func(remote net.Addr, why string, err error)
 }
 
@@ -254,7 +254,7 @@ type conn struct {
 
 	ack *acker // pipelined QoS 1 PUBACKs (ack.go); set on the read goroutine at the first one
 
-	// raw is the plain-TCP socket the device engine reads and writes with
+	// raw is the plain-TCP socket the listener reads and writes with
 	// raw system calls (poll_linux.go; nil: through Conn); writing keeps
 	// each Write's bytes together when part of them must wait.
 	raw     syscall.RawConn
@@ -313,7 +313,7 @@ func (c *conn) write(p []byte) (int, error) {
 
 // abort ends the connection from outside its reading: it shuts the socket
 // down both ways, which wakes whoever reads it (its goroutine, or the
-// device engine's poller) to close it and end its session. Closing the fd
+// poller) to close it and end its session. Closing the fd
 // here instead would take it out of the poller's set unseen, and its
 // session would never end.
 func (c *conn) abort() {
