@@ -87,7 +87,7 @@
 //
 // Over Config.MaxConns the listener still reads the CONNECT and answers
 // with a reason (0x97 quota exceeded, 0x9C use another server with
-// Config.ServerReference; 3.1.1: 0x03), as OnConnect does while the node
+// Config.ServerReference; 3.1.1: 0x03), as devConn.connect does while the node
 // sheds load (0x89): a kettle told why backs off, one whose connection is
 // just closed retries at once. At most maxRefusing refusals run at once;
 // past that the listener stops accepting and the kernel's queue holds the
