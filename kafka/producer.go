@@ -20,20 +20,21 @@ type ProducerConfig struct {
 	// Topic is how the topic is created if it does not exist.
 	Topic TopicConfig
 	// Group is the writers' consumer group, whose lag the producer watches
-	// (default "kettle-writers").
+	// (empty: DefaultGroup).
 	Group string
 	// MaxInflight bounds the readings handed to the log and not yet
-	// acknowledged; past it Append refuses with 503 + Retry-After at once.
-	// Default 20000.
+	// acknowledged; past it Append refuses with 503 + Retry-After at once
+	// (0: DefaultMaxInflight).
 	MaxInflight int
 	// Timeout bounds how long an upload waits for the log's
-	// acknowledgement before it is refused (503). Default 10 s.
+	// acknowledgement before it is refused (503) (0: DefaultTimeout).
 	Timeout time.Duration
 	// MaxUnwrittenAge: while some reading in the log has waited longer than
 	// this for a writer, uploads are refused (503), so nothing reaches the
 	// topic's retention unwritten. Default half the topic's retention.
 	MaxUnwrittenAge time.Duration
-	// MonitorEvery is how often the writers' lag is measured (default 5 s).
+	// MonitorEvery is how often the writers' lag is measured (0:
+	// DefaultMonitorEvery).
 	MonitorEvery time.Duration
 	RetryAfter   time.Duration // told to refused clients (default 1 s)
 	Now          func() time.Time
