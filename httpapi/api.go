@@ -453,7 +453,9 @@ func (a *API) deviceOrOperator(h func(w http.ResponseWriter, r *http.Request, id
 	}
 }
 
-// v0Device is the case-study credential: a UUID this server issued. The
+// v0Device is the case-study credential: a UUID the fleet issued, on any
+// node (an id this node has not seen yet is looked up in the store: 503 +
+// Retry-After while the store cannot say, never 401 for an issued id). The
 // request is taken against the device's rate (--device-rate: 429 over it).
 func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 	c := r.Header.Get("servant-auth-cookie")
@@ -461,7 +463,13 @@ func (a *API) v0Device(r *http.Request) (kettle.DeviceID, error) {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "missing servant-auth-cookie header; POST /login first")
 	}
 	id, err := uuid.Parse(c)
-	if err != nil || !a.registry.Registered(id) {
+	ok := err == nil
+	if ok {
+		if ok, err = a.registry.Issued(r.Context(), id); err != nil {
+			return uuid.Nil, err
+		}
+	}
+	if !ok {
 		return uuid.Nil, kettle.Errorf(kettle.EUnauthorized, "unknown device; POST /login to register")
 	}
 	return id, a.allow(r, id)
