@@ -16,26 +16,6 @@ import (
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 )
 
-// TestMochiEngine runs the listener's behaviour tests on the mochi engine
-// (kettle serve --mqtt-engine mochi), which stays selectable.
-func TestMochiEngine(t *testing.T) {
-	if testEngine != "" {
-		t.Skipf("MQTT_TEST_ENGINE=%s: the whole package runs on it", testEngine)
-	}
-	testEngine = mqttapi.EngineMochi
-	defer func() { testEngine = "" }()
-	for _, tc := range []struct {
-		name string
-		f    func(*testing.T)
-	}{
-		{"ConnectRefused", TestConnectRefused}, {"ACL", TestACL}, {"PubackAfterCommit", TestPubackAfterCommit},
-		{"InvalidPayload", TestInvalidPayload}, {"Commands", TestCommands}, {"PipelinedPubacks", TestPipelinedPubacks},
-		{"RefusedWithReason", TestRefusedWithReason}, {"ReconnectStorm", TestReconnectStorm}, {"SessionResumed", TestSessionResumed},
-	} {
-		t.Run(tc.name, tc.f)
-	}
-}
-
 // TestSessionResumed: a kettle with a persistent session (clean session 0)
 // that reconnects — after its connection ended, or taking over one still
 // open — is told its session is present and gets its current command
@@ -110,9 +90,6 @@ func TestSessionResumed(t *testing.T) {
 // CONNACK (nobody is left to read it), and the node says so in its log
 // (the storm's "closed without CONNACK" must have a reason on record).
 func TestConnectCutShort(t *testing.T) {
-	if testEngine == mqttapi.EngineMochi {
-		t.Skip("mochi closes these silently")
-	}
 	var buf syncbuf.Buffer
 	e := startLog(t, fleet.Config{}, slog.New(slog.NewTextHandler(&buf, nil)))
 	c := dial(t, e.broker.Addr(), 5)
