@@ -158,7 +158,7 @@ type Override struct {
 	Device  string        `json:"device"`
 	Flush   float64       `json:"flush_ml_per_s"` // the value set, unique per override
 	AckedAt time.Time     `json:"acked_at"`
-	Polls   int           `json:"polls"`   // polls until the command carried it (0: never)
+	Polls   int           `json:"polls"`    // polls until the command carried it (0: never)
 	Delay   time.Duration `json:"delay_ns"` // from the ack to that poll's answer
 }
 
