@@ -107,12 +107,16 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   log-outage, log-broker, log-writer
             kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed, a writer killed
   mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
+  nemesis   a seeded nemesis on the HA topology, 3 seeds × 10 min, then the checker (chaos nemesis --help: --seed, --duration, --faults)
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
 Flags:
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "nemesis" {
+		os.Exit(nemesisMain(os.Args[2:])) // its own flags: nemesis.go
+	}
 	fs := flag.NewFlagSet("chaos", flag.ExitOnError)
 	out := fs.String("out", "", "results directory (default: ROOT/chaos-results)")
 	doc := fs.String("doc", "", "the generated page (default: ROOT/docs/reliability.md)")
