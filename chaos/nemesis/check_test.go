@@ -56,8 +56,13 @@ func TestStats(t *testing.T) {
 
 func TestOverridesMembersLogFaults(t *testing.T) {
 	at := time.Unix(1000, 0)
-	if c := Overrides([]Override{{Polls: 1, Delay: time.Second}, {Polls: 3, Delay: 4 * time.Second}}); !c.Pass || !strings.Contains(c.Detail, "2 acknowledged: 1 on the next poll, 1 on a later poll, 0 never; worst 4.00s") {
+	pa := 30 * time.Second
+	if c := Overrides([]Override{{Polls: 1, Delay: time.Second, PollAfter: pa}, {Polls: 3, Delay: 4 * time.Second, PollAfter: pa}}); !c.Pass ||
+		c.Detail != "2 acknowledged: 2 by the kettle's next poll, 0 later, 0 never; worst 4.00s from the ack; 1 not yet on an immediate poll (1 s after the ack)" {
 		t.Errorf("Overrides = %+v", c)
+	}
+	if c := Overrides([]Override{{Polls: 1, Delay: time.Second, PollAfter: pa}, {Polls: 31, Delay: 31 * time.Second, PollAfter: pa}}); c.Pass || !strings.Contains(c.Detail, "1 later") {
+		t.Errorf("an override that missed the kettle's next poll passed: %+v", c)
 	}
 	if c := Overrides([]Override{{Polls: 1}, {Polls: 0, AckedAt: at}}); c.Pass {
 		t.Errorf("an override that never reached its kettle passed: %+v", c)

@@ -217,8 +217,13 @@ func (d *OverrideDriver) follow(ctx context.Context, token string, o Override) {
 	for polls := 1; ctx.Err() == nil; polls++ {
 		var c struct {
 			FlushMLPerS float64 `json:"flush_ml_per_s"`
+			PollAfterS  int     `json:"poll_after_s"`
 		}
-		if err := call(ctx, d.hc, "GET", d.base+"/v1/command", token, nil, &c); err == nil && c.FlushMLPerS == o.Flush {
+		err := call(ctx, d.hc, "GET", d.base+"/v1/command", token, nil, &c)
+		if err == nil && o.PollAfter == 0 {
+			o.PollAfter = time.Duration(c.PollAfterS) * time.Second
+		}
+		if err == nil && c.FlushMLPerS == o.Flush {
 			o.Polls, o.Delay = polls, time.Since(o.AckedAt)
 			break
 		} else if err == nil && c.FlushMLPerS > o.Flush {
