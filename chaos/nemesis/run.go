@@ -167,7 +167,7 @@ func resolve(ctx context.Context, a Actor, args []string) ([]string, error) {
 func resolveAs(heal, inject, resolved []string) []string {
 	out := slices.Clone(heal)
 	for k, h := range out {
-		if !strings.HasPrefix(h, "@") {
+		if !strings.Contains(h, "@") {
 			continue
 		}
 		for j, in := range inject {

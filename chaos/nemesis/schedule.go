@@ -222,14 +222,15 @@ func draw(rng *rand.Rand, kind string, topo Topology) (Fault, bool) {
 	switch kind {
 	case Partition:
 		members := append(append(slices.Clone(etcds), "pg1", "pg2", "pg3"), nodes...)
-		f := Fault{Kind: Partition, End: secs(rng, 10, 40), Heal: []string{"heal"}, Holds: []string{"net"}}
+		f := Fault{Kind: Partition, End: secs(rng, 10, 40), Holds: []string{"net"}}
 		switch shape := rng.IntN(5); shape {
 		case 0: // one member isolated
 			m := pick(rng, append(append(slices.Clone(etcds), Primary, Sync), nodes...))
-			f.Name, f.Inject = "isolate "+m, []string{"isolate", m}
+			f.Name, f.Inject, f.Heal = "isolate "+m, []string{"isolate", m}, []string{"unisolate", m}
 		case 1: // the primary cut from etcd and its standbys; the nodes still reach it
 			f.Name = "primary cut from etcd and both standbys (nodes still reach it)"
 			f.Inject = []string{"partition", Primary, strings.Join(etcds, ",") + "," + Standbys}
+			f.Heal = []string{"unpartition", Primary, strings.Join(etcds, ",") + "," + Standbys}
 		case 2, 3: // halves, or halves with one member seeing both (a bridge)
 			rest := slices.Clone(members)
 			rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
@@ -246,11 +247,13 @@ func draw(rng *rand.Rand, kind string, topo Topology) (Fault, bool) {
 				f.Name += " (" + bridge + " sees both)"
 			}
 			f.Inject = []string{"partition", strings.Join(a, ","), strings.Join(b, ",")}
+			f.Heal = []string{"unpartition", strings.Join(a, ","), strings.Join(b, ",")}
 		case 4: // one way
 			from := pick(rng, append([]string{Primary}, nodes...))
 			to := pick(rng, append(slices.Clone(etcds), Sync))
 			f.Name = fmt.Sprintf("one-way: %s cannot reach %s", from, to)
 			f.Inject = []string{"partition-oneway", from, to}
+			f.Heal = []string{"unpartition-oneway", from, to}
 		}
 		return f, true
 	case Pause:
@@ -305,12 +308,14 @@ func draw(rng *rand.Rand, kind string, topo Topology) (Fault, bool) {
 		hold := "tbf:" + m
 		return Fault{Kind: Slow, Name: fmt.Sprintf("%s's link at %s", m, rate), End: secs(rng, 10, 30), Inject: []string{"slow", m, rate}, Heal: []string{"unslow", m}, Holds: []string{hold}}, true
 	case Toxic:
-		links := []string{"balancer-node", "node-db", "db-db"}
+		// cluster.sh's links: lb (balancer→node), db (node→database),
+		// repl (database→database), kafka (front→Kafka).
+		links := []string{"lb", "db", "repl"}
 		if topo.Log {
-			links = append(links, "front-kafka")
+			links = append(links, "kafka")
 		}
 		link := pick(rng, links)
-		f := Fault{Kind: Toxic, End: secs(rng, 10, 30), Heal: []string{"untoxic"}, Holds: []string{"toxic"}}
+		f := Fault{Kind: Toxic, End: secs(rng, 10, 30), Heal: []string{"untoxic", link}, Holds: []string{"toxic:" + link}}
 		if rng.IntN(3) == 0 {
 			f.Name, f.Inject = link+": connections reset", []string{"toxic", link, "reset"}
 		} else {

@@ -172,10 +172,10 @@ func TestRunInjectsAndHealsOnTime(t *testing.T) {
 		r := &recorder{start: time.Now(), primary: "pg1"}
 		s := sched(
 			Fault{Kind: Kill, Name: "kill primary", Start: 2 * time.Second, End: 10 * time.Second, Inject: []string{"kill", Primary}, Heal: []string{"start", Primary}},
-			Fault{Kind: Partition, Name: "cut", Start: 5 * time.Second, End: 10 * time.Second, Inject: []string{"partition", Primary, "etcd1," + Standbys}, Heal: []string{"heal"}},
+			Fault{Kind: Partition, Name: "cut", Start: 5 * time.Second, End: 10 * time.Second, Inject: []string{"partition", Primary, "etcd1," + Standbys}, Heal: []string{"unpartition", Primary, "etcd1," + Standbys}},
 		)
 		iv := Run(t.Context(), s, r.start, r, t.Logf)
-		want := []string{"2s kill pg1", "5s partition pg2 etcd1,pg2,pg3", "10s start pg1", "10s heal"}
+		want := []string{"2s kill pg1", "5s partition pg2 etcd1,pg2,pg3", "10s start pg1", "10s unpartition pg2 etcd1,pg2,pg3"}
 		if !slices.Equal(r.log, want) {
 			t.Errorf("verbs:\n%s\nwant\n%s", strings.Join(r.log, "\n"), strings.Join(want, "\n"))
 		}

@@ -66,7 +66,7 @@ func parseNemesis(args []string) (nemOpts, error) {
 	dur := fs.String("duration", envDefault("duration", "10m"), "each run's length; faults are all healed by its last fifth (at least 30 s of recovery)")
 	faults := fs.String("faults", envDefault("faults", "all"), "fault kinds to draw from, comma-separated: "+strings.Join(nemesis.Kinds, ",")+", or all")
 	nodes := fs.String("nodes", envDefault("nodes", "2"), "kettle serve nodes behind HAProxy")
-	log := fs.String("log", envDefault("log", "false"), "the readings log in front (Kafka × 3 and a writer: cluster.sh with KETTLE_HA_LOG=1)")
+	log := fs.String("log", envDefault("log", "false"), "the readings log in front (Kafka × 3 and a writer: cluster.sh up --log)")
 	v1 := fs.String("kettles", envDefault("kettles", "300"), "HTTP v1 kettles (and as many tenths of them each as v0 HTTP and MQTT kettles)")
 	dry := fs.Bool("dry-run", false, "print the schedule and exit")
 	if err := fs.Parse(args); err != nil {
@@ -205,11 +205,7 @@ func runNemesisOnce(ctx context.Context, e *env, o nemOpts, seed uint64, r *Resu
 	}
 	fmt.Fprint(os.Stderr, s)
 	fmt.Fprint(e.log, s)
-	var extra []string
-	if o.log {
-		extra = append(extra, "KETTLE_HA_LOG=1")
-	}
-	t, err := upTopo(ctx, e, o.nodes, extra...)
+	t, err := upTopo(ctx, e, o.nodes, o.log)
 	if err != nil {
 		r.fail("seed %d: %v", seed, err)
 		return false

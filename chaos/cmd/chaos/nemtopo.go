@@ -38,10 +38,11 @@ func haMode() string {
 	return "loopback"
 }
 
-// upTopo brings the topology up (nodes kettle serve nodes, extra
-// environment for cluster.sh) and returns it; down must follow, also after
+// upTopo brings the topology up (nodes kettle serve nodes; withLog: the
+// readings log, Kafka × 3 and a writer; extra environment for cluster.sh)
+// and returns it; down must follow, also after
 // a failure or Ctrl-C.
-func upTopo(ctx context.Context, e *env, nodes int, extra ...string) (*haTopo, error) {
+func upTopo(ctx context.Context, e *env, nodes int, withLog bool, extra ...string) (*haTopo, error) {
 	// Short: PostgreSQL's socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", "knem-")
 	if err != nil {
@@ -53,7 +54,11 @@ func upTopo(ctx context.Context, e *env, nodes int, extra ...string) (*haTopo, e
 		"KETTLE_HA_PASSWORD="+pw, "KETTLE_HA_MODE="+haMode(), "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
 	t.env = append(t.env, extra...)
 	start := time.Now()
-	if out, err := t.cmd(ctx, 5*time.Minute, "up"); err != nil {
+	up := []string{"up"}
+	if withLog {
+		up = append(up, "--log")
+	}
+	if out, err := t.cmd(ctx, 6*time.Minute, up...); err != nil {
 		t.down()
 		return nil, fmt.Errorf("deploy/cluster.sh up: %v: %s", err, lastLines(out, 8))
 	}
