@@ -227,10 +227,10 @@ func Members(ms []Member) Check {
 	return c
 }
 
-// LogAudit is the readings log's side: acknowledged readings looked up in
-// the Kafka topic.
+// LogAudit is the readings log's side: the stored rows (every acknowledged
+// reading among them: the audits) looked up in the Kafka topic.
 type LogAudit struct {
-	Acked   int64 `json:"acked"`
+	Acked   int64 `json:"stored"`
 	Found   int64 `json:"found"`
 	Missing int64 `json:"missing"`
 }
@@ -243,7 +243,7 @@ func Log(l *LogAudit, why string) Check {
 		return c
 	}
 	c.Pass = l.Missing == 0 && l.Acked > 0
-	c.Detail = fmt.Sprintf("acked %d, in the log %d, missing %d", l.Acked, l.Found, l.Missing)
+	c.Detail = fmt.Sprintf("stored rows %d (the audits: every acknowledged reading among them), in the log %d, missing %d", l.Acked, l.Found, l.Missing)
 	return c
 }
 

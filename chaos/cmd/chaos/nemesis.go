@@ -213,7 +213,7 @@ func runNemesisOnce(ctx context.Context, e *env, o nemOpts, seed uint64, r *Resu
 	defer t.down()
 	out := filepath.Join(e.out, fmt.Sprintf("nemesis-%d", seed))
 	os.RemoveAll(out)
-	run := &fleetRun{mqtt: o.mqtt, v0: o.v0, v1: o.v1}
+	run := &fleetRun{mqtt: o.mqtt, v0: o.v0, v1: o.v1, log: o.log}
 	if err := run.start(ctx, e, t, out, o.duration); err != nil {
 		r.fail("seed %d: %v", seed, err)
 		return false
@@ -240,6 +240,7 @@ func runNemesisOnce(ctx context.Context, e *env, o nemOpts, seed uint64, r *Resu
 // the balancer and an operator's override driver.
 type fleetRun struct {
 	v1, v0, mqtt int
+	log          bool // the topology runs the readings log
 	out          string
 	began        time.Time
 	duration     time.Duration
@@ -327,7 +328,7 @@ func (f *fleetRun) finish(ctx context.Context, e *env, t *haTopo, seed uint64, i
 		}
 		v.Add(statsCheck(ctx, t, dsn))
 	}
-	v.Add(nemesis.Log(nil, "not measured: the checker does not read the Kafka topic yet (the swarm audits what reached the database)"))
+	v.Add(logCheck(ctx, t, f.log, dsn))
 	v.Costs = nemesis.Costs(iv, results)
 	// The faults go into each swarm's results.json and its report draws
 	// them as bands.
@@ -345,6 +346,28 @@ func (f *fleetRun) finish(ctx context.Context, e *env, t *haTopo, seed uint64, i
 		}
 	}
 	return v
+}
+
+// logCheck reads the readings log (with --log) against the stored rows.
+func logCheck(ctx context.Context, t *haTopo, withLog bool, dsn string) nemesis.Check {
+	if !withLog {
+		return nemesis.Log(nil, "no readings log in this run (--log=false)")
+	}
+	ms := t.machines(ctx)
+	var brokers []string
+	for _, k := range []string{"kafka1", "kafka2", "kafka3"} {
+		if a := ms[k]; a != "" {
+			brokers = append(brokers, a+":9092")
+		}
+	}
+	if len(brokers) == 0 || dsn == "" {
+		return nemesis.Check{Name: "the readings log holds every acknowledged reading", Detail: fmt.Sprintf("not read: brokers %v (cluster.sh machines), database DSN given %v", brokers, dsn != "")}
+	}
+	l, err := nemesis.ReadLog(ctx, brokers, "kettle.readings", dsn)
+	if err != nil {
+		return nemesis.Check{Name: "the readings log holds every acknowledged reading", Detail: err.Error()}
+	}
+	return nemesis.Log(l, "")
 }
 
 // statsCheck compares the statistics served through the balancer with the

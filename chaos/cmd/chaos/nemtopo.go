@@ -148,6 +148,18 @@ func (t *haTopo) healthy(ctx context.Context, limit time.Duration) error {
 	}
 }
 
+// machines are the members running now and their addresses.
+func (t *haTopo) machines(ctx context.Context) map[string]string {
+	out, _ := t.cmd(ctx, 30*time.Second, "machines")
+	m := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) == 2 {
+			m[f[0]] = f[1]
+		}
+	}
+	return m
+}
+
 // dsn is the nodes' multi-host DSN (the primary among the members).
 func (t *haTopo) dsn(ctx context.Context) (string, error) {
 	return t.cmd(ctx, 30*time.Second, "dsn")
