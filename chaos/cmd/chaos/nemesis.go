@@ -246,6 +246,7 @@ type fleetRun struct {
 	duration     time.Duration
 	swarms       map[string]*swarmProc
 	overrides    *nemesis.OverrideDriver
+	results      map[string]*sim.Results // after finish
 }
 
 func (f *fleetRun) start(ctx context.Context, e *env, t *haTopo, out string, d time.Duration) error {
@@ -303,6 +304,7 @@ func (f *fleetRun) finish(ctx context.Context, e *env, t *haTopo, seed uint64, i
 		}
 		results[name] = res
 	}
+	f.results = results
 	v.Add(nemesis.Faults(iv))
 	for _, c := range nemesis.Audits(results) {
 		v.Add(c)
