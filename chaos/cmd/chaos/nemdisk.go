@@ -99,7 +99,7 @@ func partSQLiteDiskFull(ctx context.Context, e *env) *Result {
 	} else {
 		results := map[string]*sim.Results{"http-v1": res}
 		v.Add(nemesis.Audits(results)[0])
-		for _, c := range judgeDiskFull(ctx, nil, nil, iv, results) {
+		for _, c := range judgeDiskFull(true, iv, results) {
 			v.Add(c)
 		}
 		v.Costs = nemesis.Costs(iv, results)
