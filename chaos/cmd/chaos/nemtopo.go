@@ -28,14 +28,15 @@ type haTopo struct {
 	nodes          int
 }
 
-// haMode is deploy/cluster.sh's mode: netns (every member on a machine of
-// its own, the network between them can fail) or loopback (processes on
-// 127.0.44.x: kills, stops and pauses only).
+// haMode is deploy/cluster.sh's mode for the nemesis: netns (every member
+// on a machine of its own, the network between them can fail), unless
+// KETTLE_HA_MODE=loopback asks for processes on 127.0.44.x (kills and
+// pauses only).
 func haMode() string {
 	if m := os.Getenv("KETTLE_HA_MODE"); m != "" {
 		return m
 	}
-	return "loopback"
+	return "netns"
 }
 
 // upTopo brings the topology up (nodes kettle serve nodes; withLog: the
