@@ -153,8 +153,9 @@ type OverrideDriver struct {
 }
 
 // OverrideMaxWait bounds how long an acknowledged override may take to
-// reach its kettle's polls before it counts as never delivered.
-const OverrideMaxWait = 60 * time.Second
+// reach its kettle's polls before it counts as never delivered (a
+// variable for the tests of this package).
+var OverrideMaxWait = 60 * time.Second
 
 // StartOverrides provisions kettles devices at base and drives overrides
 // on them until Stop.
@@ -191,6 +192,9 @@ func StartOverrides(ctx context.Context, base, operator string, kettles int, per
 			flush := float64(1+i%900) + 0.25
 			body := fmt.Appendf(nil, `{"flush_ml_per_s":%g,"expires_at":%q}`, flush, time.Now().Add(3*time.Hour).UTC().Format(time.RFC3339))
 			err := call(ctx, d.hc, "PUT", base+"/v1/devices/"+dev.ID+"/override", operator, body, nil)
+			if err != nil && ctx.Err() != nil {
+				return // stopped mid-request: neither acknowledged nor refused
+			}
 			if err != nil {
 				d.mu.Lock()
 				d.refused[statusOf(err)]++
