@@ -54,7 +54,7 @@ bench: bench-ingest
 # docs/reliability.md. One part: go run ./chaos/cmd/chaos crash|outage|overload|slow|badinput|auth|nemesis|nem-…
 # The seeded nemesis (3 seeds × 10 min on the machines of deploy/cluster.sh)
 # runs here only, its 2-minute form too: the machines' up and down, the
-# run, the audit and the members' catch-up take ≈4 min on this 2-core
+# run, the audit and the members' catch-up take minutes on this 2-core
 # machine under the heavy lock, more than make test's 15-minute budget has left.
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
