@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -110,16 +109,5 @@ func partSQLiteDiskFull(ctx context.Context, e *env) *Result {
 	if !srv.alive() {
 		v.Add(nemesis.Check{Name: "the node survives", Detail: "kettle serve exited: " + tail(srv.logPath, 3)})
 	}
-	for _, l := range v.Lines() {
-		r.measure("%s", strings.TrimSuffix(l, " (seed 0)"))
-	}
-	for _, c := range v.Checks {
-		if !c.Pass && !c.Skipped {
-			r.fail("%s: %s", c.Name, c.Detail)
-		}
-	}
-	if r.Pass {
-		r.Verdict = "SQLite disk full: uploads refused, polls answered, ingest resumed after the free, 0 lost"
-	}
-	return r
+	return judged(r, v, "SQLite disk full: uploads refused, polls answered, ingest resumed after the free, 0 lost")
 }

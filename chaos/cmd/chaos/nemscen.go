@@ -154,28 +154,32 @@ func runScenario(ctx context.Context, e *env, sc scenario) *Result {
 			v.Add(c)
 		}
 	}
-	for _, l := range v.Lines() {
-		r.measure("%s", strings.TrimSuffix(l, " (seed 0)"))
-	}
 	b, _ := json.MarshalIndent(struct {
 		Faults  []nemesis.Interval `json:"faults"`
 		Verdict nemesis.Verdict    `json:"verdict"`
 	}{iv, v}, "", " ")
 	os.WriteFile(filepath.Join(out, "nemesis.json"), b, 0o644)
-	var failed []string
-	for _, c := range v.Checks {
-		if !c.Pass && !c.Skipped {
-			failed = append(failed, c.Name+": "+c.Detail)
-		}
-	}
-	if len(failed) > 0 {
-		return r.fail("%s", strings.Join(failed, "; "))
-	}
 	var costs []string
 	for _, c := range v.Costs {
 		costs = append(costs, c.Line())
 	}
-	r.Verdict = "0 lost, 0 duplicated, statistics equal to the rows, members equal; " + strings.Join(costs, "; ")
+	return judged(r, v, "0 lost, 0 duplicated, statistics equal to the rows, members equal; "+strings.Join(costs, "; "))
+}
+
+// judged is a part's result from the checker's verdict: each line a
+// finding, each failed check in the verdict, pass the verdict otherwise.
+func judged(r *Result, v nemesis.Verdict, pass string) *Result {
+	for _, l := range v.Lines() {
+		r.measure("%s", strings.TrimSuffix(l, " (seed 0)"))
+	}
+	for _, c := range v.Checks {
+		if !c.Pass && !c.Skipped {
+			r.fail("%s: %s", c.Name, c.Detail)
+		}
+	}
+	if r.Pass {
+		r.Verdict = pass
+	}
 	return r
 }
 

@@ -77,18 +77,7 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 		a := nemesis.Audits(map[string]*sim.Results{"merged (the workers still answering)": res})
 		v.Add(a[0])
 	}
-	for _, l := range v.Lines() {
-		r.measure("%s", strings.TrimSuffix(l, " (seed 0)"))
-	}
-	for _, c := range v.Checks {
-		if !c.Pass && !c.Skipped {
-			r.fail("%s: %s", c.Name, c.Detail)
-		}
-	}
-	if r.Pass {
-		r.Verdict = "a worker cut from the controller: the run ends with a merged audit (lost=0 duplicated=0) and names the share it could not measure"
-	}
-	return r
+	return judged(r, v, "a worker cut from the controller: the run ends with a merged audit (lost=0 duplicated=0) and names the share it could not measure")
 }
 
 func init() {
