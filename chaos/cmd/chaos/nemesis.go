@@ -46,8 +46,9 @@ printed, then carried out under a fleet of kettle swarms (HTTP v1 and v0, MQTT)
 and an operator setting overrides, every fault healed; then the checker: the
 audits, the statistics recomputed from the rows, the overrides, every database
 member's rows, and what each fault cost the kettles. A run that loses or
-duplicates anything fails and prints its seed. KETTLE_HA_MODE=netns puts every
-member on a machine of its own (partitions, slow links, clocks need it).
+duplicates anything fails and prints its seed. Every member runs on a machine
+of its own (deploy/cluster.sh's netns mode); KETTLE_HA_MODE=loopback runs them
+as processes on 127.0.44.x, where only pause and kill can be injected.
 
 Flags (each has an env twin, KETTLE_NEMESIS_<FLAG>):
 `
@@ -76,9 +77,11 @@ func parseNemesis(args []string) (nemOpts, error) {
 	dur := fs.String("duration", envDefault("duration", "10m"), "each run's length; faults are all healed by its last fifth (at least 30 s of recovery)")
 	faults := fs.String("faults", envDefault("faults", defaultKinds), "fault kinds to draw from, comma-separated: "+strings.Join(nemesis.Kinds, ",")+", or all")
 	nodes := fs.String("nodes", envDefault("nodes", "2"), "kettle serve nodes behind HAProxy")
-	log := fs.String("log", envDefault("log", "false"), "the readings log in front (Kafka × 3 and a writer: cluster.sh up --log)")
-	v1 := fs.String("kettles", envDefault("kettles", "300"), "HTTP v1 kettles (and as many tenths of them each as v0 HTTP and MQTT kettles)")
-	dry := fs.Bool("dry-run", false, "print the schedule and exit")
+	logDef, _ := strconv.ParseBool(envDefault("log", "false"))
+	log := fs.Bool("log", logDef, "the readings log in front (Kafka × 3 and a writer: cluster.sh up --log)")
+	v1 := fs.String("kettles", envDefault("kettles", "300"), "HTTP v1 kettles (and a third as many each of v0 HTTP and MQTT kettles)")
+	dryDef, _ := strconv.ParseBool(envDefault("dry-run", "false"))
+	dry := fs.Bool("dry-run", dryDef, "print the schedule and exit")
 	if err := fs.Parse(args); err != nil {
 		return nemOpts{}, err
 	}
@@ -110,9 +113,7 @@ func parseNemesis(args []string) (nemOpts, error) {
 	if o.nodes, err = strconv.Atoi(*nodes); err != nil || o.nodes < 1 || o.nodes > 9 {
 		return o, fmt.Errorf("--nodes: between 1 and 9, got %q", *nodes)
 	}
-	if o.log, err = strconv.ParseBool(*log); err != nil {
-		return o, fmt.Errorf("--log: %v", err)
-	}
+	o.log = *log
 	if o.v1, err = strconv.Atoi(*v1); err != nil || o.v1 < 10 {
 		return o, fmt.Errorf("--kettles: at least 10, got %q", *v1)
 	}
