@@ -47,7 +47,8 @@
 # MEMBER is a name above; `host` is this machine (the tests, the lab's
 # controller). A GROUP is MEMBER,MEMBER,… .
 #   partition GROUP GROUP…      drop every packet between members of different groups,
-#                               both ways (nftables on the bridge; netns mode)
+#                               both ways (nftables on the bridge; netns mode); a member
+#                               in no group still reaches every side
 #   unpartition GROUP GROUP…    lift exactly that partition
 #   partition-oneway FROM TO    drop packets from group FROM to group TO only
 #   unpartition-oneway FROM TO
