@@ -47,7 +47,8 @@
 # MEMBER is a name above; `host` is this machine (the tests, the lab's
 # controller). A GROUP is MEMBER,MEMBER,… .
 #   partition GROUP GROUP…      drop every packet between members of different groups,
-#                               both ways (nftables on the bridge; netns mode)
+#                               both ways (nftables on the bridge; netns mode); a member
+#                               in no group still reaches every side
 #   unpartition GROUP GROUP…    lift exactly that partition
 #   partition-oneway FROM TO    drop packets from group FROM to group TO only
 #   unpartition-oneway FROM TO
@@ -142,6 +143,9 @@ if [ "$TOXI" = 1 ]; then
 else
 	LBNET=$NET DBNET=$NET REPLNET=$NET KNET=$NET
 fi
+
+# KETTLE_HA_TRACE=1: every command on stderr, with the seconds since start.
+[ -n "${KETTLE_HA_TRACE:-}" ] && { PS4='+ ${SECONDS}s '; set -x; }
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 log() { echo "cluster.sh: $*" >&2; }
@@ -344,11 +348,14 @@ up() {
 	[ "$MODE" = netns ] && bridge_up
 	for i in 1 2 3; do start_etcd "$i"; done
 	for i in 1 2 3; do wait_for "etcd$i" 30 http_ok "http://$NET.$i:2379/health" || { down; die "etcd did not start; see $DIR/etcd*.log"; }; done
+	# Kafka needs neither etcd nor PostgreSQL: its JVMs start meanwhile.
+	local kafka=""
+	if [ "$LOGMODE" = 1 ]; then start_kafka >"$DIR/kafka-start.log" 2>&1 & kafka=$!; fi
 	for i in 1 2 3; do start_pg "$i"; done
 	wait_for "a Patroni leader and two streaming standbys" 120 healthy || die "the Patroni cluster did not come up; see $DIR/pg*.log (deploy/cluster.sh down to clean up)"
 	create_db
-	if [ "$LOGMODE" = 1 ]; then
-		start_kafka
+	if [ -n "$kafka" ]; then
+		wait "$kafka" || die "kafka did not start: $(tail -5 "$DIR/kafka-start.log")"
 		start_writer
 	fi
 	for i in $(seq 1 "$NODES"); do start_kettle "$i"; done
@@ -397,17 +404,24 @@ down() {
 	thaw_all
 	[ "$MODE" = netns ] && net_heal
 	stop_member haproxy TERM 5
-	for p in "$DIR"/worker*.pid; do [ -e "$p" ] && stop_member "$(basename "$p" .pid)" TERM 5; done
-	for i in 1 2 3 4 5 6 7 8 9; do stop_member "kettle$i" TERM 40; done
-	stop_member writer TERM 40
+	# the members of one kind stop side by side
+	local w=()
+	for p in "$DIR"/worker*.pid; do [ -e "$p" ] && { stop_member "$(basename "$p" .pid)" TERM 5 & w+=($!); }; done
+	for i in 1 2 3 4 5 6 7 8 9; do stop_member "kettle$i" TERM 40 & w+=($!); done
+	stop_member writer TERM 40 & w+=($!)
+	for p in "${w[@]}"; do wait "$p" || true; done
 	[ -d "$DIR/kafka" ] && kafka_sh stop "$DIR/kafka" >/dev/null 2>&1
-	for i in 1 2 3; do stop_member "pg$i" TERM 30; done
+	w=()
+	for i in 1 2 3; do stop_member "pg$i" TERM 30 & w+=($!); done
+	for p in "${w[@]}"; do wait "$p" || true; done
 	for i in 1 2 3; do
 		p=$(postmaster "$i")
 		[ -n "$p" ] && kill -0 "$p" 2>/dev/null && kill -QUIT "$p" 2>/dev/null || true
 	done
-	for i in 1 2 3; do stop_member "etcd$i" TERM 10; done
-	for p in "$DIR"/toxi-*.pid; do [ -e "$p" ] && stop_member "$(basename "$p" .pid)" TERM 5; done
+	w=()
+	for i in 1 2 3; do stop_member "etcd$i" TERM 10 & w+=($!); done
+	for p in "$DIR"/toxi-*.pid; do [ -e "$p" ] && { stop_member "$(basename "$p" .pid)" TERM 5 & w+=($!); }; done
+	for p in "${w[@]}"; do wait "$p" || true; done
 	sweep
 	if [ "${KETTLE_HA_KEEP:-}" = "" ]; then
 		# never through a mount that is still there
