@@ -36,108 +36,76 @@ type Interval struct {
 const HealTimeout = 3 * time.Minute
 
 // Run carries out the schedule from start (the run's time zero): each
-// fault injected at its Start and healed at its End. It returns when every
-// fault it injected is healed — at the schedule's end, or at once when ctx
-// is cancelled (Ctrl-C, a failed part): a fault never outlives Run.
-// logf narrates each step.
+// fault injected at its Start and healed at its End, each on its own
+// goroutine, so a slow verb (a node that takes a minute to be ready) never
+// delays another fault. It returns when every fault it injected is healed —
+// at the schedule's end, or at once when ctx is cancelled (Ctrl-C, a failed
+// part): a fault never outlives Run. A heal that fails is retried until
+// HealTimeout (a node started while the database cannot take writes is
+// ready only once it can). logf narrates each step.
 func Run(ctx context.Context, s *Schedule, start time.Time, a Actor, logf func(string, ...any)) []Interval {
-	type step struct {
-		at   time.Duration
-		i    int
-		heal bool
-	}
-	var steps []step
-	for i, f := range s.Faults {
-		steps = append(steps, step{f.Start, i, false}, step{f.End, i, true})
-	}
-	// Heals first at a tie: a fault ending when another starts frees what
-	// they both hold.
-	slices.SortStableFunc(steps, func(x, y step) int {
-		if x.at != y.at {
-			return int(x.at - y.at)
-		}
-		if x.heal != y.heal {
-			if x.heal {
-				return -1
-			}
-			return 1
-		}
-		return x.i - y.i
-	})
 	out := make([]Interval, len(s.Faults))
-	active := map[int]bool{}
-	var mu sync.Mutex
-	heal := func(i int) {
-		f := s.Faults[i]
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), HealTimeout)
-		defer cancel()
-		args := resolveAs(f.Heal, f.Inject, out[i].Inject)
-		out[i].Heal = args
-		if err := a.Do(hctx, args...); err != nil {
-			out[i].Err = appendErr(out[i].Err, fmt.Sprintf("heal %s: %v", strings.Join(args, " "), err))
-			logf("nemesis: heal %q failed: %v", f.Name, err)
-		}
-		out[i].End = time.Now()
-		mu.Lock()
-		delete(active, i)
-		mu.Unlock()
-		logf("nemesis: healed %s (%s)", f.Name, strings.Join(args, " "))
+	var wg sync.WaitGroup
+	for i := range s.Faults {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runFault(ctx, s.Faults[i], start, a, logf, &out[i])
+		}()
 	}
-	defer func() {
-		// Whatever is still in force when Run leaves (cancel, panic) is
-		// healed, last injected first.
-		mu.Lock()
-		var left []int
-		for i := range active {
-			left = append(left, i)
-		}
-		mu.Unlock()
-		slices.SortFunc(left, func(x, y int) int { return y - x })
-		for _, i := range left {
-			heal(i)
-		}
-	}()
-	for _, st := range steps {
-		if w := time.Until(start.Add(st.at)); w > 0 {
-			t := time.NewTimer(w)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return out
-			case <-t.C:
-			}
-		}
-		if ctx.Err() != nil {
-			return out
-		}
-		f := s.Faults[st.i]
-		if st.heal {
-			mu.Lock()
-			on := active[st.i]
-			mu.Unlock()
-			if on {
-				heal(st.i)
-			}
-			continue
-		}
-		args, err := resolve(ctx, a, f.Inject)
-		out[st.i] = Interval{Kind: f.Kind, Name: f.Name, Start: time.Now(), Inject: args}
-		if err == nil {
-			err = a.Do(ctx, args...)
-		}
-		if err != nil {
-			// A verb that failed half-way may have done something: it
-			// is healed all the same.
-			out[st.i].Err = fmt.Sprintf("inject %s: %v", strings.Join(args, " "), err)
-			logf("nemesis: inject %q failed: %v", f.Name, err)
-		} else {
-			logf("nemesis: %s (%s)", f.Name, strings.Join(args, " "))
-		}
-		mu.Lock()
-		active[st.i] = true
-		mu.Unlock()
-	}
+	wg.Wait()
 	return out
+}
+
+// until waits for t or ctx's end, and reports whether t came.
+func until(ctx context.Context, t time.Time) bool {
+	if w := time.Until(t); w > 0 {
+		tm := time.NewTimer(w)
+		defer tm.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tm.C:
+		}
+	}
+	return ctx.Err() == nil
+}
+
+func runFault(ctx context.Context, f Fault, start time.Time, a Actor, logf func(string, ...any), out *Interval) {
+	if !until(ctx, start.Add(f.Start)) {
+		return
+	}
+	args, err := resolve(ctx, a, f.Inject)
+	*out = Interval{Kind: f.Kind, Name: f.Name, Start: time.Now(), Inject: args}
+	if err == nil {
+		err = a.Do(ctx, args...)
+	}
+	if err != nil {
+		// A verb that failed half-way may have done something: it is
+		// healed all the same.
+		out.Err = fmt.Sprintf("inject %s: %v", strings.Join(args, " "), err)
+		logf("nemesis: inject %q failed: %v", f.Name, err)
+	} else {
+		logf("nemesis: %s (%s)", f.Name, strings.Join(args, " "))
+	}
+	until(ctx, start.Add(f.End))
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), HealTimeout)
+	defer cancel()
+	out.Heal = resolveAs(f.Heal, f.Inject, out.Inject)
+	for {
+		err := a.Do(hctx, out.Heal...)
+		if err == nil {
+			break
+		}
+		if hctx.Err() != nil || !until(hctx, time.Now().Add(5*time.Second)) {
+			out.Err = appendErr(out.Err, fmt.Sprintf("heal %s: %v", strings.Join(out.Heal, " "), err))
+			logf("nemesis: heal %q failed: %v", f.Name, err)
+			break
+		}
+		logf("nemesis: heal %q: %v; again in 5s", f.Name, err)
+	}
+	out.End = time.Now()
+	logf("nemesis: healed %s (%s)", f.Name, strings.Join(out.Heal, " "))
 }
 
 // resolve replaces the symbolic members in args by the members now behind
