@@ -330,11 +330,14 @@ type Fleet interface {
 	Limits() fleet.LimitStats
 	Pruned() int64
 	PruneErrors() int64
+	Lookups() fleet.LookupStats
 }
 
 var _ Fleet = (*fleet.Service)(nil)
 
 const registrationsRefusedHelp = "Device registrations refused: login_rate, a POST /login over --login-rate (429); login_rate_source, a POST /login over --login-rate-per-source (429); registry_full, a POST /login or POST /v1/devices past --max-devices (403)."
+
+var lookupsHelp = "Case-study credentials (servant-auth-cookie) this node did not have in memory, looked up in the store (the primary): found, registered by another node since this node's last cache refresh (answered as usual); unknown, not in the store (401, and remembered for " + fleet.LookupMissTTL.String() + "); error, the store could not say within --store-timeout (503 + Retry-After)."
 
 const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, answered 429 + Retry-After), or paced (MQTT publishes held until the kettle is within its rate, its connection not read meanwhile)."
 
@@ -400,6 +403,33 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_login_sources_untracked_total",
 			Help: "POST /login requests from a new address not held to --login-rate-per-source because its table was full (65,536 addresses, all within their bursts); --login-rate still applied.",
 		}, func() float64 { return float64(f.Limits().SourcesUntracked) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "found"},
+		}, func() float64 { return float64(f.Lookups().Found) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "unknown"},
+		}, func() float64 { return float64(f.Lookups().Unknown) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "error"},
+		}, func() float64 { return float64(f.Lookups().Failed) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_device_lookups_avoided_total",
+			Help: "Case-study credentials refused (401) from this node's memory of ids the store did not hold, without a store lookup.",
+		}, func() float64 { return float64(f.Lookups().MissHits) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_device_lookup_misses",
+			Help: "Ids the store did not hold that this node remembers (for " + fleet.LookupMissTTL.String() + " each); compare with kettle_device_lookup_misses_capacity: when full, the oldest goes.",
+		}, func() float64 { return float64(f.Lookups().Misses) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_device_lookup_misses_capacity",
+			Help: "Ids the store did not hold that this node remembers at most.",
+		}, func() float64 { return float64(f.Lookups().MissesMax) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_devices_pruned_total",
 			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",

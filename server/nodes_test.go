@@ -15,6 +15,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
@@ -235,4 +236,65 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 	if n, p := refreshes(), peers(); p != 0 || n > before+1 {
 		t.Errorf("after the old version's connection closed: %v peers, %v refreshes in 2 s; want 0, at most 1", p, n-before)
 	}
+}
+
+// TestV0LoginOnAnotherNode: a case-study kettle that logs in on node A and
+// sends its first reading and poll to node B at once (a round-robin
+// balancer) is answered 200 by B, which has not refreshed its cache since
+// (--cache-refresh 1h here): B looks the id up in the store. An id never
+// issued is still 401, on both nodes, and again from B's memory of it. With
+// B's database unreachable (a proxy that stops forwarding), an id B has not
+// seen is 503 + Retry-After — the store cannot say — never 401; once it
+// forwards again, 200.
+func TestV0LoginOnAnotherNode(t *testing.T) {
+	dsn := pgtest.Start(t)
+	network, target := blackhole.Target(dsn)
+	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bh.Close)
+	mod := func(c *server.Config) {
+		c.Ingest = fleet.Config{Refresh: time.Hour, StoreTimeout: time.Second}
+	}
+	a, b := start(t, dsn, mod), start(t, blackhole.Via(dsn, bh.Addr()), mod)
+	ca, cb := newClient(t, a), newClient(t, b)
+	now := time.Now().UTC()
+	post := func(c *client, id string, i int) resp {
+		t.Helper()
+		return c.do("POST", "/measurement", cookie(id), v0Body(now.Add(time.Duration(i)*time.Second), 5, 100, -1, 20, 50, 90))
+	}
+	f := func(r resp, what string, want int) {
+		t.Helper()
+		if r.status != want {
+			t.Errorf("%s: %d %s, want %d", what, r.status, r.body, want)
+		}
+		if want == 503 && r.status == 503 && r.header.Get("Retry-After") == "" {
+			t.Errorf("%s: 503 without Retry-After", what)
+		}
+	}
+	for i := range 5 {
+		id := login(t, ca)
+		f(post(cb, id, i), "a reading on B right after the login on A", 200)
+		f(cb.do("GET", "/command", cookie(id), ""), "a poll on B right after the login on A", 200)
+	}
+	never := uuid.NewString()
+	f(post(ca, never, 0), "an id never issued, on A", 401)
+	f(post(cb, never, 0), "an id never issued, on B", 401)
+	f(cb.do("GET", "/command", cookie(never), ""), "an id never issued, on B again", 401)
+	if v := metricValue(t, b, `kettle_device_lookups_total{kind="found"}`); v != 5 {
+		t.Errorf(`B's kettle_device_lookups_total{kind="found"} = %v, want 5`, v)
+	}
+	if v := metricValue(t, b, "kettle_device_lookups_avoided_total"); v != 1 {
+		t.Errorf("B's kettle_device_lookups_avoided_total = %v, want 1 (the second use of the id never issued)", v)
+	}
+
+	id := login(t, ca)
+	bh.Block(true)
+	f(post(cb, id, 0), "a reading on B, its database unreachable, right after the login on A", 503)
+	f(cb.do("GET", "/command", cookie(id), ""), "a poll on B, its database unreachable, right after the login on A", 503)
+	f(post(cb, uuid.NewString(), 0), "an id never issued, on B, its database unreachable", 503)
+	f(post(cb, never, 1), "an id B remembers as never issued, its database unreachable", 401)
+	bh.Block(false)
+	waitFor(t, func() bool { return post(cb, id, 0).status == 200 }, "a reading on B once its database is reachable again")
 }

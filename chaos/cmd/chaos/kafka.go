@@ -105,40 +105,26 @@ func (r *logRig) swarm(e *env, d time.Duration, auditAfter string) (*swarmProc, 
 // lagSampler reads the front's kettle_log_lag_records (summed over
 // partitions) every second.
 type lagSampler struct {
-	mu   sync.Mutex
-	at   []time.Time
-	lag  []float64
-	stop chan struct{}
-	done chan struct{}
+	mu    sync.Mutex
+	at    []time.Time
+	lag   []float64
+	every *sampler
 }
 
 func sampleLag(url string) *lagSampler {
-	s := &lagSampler{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			if txt, err := metricsText(url); err == nil {
-				s.mu.Lock()
-				s.at = append(s.at, time.Now())
-				s.lag = append(s.lag, metricSum(txt, "kettle_log_lag_records"))
-				s.mu.Unlock()
-			}
-			select {
-			case <-t.C:
-			case <-s.stop:
-				return
-			}
+	s := &lagSampler{}
+	s.every = everySecond(func() {
+		if txt, err := metricsText(url); err == nil {
+			s.mu.Lock()
+			s.at = append(s.at, time.Now())
+			s.lag = append(s.lag, metricSum(txt, "kettle_log_lag_records"))
+			s.mu.Unlock()
 		}
-	}()
+	})
 	return s
 }
 
-func (s *lagSampler) end() {
-	close(s.stop)
-	<-s.done
-}
+func (s *lagSampler) end() { s.every.end() }
 
 // peakAfter is the largest lag from t on and when it was seen.
 func (s *lagSampler) peakAfter(t time.Time) (float64, time.Time) {
@@ -295,56 +281,6 @@ func partLogOutage(ctx context.Context, e *env) *Result {
 	auditAndCount(r, rig, res, code, sw.logPath)
 	if r.Pass {
 		r.Verdict = fmt.Sprintf("0 of %d uploads refused during a %s PostgreSQL outage; lag peaked at %.0f and drained; audit clean", res.Totals.Endpoints[sim.EPMeasurement].Requests, outage, peak)
-	}
-	return r
-}
-
-// partLogBroker (b): kill -9 one Kafka broker under the fleet, start it
-// again 30 s later: producing goes on, nothing acknowledged is lost.
-func partLogBroker(ctx context.Context, e *env) *Result {
-	const before, down, duration = 20 * time.Second, 30 * time.Second, 90 * time.Second
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve --log with 2 writers; kettle swarm (%d v1 kettles every %s, %s); %s in, Kafka node 1 killed with SIGKILL, started again %s later; audit after the writers drained the log.", logDevices, logInterval, duration, before, down)}
-	rig, err := startLogRig(ctx, e, "log-broker", 2)
-	defer rig.close()
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	sw, err := rig.swarm(e, duration, rig.writers[0].url)
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	sleep(ctx, before)
-	e.logf("log-broker: kill -9 Kafka node 1")
-	if err := rig.kafka.Kill(1); err != nil {
-		r.fail("%v", err)
-	}
-	killed := time.Now()
-	sleep(ctx, down)
-	if err := rig.kafka.StartNode(1); err != nil {
-		r.fail("%v", err)
-	}
-	back := time.Now()
-	e.logf("log-broker: node 1 back after %.1fs", back.Sub(killed).Seconds())
-	res, code, err := sw.wait(ctx, duration+6*time.Minute)
-	if err != nil {
-		return r.fail("swarm: %v", err)
-	}
-	refused, kinds := ingestRefused(res)
-	var ackedDown, offeredDown int64
-	for _, s := range res.Seconds {
-		t := res.Start.Add(time.Duration(s.T) * time.Second)
-		if t.After(killed) && t.Before(back) {
-			ackedDown += s.Acked
-			offeredDown += s.Readings
-		}
-	}
-	r.measure("while node 1 was down: %d readings acknowledged of %d generated; whole run: %d acknowledged, %d uploads refused or failed %v", ackedDown, offeredDown, res.Totals.Acked, refused, kinds)
-	if ackedDown == 0 || float64(ackedDown) < 0.5*float64(offeredDown) {
-		r.fail("producing did not go on with one broker down (%d of %d acknowledged)", ackedDown, offeredDown)
-	}
-	auditAndCount(r, rig, res, code, sw.logPath)
-	if r.Pass {
-		r.Verdict = fmt.Sprintf("%d of %d readings acknowledged while a broker was down, %d uploads refused; 0 lost", ackedDown, offeredDown, refused)
 	}
 	return r
 }
