@@ -201,7 +201,12 @@ type Store interface {
 	Statistics(ctx context.Context, q StatsQuery) (Statistics, error)
 	// Devices lists devices in id order after the cursor (uuid.Nil: from the start).
 	Devices(ctx context.Context, after DeviceID, limit int) ([]DeviceState, error)
-	// Device returns one device or an *Error with code ENotFound.
+	// Device returns one device or an *Error with code ENotFound. It is
+	// how a node learns of a device another process registered (a
+	// case-study login on another node): it reads the primary, never a
+	// read replica, so it finds every device whose Register or Write has
+	// returned, through any handle on the same database; and a store that
+	// cannot answer (timeout, down) returns another code, never ENotFound.
 	Device(ctx context.Context, id DeviceID) (DeviceState, error)
 	// History pages through one device's measurements.
 	History(ctx context.Context, q HistoryQuery) ([]Measurement, error)

@@ -7,8 +7,9 @@
 //
 // One file per concern: ingest.go (queues, batchers, commit), registry.go
 // (devices, overrides, commands), ratelimit.go (limits), refresh.go (what
-// other nodes wrote), prune.go and retention.go (expiry), reads.go (the
-// store reads the adapters answer with), config.go.
+// other nodes wrote), lookup.go (credentials other nodes issued), prune.go
+// and retention.go (expiry), reads.go (the store reads the adapters answer
+// with), config.go.
 package fleet
 
 import (
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/kettlefleet/kettlefleet"
 )
@@ -51,6 +53,7 @@ type Service struct {
 	rateLimits          // ratelimit.go: per-device and login rates
 	cacheRefresh        // refresh.go: merging what other nodes wrote
 	pruning             // prune.go: removing devices that never reported
+	lookups             // lookup.go: credentials this node has not seen yet
 	expiry       expiry // retention.go: expiring old readings
 }
 
@@ -76,6 +79,7 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 	s.deviceRate = newGCRA(cfg.DeviceRate, cfg.DeviceBurst)
 	s.loginRate = newGCRA(cfg.LoginRate, cfg.LoginBurst)
 	s.loginSource = newGCRA(cfg.LoginSourceRate, cfg.LoginSourceBurst)
+	s.slots = semaphore.NewWeighted(maxLookups)
 	err := store.Scan(ctx, func(d kettle.DeviceState) error {
 		c := s.cache.add(d.ID)
 		c.lastSeen = unixNano(d.LastSeen)

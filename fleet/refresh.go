@@ -112,27 +112,8 @@ func (s *Service) Refresh(ctx context.Context) error {
 	s.mu.Unlock()
 	err := s.store.Scan(ctx, func(d kettle.DeviceState) error {
 		s.mu.Lock()
-		c := s.cache.add(d.ID)
+		moved := s.merge(d, began)
 		s.cache.mark(s.cache.index[d.ID])
-		moved := false
-		if d.Latest != nil && c.newer(d.Latest) {
-			c.setLatest(d.Latest)
-			moved = true
-		}
-		if d.CapacityML > c.capacityML {
-			c.capacityML = d.CapacityML
-		}
-		if ls := unixNano(d.LastSeen); ls > c.lastSeen {
-			c.lastSeen = ls
-		}
-		if !d.RevokedAt.IsZero() && !c.revoked {
-			c.revoked = true
-			moved = true
-		}
-		if o := s.cache.override(d.ID, c); !overrideEqual(o, d.Override) && (o == nil || o.SetAt.Before(began.Add(-time.Second))) {
-			s.cache.setOverride(d.ID, c, d.Override)
-			moved = true
-		}
 		s.mu.Unlock()
 		if moved {
 			changed = append(changed, d.ID)
@@ -160,6 +141,34 @@ func (s *Service) Refresh(ctx context.Context) error {
 		s.changed(changed)
 	}
 	return err
+}
+
+// merge folds a device's stored state, read from a store call that began at
+// began, into the cache: a newer latest reading, a larger capacity, a later
+// last-seen time, a revocation, and the stored override (unless this node
+// set one after began). It reports whether the device's command may have
+// changed. Caller holds s.mu.
+func (s *Service) merge(d kettle.DeviceState, began time.Time) (moved bool) {
+	c := s.cache.add(d.ID)
+	if d.Latest != nil && c.newer(d.Latest) {
+		c.setLatest(d.Latest)
+		moved = true
+	}
+	if d.CapacityML > c.capacityML {
+		c.capacityML = d.CapacityML
+	}
+	if ls := unixNano(d.LastSeen); ls > c.lastSeen {
+		c.lastSeen = ls
+	}
+	if !d.RevokedAt.IsZero() && !c.revoked {
+		c.revoked = true
+		moved = true
+	}
+	if o := s.cache.override(d.ID, c); !overrideEqual(o, d.Override) && (o == nil || o.SetAt.Before(began.Add(-time.Second))) {
+		s.cache.setOverride(d.ID, c, d.Override)
+		moved = true
+	}
+	return moved
 }
 
 func overrideEqual(a, b *kettle.Override) bool {

@@ -94,8 +94,9 @@ func (s *Service) register(ctx context.Context, ids []kettle.DeviceID, reserved 
 	return nil
 }
 
-// Registered reports whether the device is known and not revoked (the
-// case-study protocol's only credential check). Answered from memory.
+// Registered reports whether this node knows the device and it is not
+// revoked, from memory only; the case-study credential check is Issued,
+// which also asks the store about a device this node has not seen.
 func (s *Service) Registered(id kettle.DeviceID) bool {
 	s.mu.RLock()
 	d := s.cache.get(id)

@@ -21,11 +21,15 @@ type Ingester interface {
 }
 
 // Registry is the devices and their commands: credentials checked from
-// memory, registration, revocation, pruning, overrides and the command a
+// memory (or the store, for a device another node registered since this
+// node's last refresh), registration, revocation, pruning, overrides and the command a
 // poll gets.
 type Registry interface {
 	Register(ctx context.Context, n int) ([]kettle.DeviceID, error)
-	Registered(id kettle.DeviceID) bool
+	// Issued reports whether id is a registered, unrevoked device, from
+	// memory or, for one this node has not seen, the store (an
+	// EUnavailable error when it cannot say).
+	Issued(ctx context.Context, id kettle.DeviceID) (bool, error)
 	Revoked(id kettle.DeviceID) bool
 	Revoke(ctx context.Context, id kettle.DeviceID) error
 	Prune(ctx context.Context, olderThan time.Duration, dryRun bool) (fleet.PruneResult, error)

@@ -330,11 +330,14 @@ type Fleet interface {
 	Limits() fleet.LimitStats
 	Pruned() int64
 	PruneErrors() int64
+	Lookups() fleet.LookupStats
 }
 
 var _ Fleet = (*fleet.Service)(nil)
 
 const registrationsRefusedHelp = "Device registrations refused: login_rate, a POST /login over --login-rate (429); login_rate_source, a POST /login over --login-rate-per-source (429); registry_full, a POST /login or POST /v1/devices past --max-devices (403)."
+
+var lookupsHelp = "Case-study credentials (servant-auth-cookie) this node did not have in memory, looked up in the store (the primary): found, registered by another node since this node's last cache refresh (answered as usual); unknown, not in the store (401, and remembered for " + fleet.LookupMissTTL.String() + "); error, the store could not say within --store-timeout (503 + Retry-After)."
 
 const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, answered 429 + Retry-After), or paced (MQTT publishes held until the kettle is within its rate, its connection not read meanwhile)."
 
@@ -400,6 +403,33 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_login_sources_untracked_total",
 			Help: "POST /login requests from a new address not held to --login-rate-per-source because its table was full (65,536 addresses, all within their bursts); --login-rate still applied.",
 		}, func() float64 { return float64(f.Limits().SourcesUntracked) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "found"},
+		}, func() float64 { return float64(f.Lookups().Found) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "unknown"},
+		}, func() float64 { return float64(f.Lookups().Unknown) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "kettle_device_lookups_total",
+			Help:        lookupsHelp,
+			ConstLabels: prometheus.Labels{"kind": "error"},
+		}, func() float64 { return float64(f.Lookups().Failed) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_device_lookups_avoided_total",
+			Help: "Case-study credentials refused (401) from this node's memory of ids the store did not hold, without a store lookup.",
+		}, func() float64 { return float64(f.Lookups().MissHits) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_device_lookup_misses",
+			Help: "Ids the store did not hold that this node remembers (for " + fleet.LookupMissTTL.String() + " each); compare with kettle_device_lookup_misses_capacity: when full, the oldest goes.",
+		}, func() float64 { return float64(f.Lookups().Misses) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_device_lookup_misses_capacity",
+			Help: "Ids the store did not hold that this node remembers at most.",
+		}, func() float64 { return float64(f.Lookups().MissesMax) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_devices_pruned_total",
 			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",
@@ -722,7 +752,6 @@ type MQTTStats struct {
 	CommandsPushed               int64
 	CommandsDropped              int64
 	Malformed                    int64
-	TakeoverRepairs              int64
 	Shed                         [3]int64 // by MQTTShedReasons
 	MaxConns                     int64
 }
@@ -747,9 +776,8 @@ var (
 	mqttDropped   = prometheus.NewDesc("kettle_mqtt_qos0_dropped_total", "QoS 0 messages dropped because ingest was unavailable.", nil, nil)
 	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
 	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
-	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the broker library's decoder (contained to the connection).", nil, nil)
-	mqttRestored  = prometheus.NewDesc("kettle_mqtt_sessions_restored_total", "New MQTT sessions put back into the broker library's client map or topic index after the end of the session they took over removed them.", nil, nil)
-	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
+	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the packet decoder (contained to the connection).", nil, nil)
+	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes whose write failed (the kettle stopped reading past --mqtt-write-timeout, or its connection ended); it gets the current command when it subscribes again.", nil, nil)
 	mqttShed      = prometheus.NewDesc("kettle_mqtt_connects_shed_total", "MQTT CONNECTs refused for capacity, by the reason an MQTT 5 kettle is told: quota_exceeded (over --mqtt-max-conns), server_busy (shedding load), use_another_server (either, with --mqtt-server-reference); MQTT 3.1.1 kettles get 0x03 for each.", []string{"reason"}, nil)
 	mqttMaxConns  = prometheus.NewDesc("kettle_mqtt_connections_max", "MQTT device connections this node accepts (--mqtt-max-conns); beyond it CONNECTs are refused with a reason.", nil, nil)
 )
@@ -757,7 +785,7 @@ var (
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttRestored, mqttShed, mqttMaxConns} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttShed, mqttMaxConns} {
 		ch <- d
 	}
 }
@@ -781,7 +809,6 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttCommands, s.CommandsPushed)
 	n(mqttCmdDrop, s.CommandsDropped)
 	n(mqttMalformed, s.Malformed)
-	n(mqttRestored, s.TakeoverRepairs)
 	for i, v := range s.Shed {
 		n(mqttShed, v, MQTTShedReasons[i])
 	}

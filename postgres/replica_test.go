@@ -56,3 +56,32 @@ func TestReadReplica(t *testing.T) {
 	f(1, dsn, true) // the primary as its own "replica": lag 0
 	f(2, dead, false)
 }
+
+// TestDeviceReadsPrimary: with --db-read, Device (a node's credential
+// lookup of a kettle another node registered) still reads the primary.
+// The "replica" here is another database, which has the schema but none
+// of the devices: device lists go there (it has no lag), and show none;
+// Device finds the device.
+func TestDeviceReadsPrimary(t *testing.T) {
+	dsn, other := pgtest.Start(t), pgtest.Start(t)
+	o, err := postgres.Open(context.Background(), other, postgres.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	s, err := postgres.Open(context.Background(), dsn, postgres.Options{MaxConns: 4, ReadDSN: other, MaxReadLag: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Register(ctx, []kettle.DeviceID{devID(1)}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := s.Devices(ctx, devID(0), 10); err != nil || len(ds) != 0 || s.ReplicaStats().Reads != 1 {
+		t.Fatalf("Devices: %d devices, %v, %+v; want none, read on the replica", len(ds), err, s.ReplicaStats())
+	}
+	if d, err := s.Device(ctx, devID(1)); err != nil || d.ID != devID(1) {
+		t.Errorf("Device of a registered device with a replica that lacks it: %+v, %v", d, err)
+	}
+}

@@ -58,6 +58,7 @@ func Run(t *testing.T, open Opener) {
 		{"Exactness", testExactness},
 		{"Concurrency", testConcurrency},
 		{"ConcurrentRegistration", testConcurrentRegistration},
+		{"Lookup", testLookup},
 		{"Expire", testExpire},
 		{"ExpireConcurrent", testExpireConcurrent},
 	} {
