@@ -254,7 +254,7 @@ func (c *Comparison) describe(names []string) []string {
 	for _, n := range names {
 		for _, f := range c.Figures {
 			if f.Name == n {
-				out = append(out, n+" "+change(&f))
+				out = append(out, strings.TrimSpace(n+" "+change(&f)))
 			}
 		}
 	}

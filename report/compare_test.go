@@ -73,7 +73,7 @@ func poisson(rng *rand.Rand, mean float64) int {
 	return max(0, int(math.Round(mean+math.Sqrt(mean)*rng.NormFloat64())))
 }
 
-var base = synth{seconds: 60, perS: 200, medianMs: 2, sigma: 0.5, cpuUsPerReq: 300, rssPerKettleB: 40 << 10}
+var base = synth{seconds: 40, perS: 100, medianMs: 2, sigma: 0.5, cpuUsPerReq: 300, rssPerKettleB: 40 << 10}
 
 func figure(t testing.TB, c *Comparison, name string) Figure {
 	t.Helper()
@@ -88,18 +88,18 @@ func figure(t testing.TB, c *Comparison, name string) Figure {
 
 func fastThresholds() *Thresholds {
 	th := DefaultThresholds()
-	th.Resamples = 400
+	th.Resamples = 300
 	return th
 }
 
 // TestBootstrapCoverage: with latencies drawn from lognormals whose medians
 // differ by ×1.2 (so every percentile differs by ×1.2), the 95 % interval
-// of the p50 and p99 ratios holds the true 1.2 in most of 40 seeded pairs
+// of the p50 and p99 ratios holds the true 1.2 in most of 24 seeded pairs
 // of runs, and the estimate is close to it.
 func TestBootstrapCoverage(t *testing.T) {
 	slow := base
 	slow.medianMs = 2.4
-	const trials = 40
+	const trials = 24
 	covered := map[string]int{}
 	for k := range trials {
 		a, b := base.run(t, uint64(2*k+1)), slow.run(t, uint64(2*k+2))
@@ -112,7 +112,7 @@ func TestBootstrapCoverage(t *testing.T) {
 			if f.Lo <= 1.2 && 1.2 <= f.Hi {
 				covered[name]++
 			}
-			if math.Abs(float64(f.Estimate)-1.2) > 0.12 {
+			if math.Abs(float64(f.Estimate)/1.2-1) > 0.15 {
 				t.Errorf("trial %d: %s estimate ×%.3f, true ×1.2", k, name, f.Estimate)
 			}
 		}
@@ -121,8 +121,8 @@ func TestBootstrapCoverage(t *testing.T) {
 		}
 	}
 	for name, n := range covered {
-		// 95 % nominal; 40 trials: below 33 would be a broken interval.
-		if n < 33 {
+		// 95 % nominal; 24 trials: below 20 would be a broken interval.
+		if n < 20 {
 			t.Errorf("%s: the 95%% interval held the true ratio in %d of %d trials", name, n, trials)
 		}
 		t.Logf("%s: covered in %d of %d trials", name, n, trials)
@@ -137,14 +137,22 @@ func TestBootstrapCoverage(t *testing.T) {
 func TestSameDistributionWithinNoise(t *testing.T) {
 	sy := base
 	sy.poisson, sy.errP = true, 0.0005
-	const trials = 30
+	const trials = 20
 	var flagged int
 	for k := range trials {
 		c, err := Compare(sy.run(t, uint64(100+2*k)), sy.run(t, uint64(101+2*k)), fastThresholds(), CompareOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(c.Regressed)+len(c.Improved) > 0 {
+		// The figures, not the checks: a USE verdict says "errors" when a
+		// run's few errors pass the 0.001 gate, which they may by chance.
+		moved := 0
+		for _, f := range c.Figures {
+			if f.Kind != "check" && f.Status != WithinNoise && f.Status != NotMeasured {
+				moved++
+			}
+		}
+		if moved > 0 {
 			flagged++
 			t.Logf("trial %d: %s", k, c.Line)
 		}
@@ -167,7 +175,7 @@ func TestSlowdownRegressed(t *testing.T) {
 	a := base
 	a.poisson = true
 	b := a
-	b.addMs, b.perS, b.errP, b.cpuUsPerReq = 5, 180, 0.01, 390
+	b.addMs, b.perS, b.errP, b.cpuUsPerReq = 5, 0.9*a.perS, 0.01, 1.3*a.cpuUsPerReq
 	c, err := Compare(a.run(t, 1), b.run(t, 2), fastThresholds(), CompareOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +184,7 @@ func TestSlowdownRegressed(t *testing.T) {
 		t.Log(f.Text)
 	}
 	// The true p50 ratio: lognormal median 2 ms, +5 ms.
-	if f := figure(t, c, "measurement.p50"); f.Status != Regressed || math.Abs(float64(f.Estimate)-7.0/2) > 0.1 {
+	if f := figure(t, c, "measurement.p50"); f.Status != Regressed || math.Abs(float64(f.Estimate)/3.5-1) > 0.05 {
 		t.Errorf("p50: %s, want regressed at ×3.5", f.Text)
 	}
 	for _, name := range []string{"measurement.p99", "measurement.req_per_s", "measurement.error_rate", "simulator.cpu_us_per_request"} {
