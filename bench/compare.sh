@@ -70,7 +70,9 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "rounds: $ROUNDS; regressed $regressed, improved $improved, within noise or passed $noise"
 
-rec_begin compare.sh "DEVICES=$NDEV DURATION=$DURATION INTERVAL=$INTERVAL ROUNDS=$ROUNDS bench/compare.sh"
+cand=
+[ "$CAND_BIN" != "$work/kettle" ] && cand="CAND_BIN=$CAND_BIN "
+rec_begin compare.sh "${cand}DEVICES=$NDEV DURATION=$DURATION INTERVAL=$INTERVAL ROUNDS=$ROUNDS bench/compare.sh"
 pre=${LABEL:+$LABEL }
 rec_fig "${pre}rounds" "$ROUNDS" rounds
 rec_fig "${pre}rounds regressed" "$regressed" rounds
