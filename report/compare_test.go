@@ -231,7 +231,9 @@ func TestQuantilesMatchHDR(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []float64{0, 1, 50, 90, 99, 99.9, 100} {
-		got := d.quantile(sim.EPMeasurement, p)(all(d.n))
+		out := make([]float64, 1)
+		d.quantiles(sim.EPMeasurement, []float64{p})(all(d.n), out)
+		got := out[0]
 		if want := float64(h.ValueAtPercentile(p)) / 1000; got != want {
 			t.Errorf("p%g: %g ms, hdrhistogram says %g", p, got, want)
 		}
