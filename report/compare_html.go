@@ -198,16 +198,20 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 }
 
 // WriteFile writes the page to path.
-func (c *Comparison) WriteFile(path string) error {
+func (c *Comparison) WriteFile(path string) error { return writePage(path, "comparison", c.WriteHTML) }
+
+// writePage renders a page and writes it to path (its directory created);
+// the error names what the page is.
+func writePage(path, what string, render func(io.Writer) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := c.WriteHTML(&buf); err != nil {
+	if err := render(&buf); err != nil {
 		return err
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write comparison: %w", err)
+		return fmt.Errorf("write %s: %w", what, err)
 	}
 	return nil
 }

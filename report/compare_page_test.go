@@ -51,25 +51,7 @@ func TestComparisonGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "compare.golden.json")
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test ./report -run ComparisonGolden -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		for i := range min(len(gl), len(wl)) {
-			if gl[i] != wl[i] {
-				t.Fatalf("comparison differs from %s at line %d:\n got: %s\nwant: %s\n(go test ./report -run ComparisonGolden -update if intended)", golden, i+1, gl[i], wl[i])
-			}
-		}
-		t.Fatalf("comparison differs from %s in length: %d vs %d lines", golden, len(gl), len(wl))
-	}
+	checkGolden(t, filepath.Join("testdata", "compare.golden.json"), got, "ComparisonGolden")
 	for _, name := range []string{"measurement.p50", "measurement.p99"} {
 		if f := figure(t, c, name); f.Status != Regressed {
 			t.Errorf("%s: %s", name, f.Text)
@@ -78,6 +60,32 @@ func TestComparisonGolden(t *testing.T) {
 	if !c.Failed {
 		t.Errorf("not failed: %s", c.Line)
 	}
+}
+
+// checkGolden compares got with the golden file (rewritten with -update),
+// naming the first line that differs; test is the -run pattern that
+// rewrites it.
+func checkGolden(t *testing.T, golden string, got []byte, test string) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./report -run %s -update)", err, test)
+	}
+	if bytes.Equal(got, want) {
+		return
+	}
+	gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+	for i := range min(len(gl), len(wl)) {
+		if gl[i] != wl[i] {
+			t.Fatalf("%s differs at line %d:\n got: %s\nwant: %s\n(go test ./report -run %s -update if intended)", golden, i+1, gl[i], wl[i], test)
+		}
+	}
+	t.Fatalf("%s differs in length: %d vs %d lines", golden, len(gl), len(wl))
 }
 
 // TestCompareInBrowser opens the comparison page in Chromium: one row per

@@ -55,25 +55,7 @@ func TestSummaryGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "demo.summary.golden.json")
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test ./report -run Golden -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		for i := range min(len(gl), len(wl)) {
-			if gl[i] != wl[i] {
-				t.Fatalf("summary differs from %s at line %d:\n got: %s\nwant: %s\n(go test ./report -run Golden -update if intended)", golden, i+1, gl[i], wl[i])
-			}
-		}
-		t.Fatalf("summary differs from %s in length: %d vs %d lines", golden, len(gl), len(wl))
-	}
+	checkGolden(t, filepath.Join("testdata", "demo.summary.golden.json"), got, "Golden")
 	// What the summary must say whatever the golden holds.
 	if len(s.USE) != 8 || s.Verdict.Text == "" || len(s.Series.T) != len(loadRecorded(t).Seconds) {
 		t.Errorf("USE rows %d, verdict %q, %d seconds", len(s.USE), s.Verdict.Text, len(s.Series.T))

@@ -169,12 +169,7 @@ func (t *Thresholds) Validate() []error {
 	if t.Resamples < 100 || t.Resamples > 100_000 {
 		errs = append(errs, fmt.Errorf("resamples: must be 100..100000, got %d", t.Resamples))
 	}
-	keys := make([]string, 0, len(t.Figures))
-	for k := range t.Figures {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(t.Figures) {
 		r := t.Figures[k]
 		if _, err := path.Match(k, "x"); err != nil || !strings.Contains(k, ".") {
 			errs = append(errs, fmt.Errorf("figures.%s: want SUBJECT.MEASURE, e.g. measurement.p99 or *.p99", k))

@@ -3,17 +3,13 @@ package main_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/liar"
-	"github.com/kettlefleet/kettlefleet/server"
 )
 
 // TestSwarmAuditCanFail runs the kettle binary against a real server behind
@@ -21,15 +17,7 @@ import (
 // status: acknowledged but not stored → 3 naming the reading, stored twice
 // → 4; no operator token → "audit: skipped" and 1 unless --audit=false.
 func TestSwarmAuditCanFail(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv, _ := startSQLite(t)
 	secret := string(srv.Secret())
 
 	// run runs kettle swarm through p and returns its exit status and output.
