@@ -3,11 +3,9 @@ package report
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,30 +105,11 @@ func TestCompareInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	bctx := browsertest.New(t, ctx, 1400, 900)
-	var mu sync.Mutex
-	var problems []string
-	if err := chromedp.Listen(bctx, func(ev any) {
-		if p := browsertest.Problem(ev); p != "" {
-			mu.Lock()
-			problems = append(problems, p)
-			mu.Unlock()
-		}
-	}); err != nil {
-		t.Fatalf("start Chromium: %v", err)
-	}
+	problems := browsertest.Watch(t, bctx)
 	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1400, 900), chromedp.Navigate("file://"+path)); err != nil {
 		t.Fatal(err)
 	}
-	eval := func(expr string, v any) {
-		t.Helper()
-		raw, err := chromedp.Run(bctx, chromedp.Evaluate[[]byte](expr))
-		if err != nil {
-			t.Fatalf("%s: %v", expr, err)
-		}
-		if err := json.Unmarshal(raw, v); err != nil {
-			t.Fatalf("%s: %v", expr, err)
-		}
-	}
+	eval := func(expr string, v any) { t.Helper(); browsertest.Eval(t, bctx, expr, v) }
 	var rows []struct {
 		Figure, Status string
 		Est, W         float64
@@ -172,9 +151,7 @@ func TestCompareInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", filepath.Join(out, "compare.png"))
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Errorf("the page complained:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page complained:\n%s", strings.Join(p, "\n"))
 	}
 }

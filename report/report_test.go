@@ -3,12 +3,10 @@ package report
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -102,29 +100,14 @@ func TestReportInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	bctx := browsertest.New(t, ctx, 1400, 1000)
-	var mu sync.Mutex
-	var problems []string
-	if err := chromedp.Listen(bctx, func(ev any) {
-		if p := browsertest.Problem(ev); p != "" {
-			mu.Lock()
-			problems = append(problems, p)
-			mu.Unlock()
-		}
-	}); err != nil {
-		t.Fatalf("start Chromium: %v", err)
-	}
+	problems := browsertest.Watch(t, bctx)
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	eval := func(expr string, v any) {
-		t.Helper()
-		raw, err := chromedp.Run(bctx, chromedp.Evaluate[[]byte](expr))
-		must(expr, err)
-		must("decode "+expr, json.Unmarshal(raw, v))
-	}
+	eval := func(expr string, v any) { t.Helper(); browsertest.Eval(t, bctx, expr, v) }
 	for _, name := range []string{"report", "capacity-report"} {
 		path := filepath.Join(out, name+".html")
 		must("write", pages[name].WriteFile(path))
@@ -169,10 +152,8 @@ func TestReportInBrowser(t *testing.T) {
 		must("write screenshot", os.WriteFile(filepath.Join(out, name+".png"), png, 0o644))
 		t.Logf("screenshot: %s", filepath.Join(out, name+".png"))
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Errorf("the page complained:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page complained:\n%s", strings.Join(p, "\n"))
 	}
 }
 

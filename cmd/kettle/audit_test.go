@@ -1,9 +1,6 @@
 package main_test
 
 import (
-	"context"
-	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -23,21 +20,9 @@ func TestSwarmAuditCanFail(t *testing.T) {
 	// run runs kettle swarm through p and returns its exit status and output.
 	run := func(p *liar.Proxy, extra ...string) (int, string) {
 		t.Helper()
-		args := append([]string{"swarm", "--target", p.URL(), "--secret", secret,
+		return runKettle(t, append([]string{"swarm", "--target", p.URL(), "--secret", secret,
 			"--devices", "5", "--interval", "200ms", "--jitter", "20ms", "--duration", "2s",
-			"--slo-p99", "0", "--max-error-rate", "-1", "--sample=false", "--report=false"}, extra...)
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, kettleBin, args...).CombinedOutput()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			return 0, string(out)
-		case errors.As(err, &ee):
-			return ee.ExitCode(), string(out)
-		}
-		t.Fatalf("kettle swarm: %v\n%s", err, out)
-		return -1, ""
+			"--slo-p99", "0", "--max-error-rate", "-1", "--sample=false", "--report=false"}, extra...)...)
 	}
 	op := "--operator-token=" + srv.OperatorToken()
 	f := func(p *liar.Proxy, extra []string, wantCode int, wantText ...string) string {
