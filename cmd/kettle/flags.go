@@ -158,3 +158,28 @@ func dbName(dsn string) string {
 	}
 	return "PostgreSQL"
 }
+
+// secretFileVars gives each named secret flag a twin --NAME-file (and so
+// KETTLE_NAME_FILE) that reads the value from a file: secrets travel in
+// files (systemd's LoadCredential, a Kubernetes Secret volume), never argv,
+// where every user of the machine can read them. An empty or unreadable
+// file is an error naming the flag, never an empty secret.
+func secretFileVars(fs *flag.FlagSet, names ...string) {
+	for _, name := range names {
+		target := fs.Lookup(name)
+		if target == nil {
+			panic("secretFileVars: no flag --" + name)
+		}
+		fs.Func(name+"-file", "read --"+name+" from this file (a trailing newline is dropped); for secrets, better than the flag: argv is visible to every user of the machine", func(path string) error {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			v := strings.TrimRight(string(b), "\r\n")
+			if v == "" {
+				return fmt.Errorf("%s is empty", path)
+			}
+			return target.Value.Set(v)
+		})
+	}
+}

@@ -50,6 +50,7 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 	reserve := fs.Int("reserve-fds", 0, "file descriptors to leave to others in this process")
 	orphan := fs.Duration("orphan", 30*time.Second, "stop a run when the controller has been silent this long")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles of this worker on this address, e.g. 127.0.0.1:6062 (empty: off)")
+	secretFileVars(fs, "token")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -82,6 +83,7 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 		return fmt.Errorf("--listen %s: %w", *listen, err)
 	}
 	fmt.Fprintf(os.Stderr, "worker: listening on %s (source addresses %v)\n", l.Addr(), wc.SourceAddrs)
+	defer notifyReady(ctx, "worker listening on "+l.Addr().String())()
 	return sim.ServeWorker(ctx, l, w)
 }
 
