@@ -1,0 +1,16 @@
+module github.com/kettlefleet/kettlefleet/deploy/dist
+
+go 1.26.8
+
+require (
+	github.com/CycloneDX/cyclonedx-go v0.10.0
+	github.com/google/go-containerregistry v0.22.1
+	github.com/google/uuid v1.6.0
+)
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)
