@@ -180,6 +180,7 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
+	secretFileVars(fs, "operator-token", "secret")
 	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
 	fs.StringVar(&f.auditAfter, "audit-after", "", "before the audit, wait (at most 5 min) until GET of this URL answers 200, e.g. a log writer's http://127.0.0.1:8081/drained (kettle serve --log: acknowledged readings reach the store once the writers drained the log)")
 	fs.IntVar(&f.serverPID, "server-pid", 0, "pid of the server process to sample (0: the process listening on --target's port)")

@@ -91,6 +91,7 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 func (f *swarmFlags) registerLab(fs *flag.FlagSet) {
 	fs.StringVar(&f.workers, "workers", "", "comma-separated HOST:PORT of kettle swarm worker processes: the fleet is split over them and merged into one run (empty: this process runs it all)")
 	fs.StringVar(&f.workerToken, "worker-token", "", "the workers' --token")
+	secretFileVars(fs, "worker-token")
 	fs.StringVar(&f.allowTarget, "allow-target", "", "comma-separated non-loopback hosts that may be loaded, named exactly (empty: loopback only); each worker needs its own --allow-target too")
 }
 
