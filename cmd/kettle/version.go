@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"runtime"
@@ -52,11 +51,8 @@ func buildInfo() (v, c, d string) {
 }
 
 func runVersion(_ context.Context, args []string) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: kettle version\n\nPrints the release version, the commit it was built from, the build date (the commit's time, so two builds of one commit are identical), the Go version and the platform.\n")
-	}
-	if err := fs.Parse(args); err != nil {
+	fs := newFlagSet("version", "", "Prints the release version, the commit it was built from, the build date (the commit's time, so two builds of one commit are identical), the Go version and the platform.")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	v, c, d := buildInfo()
