@@ -205,7 +205,7 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 	dsn := pgtest.Start(t)
 	const every = 100 * time.Millisecond
 	a := start(t, dsn, func(c *server.Config) {
-		c.Secret, c.OperatorToken = "s", "op"
+		c.Secret, c.OperatorToken = "nodes-secret-0123456789", "nodes-operator-0123456789"
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }

@@ -102,8 +102,8 @@ func TestCredentialRotation(t *testing.T) {
 	}
 
 	for _, c := range []server.Config{
-		{OperatorToken: "same", PreviousOperatorToken: "same"},
-		{Secret: "same", PreviousSecret: "same"},
+		{OperatorToken: "same-token-0123456789", PreviousOperatorToken: "same-token-0123456789"},
+		{Secret: "same-token-0123456789", PreviousSecret: "same-token-0123456789"},
 	} {
 		c.Addr, c.DB, c.DataDir, c.Logger = "127.0.0.1:0", "sqlite:"+t.TempDir()+"/k.db", t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil))
 		if s, err := server.Start(context.Background(), c); err == nil || !strings.Contains(err.Error(), "-previous is the") {

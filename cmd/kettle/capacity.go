@@ -122,7 +122,7 @@ func runCapacity(ctx context.Context, args []string) error {
 		}
 		f.out = d
 	}
-	f.command = "kettle capacity " + strings.Join(args, " ")
+	f.command = commandLine("capacity", args)
 	return f.capacity(ctx, os.Stderr, capacityPlan{start: *start, step: *step, max: *maxK, dur: *stepDur, warmup: *warmup, pause: *pause})
 }
 

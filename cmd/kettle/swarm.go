@@ -243,7 +243,7 @@ func runSwarm(ctx context.Context, args []string) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	f.command = "kettle swarm " + strings.Join(args, " ")
+	f.command = commandLine("swarm", args)
 	return f.run(ctx, os.Stderr)
 }
 
