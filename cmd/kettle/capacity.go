@@ -233,8 +233,10 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 	}
 	s.Command = f.command
 	s.Capacity = capa
-	if b, err := s.JSON(); err == nil {
-		_ = os.WriteFile(filepath.Join(f.out, "capacity.json"), b, 0o644)
+	// Scripts (bench/capacity.sh, chaos overload) read the answer from
+	// capacity.json: a run that cannot write it fails.
+	if err := s.WriteJSON(filepath.Join(f.out, "capacity.json")); err != nil {
+		return err
 	}
 	rp := filepath.Join(f.out, "report.html")
 	if err := s.WriteFile(rp); err != nil {

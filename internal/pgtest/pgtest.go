@@ -154,6 +154,22 @@ func BinDir() (string, error) {
 	return "", errors.New("pgtest: PostgreSQL server binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql/*/bin; install them with `apt-get install -y postgresql`, or set " + EnvDSN + " to a server where the tests may create databases")
 }
 
+// Credential is whom PostgreSQL's programs run as: nil (this process's
+// user), or, when running as root, the postgres OS user, since initdb
+// refuses root.
+func Credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root, and initdb refuses root, but there is no `postgres` OS user to run it as (%v); `apt-get install -y postgresql` creates it, or `useradd --system postgres`", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
 // StartCluster initializes and starts a new cluster. When running as root it
 // runs the server as the `postgres` OS user, since initdb refuses root.
 // The server gets SIGQUIT (immediate shutdown) if this process dies first.
@@ -162,15 +178,9 @@ func StartCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: running as root, and initdb refuses root, but there is no `postgres` OS user to run it as (%v); `apt-get install -y postgresql` creates it, or `useradd --system postgres`", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := Credential()
+	if err != nil {
+		return nil, err
 	}
 	// Short path: the socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", "pgtest-")
