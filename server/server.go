@@ -88,6 +88,9 @@ type Config struct {
 	Shed           ShedPolicy
 	ShedRetryAfter time.Duration // 0: 10 s
 
+	// TrustedProxies are the balancers whose X-Forwarded-For names the
+	// client (--trusted-proxies); empty: the peer is the client.
+	TrustedProxies TrustedProxies
 	// AccessLogSample is the fraction of successful requests logged; failed
 	// and slow ones are all logged (0 = no access log, 1 = all requests).
 	AccessLogSample float64
@@ -364,7 +367,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ln = tls.NewListener(s.ln, s.ln.tls)
 	}
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.notReadyWhileDraining(s.admit.count(s.api)), s.log, cfg.AccessLogSample, time.Now)),
+		Handler:           cfg.TrustedProxies.forwarded(s.metrics.Middleware(accessLog(s.notReadyWhileDraining(s.admit.count(s.api)), s.log, cfg.AccessLogSample, time.Now))),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
