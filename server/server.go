@@ -88,6 +88,10 @@ type Config struct {
 	Shed           ShedPolicy
 	ShedRetryAfter time.Duration // 0: 10 s
 
+	// PublicURL is where operators reach this node through the balancer
+	// (--public-url); https:// makes the dashboard's cookie Secure even
+	// when the balancer speaks plain HTTP to the node.
+	PublicURL string
 	// TrustedProxies are the balancers whose X-Forwarded-For names the
 	// client (--trusted-proxies); empty: the peer is the client.
 	TrustedProxies TrustedProxies
@@ -297,7 +301,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.store.Close()
 		return nil, err
 	}
-	s.web = web.New(web.Config{OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
+	s.web = web.New(web.Config{SecureCookie: strings.HasPrefix(cfg.PublicURL, "https://"), OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
 	if cfg.TLSCert != "" || cfg.TLSKey != "" {
 		if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
 			s.svc.Close()

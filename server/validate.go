@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"strings"
 )
 
 // MinSecretLen is the fewest characters an operator token or a device
@@ -43,6 +44,9 @@ func (c Config) Validate() []error {
 	}
 	if c.AccessLogSample < 0 || c.AccessLogSample > 1 {
 		bad("--access-log-sample %g: want a fraction from 0 (no access log) to 1 (every request)", c.AccessLogSample)
+	}
+	if c.PublicURL != "" && !strings.HasPrefix(c.PublicURL, "https://") && !strings.HasPrefix(c.PublicURL, "http://") {
+		bad("--public-url %q: want an http:// or https:// URL", c.PublicURL)
 	}
 	errs = append(errs, credentialErrs(c.OperatorToken, c.PreviousOperatorToken, c.Secret, c.PreviousSecret)...)
 	return errs

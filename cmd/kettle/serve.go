@@ -167,6 +167,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MQTTBroker.Username, "mqtt-username", "", "username at the external broker")
 	fs.StringVar(&cfg.MQTTBroker.Password, "mqtt-password", "", "password at the external broker")
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 0.01, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
+	fs.StringVar(&cfg.PublicURL, "public-url", "", "the URL operators reach this node at through a balancer, e.g. https://kettle.example.net: with https the dashboard's session cookie is Secure even when the balancer terminates TLS and speaks HTTP to the node (empty: Secure only over --tls-cert)")
 	fs.Func("trusted-proxies", "comma-separated CIDRs or addresses of balancers in front of this node (e.g. HAProxy with option forwardfor): from these peers only, X-Forwarded-For names the client, for per-source limits and the access log; a header from any other peer is ignored (empty: the peer is the client)", func(v string) (err error) {
 		cfg.TrustedProxies, err = server.ParseTrustedProxies(v)
 		return err
