@@ -144,6 +144,9 @@ type swarmFlags struct {
 	workers     string   // --workers HOST:PORT,…
 	workerToken string   // --worker-token
 	allowTarget string   // --allow-target HOST,…
+	workerCA    string   // --worker-ca
+	workerCert  string   // --worker-cert
+	workerKey   string   // --worker-key
 	targets     []string // --target split (several server nodes)
 	mqttTargets []string
 }
