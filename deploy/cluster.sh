@@ -144,7 +144,8 @@ start_haproxy() {
 	# Each template line holding @N@ is written once per node.
 	awk -v nodes="$lines" '
 		/@N@/ { split(nodes, ns, " "); for (k in ns) { l = $0; gsub(/@N@/, ns[k], l); print l }; next }
-		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 >"$DIR/haproxy.cfg"
+		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 | sed "s|@STATS_PASSWORD@|$(password)|g" >"$DIR/haproxy.cfg"
+	chmod 600 "$DIR/haproxy.cfg" # it holds the stats page's password
 	haproxy -c -q -f "$DIR/haproxy.cfg" || die "haproxy -c rejected $DIR/haproxy.cfg"
 	spawn haproxy root haproxy -W -db -f "$DIR/haproxy.cfg"
 }

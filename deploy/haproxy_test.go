@@ -46,7 +46,7 @@ func TestHAProxyConfig(t *testing.T) {
 	}
 	var cfg strings.Builder
 	for _, line := range strings.SplitAfter(string(tmpl), "\n") {
-		line = strings.NewReplacer("@NET@", haproxyNet, "@DIR@", dir).Replace(line)
+		line = strings.NewReplacer("@NET@", haproxyNet, "@DIR@", dir, "@STATS_PASSWORD@", "stats-password-0123").Replace(line)
 		if strings.Contains(line, "@N@") { // once per node, as cluster.sh writes it
 			for n := 1; n <= 2; n++ {
 				cfg.WriteString(strings.ReplaceAll(line, "@N@", fmt.Sprint(n)))
@@ -108,6 +108,15 @@ func TestHAProxyConfig(t *testing.T) {
 	if codes[200] != 12 {
 		t.Errorf("12 dashboard reads after one sign-in through round-robin HAProxy: %v, want all 200 (the browser stays on its node)", codes)
 	}
+	stats := "http://" + haproxyNet + ".30:8404/stats"
+	if code := status(t, nil, stats); code != 401 {
+		t.Errorf("the stats page without its password: %d, want 401", code)
+	}
+	sreq, _ := http.NewRequest("GET", stats, nil)
+	sreq.SetBasicAuth("kettle", "stats-password-0123")
+	if code := status(t, sreq, ""); code != 200 {
+		t.Errorf("the stats page with its password: %d, want 200", code)
+	}
 	for _, p := range []string{"/metrics", "/debug/pprof/"} {
 		res, err := c.Get(base + p)
 		if err != nil {
@@ -118,4 +127,18 @@ func TestHAProxyConfig(t *testing.T) {
 			t.Errorf("GET %s through the devices' frontend: %d, want 404", p, res.StatusCode)
 		}
 	}
+}
+
+// status is the status of req (or of a GET of url).
+func status(t *testing.T, req *http.Request, url string) int {
+	t.Helper()
+	if req == nil {
+		req, _ = http.NewRequest("GET", url, nil)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	return res.StatusCode
 }
