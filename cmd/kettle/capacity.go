@@ -66,6 +66,7 @@ func runCapacity(ctx context.Context, args []string) error {
 	f.registerTLS(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token, to provision v1 devices when there is no --secret (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir)")
+	secretFileVars(fs, "operator-token", "secret")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
 	fs.DurationVar(&f.sloP99, "slo-p99", 100*time.Millisecond, "a step holds while every endpoint's steady-state p99 is at most this")
 	fs.Float64Var(&f.maxErrorRate, "max-error-rate", 0.001, "… and its errors/requests at most this")
@@ -121,7 +122,7 @@ func runCapacity(ctx context.Context, args []string) error {
 		}
 		f.out = d
 	}
-	f.command = "kettle capacity " + strings.Join(args, " ")
+	f.command = commandLine("capacity", args)
 	return f.capacity(ctx, os.Stderr, capacityPlan{start: *start, step: *step, max: *maxK, dur: *stepDur, warmup: *warmup, pause: *pause})
 }
 

@@ -35,6 +35,7 @@ func newServeOptions(fs *flag.FlagSet) *serveOptions {
 	o.ingestFlags(fs)
 	o.shedAndMQTTFlags(fs)
 	o.processFlags(fs)
+	secretFileVars(fs, "operator-token", "secret", "operator-token-previous", "secret-previous", "mqtt-password")
 	return o
 }
 
@@ -59,6 +60,11 @@ func (o *serveOptions) httpFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DrainDelay, "drain-delay", c.DrainDelay, "behind a load balancer: on SIGTERM, answer /readyz 503 and keep serving this long before closing the listener, so the balancer's health check takes the node out first (above its check interval × fall, e.g. 2s for HAProxy's inter 500ms fall 2 with room); 0: close at once")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long to wait for in-flight requests and the queue")
 	fs.Float64Var(&c.AccessLogSample, "access-log-sample", c.AccessLogSample, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
+	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "the URL operators reach this node at through a balancer, e.g. https://kettle.example.net: with https the dashboard's session cookie is Secure even when the balancer terminates TLS and speaks HTTP to the node (empty: Secure only over --tls-cert)")
+	fs.Func("trusted-proxies", "comma-separated CIDRs or addresses of balancers in front of this node (e.g. HAProxy with option forwardfor): from these peers only, X-Forwarded-For names the client, for per-source limits and the access log; a header from any other peer is ignored (empty: the peer is the client)", func(v string) (err error) {
+		c.TrustedProxies, err = server.ParseTrustedProxies(v)
+		return err
+	})
 }
 
 // ingestFlags: the ingest pipeline, registration limits and the store.
