@@ -5,11 +5,12 @@ GO      ?= go
 BIN     := bin/kettle
 PKGS    := ./...
 # A fresh clone needs only Go for `make demo`; `make test` also needs the
-# Debian packages installed by `make deps` (PostgreSQL, Chromium, Mosquitto,
-# Prometheus, wrk, Locust).
-DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl
+# Debian packages of `make deps` (PostgreSQL, Chromium, Mosquitto,
+# Prometheus, wrk, Locust; jq, time and curl for the benchmarks' smoke runs),
+# and installs them itself when one is missing (deps-check).
+DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl jq time curl git
 
-.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean docs results screenshots
+.PHONY: all build demo test test-short vet deps deps-check deps-ensure bench bench-ingest chaos clean docs results screenshots
 
 all: build
 
@@ -25,22 +26,38 @@ vet:
 	if [ -n "$$unformatted" ]; then echo "gofmt: not formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-test: vet
+test: deps-ensure vet
 	$(GO) test -race -timeout 12m -count=1 $(PKGS)
 
 test-short: vet
 	$(GO) test -short -count=1 $(PKGS)
 
-# Installs the Debian packages the tests use (root; CI calls this).
+# Installs what the tests use: the Debian packages, then each installer in
+# deploy/deps/ (root; idempotent).
+DEPS_SCRIPTS := $(sort $(wildcard deploy/deps/*.sh))
+# The packages of DEB_PKGS not installed, from one dpkg query.
+MISSING_DEBS = dpkg-query -W -f='$${db:Status-Status} $${Package}\n' $(DEB_PKGS) 2>/dev/null | awk '$$1 == "installed" { ok[$$2] = 1 } END { n = split("$(DEB_PKGS)", p, " "); for (i = 1; i <= n; i++) if (!ok[p[i]]) printf " %s", p[i] }'
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=$$($(MISSING_DEBS)); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all installed"; fi
-	deploy/deps/schemathesis.sh
-	deploy/deps/kafka.sh
-	deploy/deps/ha.sh
+	@set -e; for s in $(DEPS_SCRIPTS); do $$s; done
+
+# Whether everything `make deps` installs is there, in well under a second:
+# one dpkg query and each installer's --check. Exits 1 naming what is missing.
+deps-check:
+	@missing=$$($(MISSING_DEBS)); \
+	[ -z "$$missing" ] || { echo "deps: missing Debian packages:$$missing"; exit 1; }
+	@set -e; for s in $(DEPS_SCRIPTS); do $$s --check; done
+
+# `make test` on a fresh machine: `make deps` only when deps-check finds
+# something missing (as root; otherwise it says what to install).
+deps-ensure:
+	@$(MAKE) --no-print-directory deps-check || \
+	if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory deps; \
+	else echo "deps: run 'sudo make deps' (make test needs what it installs)"; exit 1; fi
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build
