@@ -32,7 +32,7 @@ type Machine struct {
 	LoadAvg  string `json:"loadavg"`
 }
 
-// Record is one run of one benchmark script (bench/record.py writes it).
+// Record is one run of one benchmark script (Collect and Append write it).
 type Record struct {
 	Bench   string    `json:"bench"`
 	Commit  string    `json:"commit"`

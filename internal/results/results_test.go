@@ -3,7 +3,6 @@ package results
 import (
 	"flag"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -119,28 +118,18 @@ func TestLatestAndHeadline(t *testing.T) {
 	}
 }
 
-// TestRecordPy runs bench/record.py, what every bench script records its run
-// with, and reads its line back: the writer and the renderer agree on the
-// record's shape.
-func TestRecordPy(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatal("python3 not found: apt-get install -y python3 (make deps)")
-	}
+// TestRecord writes a run as the bench scripts do (a figures file,
+// Collect, Append) and reads it back: the writer and the renderer agree on
+// the record's shape, and a figure the run did not measure fails the record.
+func TestRecord(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "results.jsonl")
-	figs := filepath.Join(t.TempDir(), "figs")
-	if err := os.WriteFile(figs, []byte("figure from a file=7.5:ms\nratio 0.25\n"), 0o644); err != nil {
+	figs := "figure kettle serve=1234.5:req/s\nfigure from a name=with=7.5:ms\nceiling bare=2000:req/s\nratio 0.25\n"
+	rec, err := Collect(strings.NewReader(figs), "x.sh", "N=1 bench/x.sh", ".")
+	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(py, filepath.Join("..", "..", "bench", "record.py"), "--bench", "x.sh", "--command", "N=1 bench/x.sh",
-		"--figure", "kettle serve=1234.5:req/s", "--figure", "not printed=:ms", "--ceiling", "bare=2000:req/s", "--from", figs)
-	cmd.Env = append(os.Environ(), "KETTLE_RESULTS="+log)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("record.py: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "not printed") {
-		t.Errorf("record.py did not warn of the figure without a value:\n%s", out)
+	if err := Append(log, rec); err != nil {
+		t.Fatal(err)
 	}
 	f, err := os.Open(log)
 	if err != nil {
@@ -156,9 +145,59 @@ func TestRecordPy(t *testing.T) {
 	}
 	r := recs[0]
 	if r.Bench != "x.sh" || r.Command != "N=1 bench/x.sh" || r.Commit == "" || r.Machine.Cores < 1 || r.Machine.LoadAvg == "" ||
-		len(r.Figures) != 2 || r.Figures[0] != (Figure{"kettle serve", 1234.5, "req/s"}) || r.Figures[1] != (Figure{"from a file", 7.5, "ms"}) ||
+		len(r.Figures) != 2 || r.Figures[0] != (Figure{"kettle serve", 1234.5, "req/s"}) || r.Figures[1] != (Figure{"from a name=with", 7.5, "ms"}) ||
 		r.Ceiling == nil || *r.Ceiling != (Figure{"bare", 2000, "req/s"}) || r.Ratio == nil || *r.Ratio != 0.25 {
 		t.Errorf("record read back: %+v", r)
+	}
+
+	bad := func(figs, want string) {
+		t.Helper()
+		_, err := Collect(strings.NewReader(figs), "x.sh", "bench/x.sh", ".")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Collect(%q) = %v, want an error with %q", figs, err, want)
+		}
+	}
+	bad("figure not printed=:ms\n", `"not printed": value "" is not a number`)
+	bad("figure nan=NaN:ms\n", `value "NaN" is not a number`)
+	bad("figure no unit=3\n", "want NAME=VALUE:UNIT")
+	bad("ratio x\nfigure a=1:s\n", `ratio "x"`)
+	bad("printed something else\n", "not a figure, ceiling or ratio line")
+	bad("", "a run without figures is not recorded")
+}
+
+// TestFiguresOf reads the figures of what the scripts run: a swarm's
+// results.json, RESULT lines, a JSON path, the swarm's progress windows.
+func TestFiguresOf(t *testing.T) {
+	swarm := `{"totals":{"endpoints":{"measurement":{"p99_ms":12.5,"per_second":100},"command":{"p99_ms":1,"per_second":99}},"errors":2},"audit":{"lost":0,"duplicated":1}}`
+	got, err := SwarmFigures(strings.NewReader(swarm), "fleet")
+	want := []string{"figure fleet command p99=1:ms", "figure fleet command req/s=99:req/s", "figure fleet measurement p99=12.5:ms",
+		"figure fleet measurement req/s=100:req/s", "figure fleet errors=2:requests", "figure fleet audit lost=0:readings", "figure fleet audit duplicated=1:readings"}
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("SwarmFigures = %q, %v; want %q", got, err, want)
+	}
+	got, err = ResultFigures(strings.NewReader("noise\nRESULT ingest rows_per_s=812.5 p99_ms=3 errors=0 mode=v1\n"), "")
+	want = []string{"figure ingest rows_per_s=812.5:rows/s", "figure ingest p99_ms=3:ms", "figure ingest errors=0:count"}
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("ResultFigures = %q, %v; want %q", got, err, want)
+	}
+	var doc any = map[string]any{"holds": 40000.0, "steps": []any{map[string]any{"p99": 2.5}}}
+	jf := func(spec, want string, wantErr bool) {
+		t.Helper()
+		line, _, err := JSONFigure(doc, spec)
+		if line != want || (err != nil) != wantErr {
+			t.Errorf("JSONFigure(%q) = %q, %v; want %q (error %v)", spec, line, err, want, wantErr)
+		}
+	}
+	jf("holds=.holds:kettles", "figure holds=40000:kettles", false)
+	jf("first p99=.steps.0.p99:ms", "figure first p99=2.5:ms", false)
+	jf("breaks=.breaks_at:kettles", "", true)
+	jf("breaks=.breaks_at?:kettles", "", false)
+	log := "[   5s] kettles 10/10 | measurement 2/s p50 1.0ms p99 9.0ms | command 2/s p50 0.5ms p99 1.0ms\n" +
+		"[  10s] kettles 10/10 | measurement 2/s p50 3.0ms p99 4.0ms | command 2/s p50 0.5ms p99 7.0ms\n" +
+		"[  15s] kettles 10/10 | measurement 2/s p50 2.0ms p99 5.0ms | command 2/s p50 0.5ms p99 1.0ms\n"
+	p99, p50, n, err := Windows(strings.NewReader(log), "measurement", 10, -1)
+	if err != nil || p99 != 5 || p50 != 2.5 || n != 2 {
+		t.Errorf("Windows(measurement, from 10 s) = %v %v %d %v; want 5 2.5 2", p99, p50, n, err)
 	}
 }
 
