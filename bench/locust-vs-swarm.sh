@@ -29,8 +29,8 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+bench_build "$work/kettle" ./cmd/kettle
+port=$(free_port)
 url="http://127.0.0.1:$port"
 # A clean environment for every process: KETTLE_* are flags' env twins.
 for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done

@@ -24,7 +24,7 @@ BATCH=${BATCH:-100}
 NDEV=${DEVICES:-2000}
 cmdline="DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS BATCH=$BATCH DEVICES=$NDEV bench/log-vs-direct.sh"
 command -v wrk >/dev/null || { echo "wrk missing: make deps"; exit 1; }
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-logbench-XXXXXX)
 pids=()
 cleanup() {
@@ -39,7 +39,7 @@ echo "rerun: $cmdline"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 machine_line
 build_kettle "$work"
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 t0=$(date +%s.%N)
 deploy/kafka/kafka.sh start "$work/kafka"

@@ -118,9 +118,9 @@ CONNECT_WAIT=${CONNECT_WAIT:-$((ramp + 90))} # give up waiting for "all connecte
 dur=$((CONNECT_WAIT + HOLD + 30))           # each swarm's --duration (it stops by itself)
 DEADLINE=${DEADLINE:-$((dur + 900))}        # whole run incl. provisioning and audit; then kill
 expect=$(awk -v d="$DEVICES" -v i="$INTERVAL" 'BEGIN{printf "%.1f", d/i}')
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
 
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-mqttfleet-XXXXXX)
 pids=()
 cleanup() {
@@ -145,8 +145,8 @@ t_start=$(date +%s)
 echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD SRC_PER_SWARM=$SRC_PER_SWARM bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $WORKERS workers × $wper → $NODES nodes × $per (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, lab --duration ${dur}s, deadline ${DEADLINE}s"
-go build -o "$work/kettle" ./cmd/kettle
-go build -o "$work/mqttfleet" ./bench/mqttfleet
+bench_build "$work/kettle" ./cmd/kettle
+bench_build "$work/mqttfleet" ./bench/mqttfleet
 pg_start
 pg_settings
 PG_PID=$(head -1 "$PG_DIR/data/postmaster.pid")

@@ -39,8 +39,8 @@ work=$(mktemp -d /tmp/kettle-mqttmem-XXXXXX)
 spid=
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-go build -o "$work/B" ./cmd/kettle
-go build -o "$work/mqttpub" ./bench/mqttpub
+bench_build "$work/B" ./cmd/kettle
+bench_build "$work/mqttpub" ./bench/mqttpub
 A_ARGS=${A_ARGS-"--mqtt-engine mochi"}
 cp "${KETTLE_A:-$work/B}" "$work/A"
 targets="A B M"

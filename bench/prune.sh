@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 DEVICES=${DEVICES:-2000} INTERVAL=${INTERVAL:-30s} FLOOD=${FLOOD:-30s} AGE=${AGE:-10m} STORE=${STORE:-sqlite}
 case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port, pg_start, pg_db
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port, pg_start, pg_db
 work=$(mktemp -d /tmp/kettle-prune-XXXXXX) kpid= spid=
 cleanup() {
 	for p in $spid $kpid; do kill "$p" 2>/dev/null || true; done

@@ -28,7 +28,7 @@ INTERVAL=${INTERVAL:-30s}
 export KETTLE_HA_NET=${KETTLE_HA_NET:-127.0.44}
 export KETTLE_HA_NODES=1 KETTLE_HA_SYNC=true
 export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn"
-go build -o bin/kettle ./cmd/kettle
+bench_build bin/kettle ./cmd/kettle
 export KETTLE_BIN=$PWD/bin/kettle
 out=$(mktemp -d /tmp/kha-size-XXXX)
 chmod 755 "$out" # Patroni runs as postgres and reads its files under it

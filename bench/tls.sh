@@ -32,7 +32,7 @@ DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-90s} RO
 CURVES=${CURVES:-X25519 CurveP256 X25519MLKEM768} WORKERS=${WORKERS:-64} STORM=${STORM:-8s}
 PROTOCOL=${PROTOCOL:-http} # the fleet's: http (uploads and polls) or mqtt (QoS 1 publishes, commands pushed)
 case $PROTOCOL in http | mqtt) ;; *) echo "PROTOCOL must be http or mqtt, got $PROTOCOL" >&2; exit 2 ;; esac
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port, median
 work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 rerun="PROTOCOL=$PROTOCOL DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM ${NO_STORM:+NO_STORM=1 }bench/tls.sh"
@@ -40,7 +40,7 @@ echo "rerun: $rerun"
 rec_begin tls.sh "$rerun"
 machine_line
 build_kettle "$work"
-go build -o "$work/tlsstorm" ./bench/tlsstorm
+bench_build "$work/tlsstorm" ./bench/tlsstorm
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=localhost \
 	-addext "subjectAltName=IP:127.0.0.1,DNS:localhost" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 

@@ -18,11 +18,15 @@
 
 REC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
-# rec CMD ARGS…: the recorder, built once per run.
+# rec CMD ARGS…: the recorder, built once per run (KETTLE_RECORD_BIN: a
+# prebuilt one, which the smoke test passes to every script).
 rec() {
-	if [ -z "${REC_BIN:-}" ] || [ ! -x "$REC_BIN" ]; then
-		REC_BIN=$(mktemp /tmp/kettle-record-XXXXXX)
-		(cd "$REC_ROOT" && go build -o "$REC_BIN" ./internal/results/cmd/record)
+	if [ -z "${REC_BIN:-}" ]; then
+		REC_BIN=${KETTLE_RECORD_BIN:-}
+		if [ -z "$REC_BIN" ]; then
+			REC_BIN=$(mktemp /tmp/kettle-record-XXXXXX) REC_OWN=$REC_BIN
+			(cd "$REC_ROOT" && go build -o "$REC_BIN" ./internal/results/cmd/record)
+		fi
 	fi
 	"$REC_BIN" "$@"
 }
@@ -38,8 +42,8 @@ rec_ratio() { echo "ratio $1" >>"$KETTLE_REC_FIGS"; }           # rec_ratio N
 rec_end() {
 	[ -n "${KETTLE_REC_FIGS:-}" ] || { echo "rec_end without rec_begin" >&2; return 1; }
 	rec append "$REC_BENCH" "$REC_COMMAND" "$KETTLE_REC_FIGS"
-	rm -f "$KETTLE_REC_FIGS" "$REC_BIN"
-	KETTLE_REC_FIGS= REC_BIN=
+	rm -f "$KETTLE_REC_FIGS" ${REC_OWN:+"$REC_OWN"}
+	KETTLE_REC_FIGS= REC_BIN= REC_OWN=
 }
 
 # rec_swarm RESULTS_JSON [LABEL]: the figures of a kettle swarm run (its
@@ -67,3 +71,17 @@ rec_json() {
 	lines=$(rec json "$@")
 	[ -z "$lines" ] || echo "$lines" >>"$KETTLE_REC_FIGS"
 }
+
+# bench_build OUT PKG: go build PKG (./cmd/kettle, ./bench/pgbench, …) to
+# OUT, or copy the binary of that name from $KETTLE_BENCH_BINS, where the
+# smoke test builds each once for every script.
+bench_build() {
+	if [ -n "${KETTLE_BENCH_BINS:-}" ] && [ -x "$KETTLE_BENCH_BINS/${2##*/}" ]; then
+		cp "$KETTLE_BENCH_BINS/${2##*/}" "$1"
+		return
+	fi
+	go build -o "$1" "$2"
+}
+
+# free_port: a TCP port free on 127.0.0.1 now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
