@@ -64,6 +64,9 @@ rec_results() {
 	echo "$lines" >>"$KETTLE_REC_FIGS"
 }
 
+# rec_lines: the figure, ceiling and ratio lines on stdin (checked at rec_end).
+rec_lines() { cat >>"$KETTLE_REC_FIGS"; }
+
 # rec_json FILE NAME=PATH:UNIT…: figures from a JSON document's numbers
 # (PATH: .totals.acked; a trailing '?' when it may be absent).
 rec_json() {

@@ -9,6 +9,7 @@
 //	record json FILE NAME=PATH:UNIT…           figure lines of a JSON document's numbers
 //	record windows SWARM_LOG ENDPOINT FROM TO  "WORST_P99 MEDIAN_P50 N" of the swarm's 5 s windows
 //	record median                              the median of the numbers on stdin
+//	record topo-cpu KETTLE_HA_DIR              CPU seconds of each process of a deploy/cluster.sh topology, JSON
 //
 // append writes to $KETTLE_RESULTS, or bench/results.jsonl of the checkout;
 // with SMOKE=1 and no $KETTLE_RESULTS it checks the record and writes
@@ -37,7 +38,7 @@ func main() {
 	}
 }
 
-const usage = "usage: record append BENCH COMMAND FIGURES_FILE | swarm RESULTS_JSON [LABEL] | results FILE [LABEL] | json FILE NAME=PATH:UNIT… | windows SWARM_LOG ENDPOINT FROM TO | median"
+const usage = "usage: record append BENCH COMMAND FIGURES_FILE | swarm RESULTS_JSON [LABEL] | results FILE [LABEL] | json FILE NAME=PATH:UNIT… | windows SWARM_LOG ENDPOINT FROM TO | median | topo-cpu KETTLE_HA_DIR"
 
 func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -108,6 +109,8 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 		}
 		_, err = fmt.Fprintf(stdout, "%.2f %.2f %d\n", p99, p50, n)
 		return err
+	case cmd == "topo-cpu" && len(args) == 1:
+		return topoCPU(args[0], stdout)
 	case cmd == "median" && len(args) == 0:
 		b, err := io.ReadAll(stdin)
 		if err != nil {
