@@ -33,7 +33,7 @@ port=$(free_port)
 url="http://127.0.0.1:$port"
 # A clean environment for the processes (KETTLE_* are flags' env twins); the
 # results log's own settings stay.
-for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_NO_RECORD'); do unset "$v"; done
+for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_REC_FIGS\|KETTLE_RECORD_BIN\|KETTLE_BENCH_BINS'); do unset "$v"; done
 
 "$work/kettle" serve --addr "127.0.0.1:$port" --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
 	--access-log-sample 0 --log-level warn 2>"$work/serve.log" & spid=$!; pids+=($spid)
