@@ -87,4 +87,4 @@ bench_build() {
 }
 
 # free_port: a TCP port free on 127.0.0.1 now.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { rec free-port; }

@@ -10,6 +10,7 @@
 //	record windows SWARM_LOG ENDPOINT FROM TO  "WORST_P99 MEDIAN_P50 N" of the swarm's 5 s windows
 //	record median                              the median of the numbers on stdin
 //	record topo-cpu KETTLE_HA_DIR              CPU seconds of each process of a deploy/cluster.sh topology, JSON
+//	record free-port                           a TCP port free on 127.0.0.1 now
 //
 // append writes to $KETTLE_RESULTS, or bench/results.jsonl of the checkout;
 // with SMOKE=1 and no $KETTLE_RESULTS it checks the record and writes
@@ -22,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,7 +40,7 @@ func main() {
 	}
 }
 
-const usage = "usage: record append BENCH COMMAND FIGURES_FILE | swarm RESULTS_JSON [LABEL] | results FILE [LABEL] | json FILE NAME=PATH:UNIT… | windows SWARM_LOG ENDPOINT FROM TO | median | topo-cpu KETTLE_HA_DIR"
+const usage = "usage: record append BENCH COMMAND FIGURES_FILE | swarm RESULTS_JSON [LABEL] | results FILE [LABEL] | json FILE NAME=PATH:UNIT… | windows SWARM_LOG ENDPOINT FROM TO | median | topo-cpu KETTLE_HA_DIR | free-port"
 
 func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -108,6 +110,14 @@ func run(args []string, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 		_, err = fmt.Fprintf(stdout, "%.2f %.2f %d\n", p99, p50, n)
+		return err
+	case cmd == "free-port" && len(args) == 0:
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		_, err = fmt.Fprintln(stdout, l.Addr().(*net.TCPAddr).Port)
 		return err
 	case cmd == "topo-cpu" && len(args) == 1:
 		return topoCPU(args[0], stdout)
