@@ -18,18 +18,15 @@
 
 REC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
-# rec CMD ARGS…: the recorder, built once per run (KETTLE_RECORD_BIN: a
-# prebuilt one, which the smoke test passes to every script).
-rec() {
-	if [ -z "${REC_BIN:-}" ]; then
-		REC_BIN=${KETTLE_RECORD_BIN:-}
-		if [ -z "$REC_BIN" ]; then
-			REC_BIN=$(mktemp /tmp/kettle-record-XXXXXX) REC_OWN=$REC_BIN
-			(cd "$REC_ROOT" && go build -o "$REC_BIN" ./internal/results/cmd/record)
-		fi
-	fi
-	"$REC_BIN" "$@"
-}
+# The recorder, built once per run into the checkout's bin/ (go build is
+# incremental), or KETTLE_RECORD_BIN: a prebuilt one, which the smoke test
+# passes to every script. Exported, so that nested scripts reuse it.
+if [ -z "${KETTLE_RECORD_BIN:-}" ]; then
+	(cd "$REC_ROOT" && go build -o bin/record ./internal/results/cmd/record)
+	export KETTLE_RECORD_BIN=$REC_ROOT/bin/record
+fi
+rec() { "$KETTLE_RECORD_BIN" "$@"; } # rec CMD ARGS…: see internal/results/cmd/record
+
 
 rec_begin() { # rec_begin SCRIPT COMMAND
 	REC_BENCH=$1 REC_COMMAND=$2
@@ -42,8 +39,8 @@ rec_ratio() { echo "ratio $1" >>"$KETTLE_REC_FIGS"; }           # rec_ratio N
 rec_end() {
 	[ -n "${KETTLE_REC_FIGS:-}" ] || { echo "rec_end without rec_begin" >&2; return 1; }
 	rec append "$REC_BENCH" "$REC_COMMAND" "$KETTLE_REC_FIGS"
-	rm -f "$KETTLE_REC_FIGS" ${REC_OWN:+"$REC_OWN"}
-	KETTLE_REC_FIGS= REC_BIN= REC_OWN=
+	rm -f "$KETTLE_REC_FIGS"
+	KETTLE_REC_FIGS=
 }
 
 # rec_swarm RESULTS_JSON [LABEL]: the figures of a kettle swarm run (its
