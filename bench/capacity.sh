@@ -72,6 +72,6 @@ if [ "$STORE" = postgres ]; then
 else
 	echo "sqlite during the run: merges $(( $(metric kettle_sqlite_merges_total) - m0 )), staged rows at the end $(metric kettle_sqlite_staged_rows)"
 fi
-rec_json "${OUT:-$work/out}/capacity.json" "holds=.holds:kettles" "breaks at=.breaks_at?:kettles" "SLO p99=.slo_p99_ms:ms"
+rec_json "${OUT:-$work/out}/capacity.json" "holds=.capacity.holds:kettles" "breaks at=.capacity.breaks_at?:kettles" "SLO p99=.capacity.slo_p99_ms:ms"
 rec_end
 exit $rc

@@ -64,6 +64,7 @@ func Read(r io.Reader) ([]Record, error) {
 		if err := rec.check(); err != nil {
 			return nil, fmt.Errorf("results log line %d: %w", n, err)
 		}
+		rec.fixUnits()
 		recs = append(recs, rec)
 	}
 	return recs, sc.Err()
@@ -86,6 +87,20 @@ func (r *Record) check() error {
 		}
 	}
 	return nil
+}
+
+// fixUnits corrects the units of records whose script wrote a wrong one:
+// ha-sync.sh's older records give its rates ("…_acked_per_s") the unit "s",
+// the last word of the name, where they are readings a second.
+func (r *Record) fixUnits() {
+	if r.Bench != "ha-sync.sh" {
+		return
+	}
+	for i, f := range r.Figures {
+		if strings.HasSuffix(f.Name, "_per_s") && f.Unit == "s" {
+			r.Figures[i].Unit = "readings/s"
+		}
+	}
 }
 
 // Latest returns the latest run of each benchmark, in benchmark name order.
@@ -164,11 +179,39 @@ func Table(recs []Record) string {
 	return b.String()
 }
 
-// Headline is a record in a few words: its first figure as a ratio of its
-// ceiling when the record says so (first figure = ratio × ceiling), else its
-// first figures — those in the ceiling's unit when it has one — its ceiling
-// and its ratio.
+// headlines names, for each benchmark whose first figures are not what it
+// exists for, the figures its headline shows, in order (those the record
+// has): a sizing run exists for a kettle's costs, not its inputs; an A/B for
+// its ratios; a fleet run for the kettles it held and what they saw.
+var headlines = map[string][]string{
+	"ha-sync.sh":         {"sync_single_upload_p99_ms", "async_single_upload_p99_ms", "sync_single_acked_per_s", "async_single_acked_per_s"},
+	"sizing.sh":          {"serve_cpu_us_per_kettle_interval", "primary_cpu_us_per_kettle_interval", "serve_rss_bytes_per_kettle", "disk_bytes_per_reading"},
+	"mqtt-fleet.sh":      {"connections_at_hold_end", "readings_acked_per_s", "readings_expected_per_s", "puback_p99", "audit_lost"},
+	"log-vs-direct.sh":   {"log.single.rate", "direct.single.rate", "log.batch.rate", "direct.batch.rate"},
+	"pg-ab.sh":           {"B/A single rps, median of rounds", "B/A v1 rows_per_s, median of rounds", "B/A single kettle_cpu_us_per_req, median of rounds"},
+	"locust-vs-swarm.sh": {"swarm_cpu_per_request", "locust_cpu_per_request", "swarm_steady", "offered"},
+	"capacity.sh":        {"holds", "breaks at", "SLO p99"},
+}
+
+// Headline is a record in a few words: the figures its benchmark exists for
+// (headlines), else its first figure as a ratio of its ceiling when the
+// record says so (first figure = ratio × ceiling), else its first figures —
+// those in the ceiling's unit when it has one — its ceiling and its ratio.
 func Headline(r Record) string {
+	if names, ok := headlines[r.Bench]; ok {
+		var parts []string
+		for _, n := range names {
+			for _, f := range r.Figures {
+				if f.Name == n {
+					parts = append(parts, fmt.Sprintf("%s %s %s", f.Name, num(f.Value), f.Unit))
+					break
+				}
+			}
+		}
+		if len(parts) > 0 {
+			return strings.Join(parts, "; ")
+		}
+	}
 	f := r.Figures[0]
 	if r.Ratio != nil && r.Ceiling != nil && f.Unit == r.Ceiling.Unit &&
 		math.Abs(f.Value-*r.Ratio*r.Ceiling.Value) <= 0.01*math.Abs(f.Value) {

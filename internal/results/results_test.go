@@ -109,6 +109,21 @@ func TestLatestAndHeadline(t *testing.T) {
 	if h := Headline(other); h != "swarm 70 us; locust 420 us; ceiling target 140 us; ratio 6" {
 		t.Errorf("Headline with another ratio: %q", h)
 	}
+	// A benchmark's headline is the figure it exists for: ha-sync.sh's upload
+	// p99 with a synchronous standby, then with an asynchronous one, then its
+	// rates, in readings a second (its older records say "s").
+	ha, err := Read(strings.NewReader(`{"bench":"ha-sync.sh","commit":"1","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/ha-sync.sh","figures":[{"name":"sync_single_acked_per_s","value":499,"unit":"s"},{"name":"sync_single_upload_p99_ms","value":30,"unit":"ms"},{"name":"async_single_upload_p99_ms","value":20,"unit":"ms"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := Headline(ha[0]); h != "sync_single_upload_p99_ms 30 ms; async_single_upload_p99_ms 20 ms; sync_single_acked_per_s 499 readings/s" {
+		t.Errorf("ha-sync.sh's headline: %q", h)
+	}
+	for bench, names := range headlines {
+		if _, err := os.Stat(filepath.Join("..", "..", "bench", bench)); err != nil || len(names) == 0 {
+			t.Errorf("headlines[%q]: no such benchmark, or no figures named (%v)", bench, err)
+		}
+	}
 	page := Page(recs)
 	if !strings.Contains(page, "| 2026-11-27 19:00 | b.sh | `3`") || strings.Index(page, "19:00 | b.sh") > strings.Index(page, "18:00 | b.sh") {
 		t.Errorf("history not newest first:\n%s", page)
