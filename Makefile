@@ -67,7 +67,10 @@ bench: bench-ingest
 	$(GO) test -run '^$$' -bench . -benchmem ./httpapi/ ./sqlite/ ./
 
 # Faults, overload, hostile input against real processes (≈15 min); writes
-# docs/reliability.md. One part: go run ./chaos/cmd/chaos crash|outage|overload|slow|badinput|auth
+# docs/reliability.md. One part: go run ./chaos/cmd/chaos PART, PART one of
+# crash outage outage-blackhole overload slow badinput auth failover
+# log-outage log-broker log-writer mqttstorm
+# (every part of chaos/cmd/chaos; bench/docs_test.go holds this list to it).
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
 

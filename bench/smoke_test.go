@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -24,20 +23,6 @@ func scripts(t *testing.T) []string {
 	}
 	sort.Strings(s)
 	return s
-}
-
-// TestBenchmarksDocumented fails when a script is missing from
-// docs/benchmarks.md, which says what each measures and how to run it.
-func TestBenchmarksDocumented(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "docs", "benchmarks.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range append(scripts(t), "lib/pg-cluster.sh") {
-		if !bytes.Contains(doc, []byte("bench/"+s)) {
-			t.Errorf("docs/benchmarks.md does not describe bench/%s", s)
-		}
-	}
 }
 
 // smokeArgs are the arguments of the scripts that take some: the A/B
