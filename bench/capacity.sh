@@ -29,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
-[ "${SMOKE:-}" != 1 ] || : "${CAPACITY_ARGS:=--start 10 --max 10 --interval 1s --step-duration 3s}"
+[ "${SMOKE:-}" != 1 ] || : "${CAPACITY_ARGS:=--start 10 --max 10 --interval 1s --step-duration 3s --slo-p99 10s}"
 STORE=${STORE:-sqlite}
 CAPACITY_ARGS=${CAPACITY_ARGS:---start 40000 --step 40000 --step-duration 40s --warmup 10s}
 case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
