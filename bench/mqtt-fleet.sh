@@ -388,4 +388,4 @@ rec_fig nodes "$NODES" nodes
 rec_fig node_cap "$NODE_CAP" connections
 rec_fig interval_s "$INTERVAL" s
 rec_end
-exit $frcexit $frc
+exit $frc

@@ -42,6 +42,9 @@ type Record struct {
 	Figures []Figure  `json:"figures"`
 	Ceiling *Figure   `json:"ceiling,omitempty"`
 	Ratio   *float64  `json:"ratio,omitempty"`
+	// Line is the record's line in the log (Read sets it): docs cite a
+	// record by it (Cite).
+	Line int `json:"-"`
 }
 
 // Read parses the log: one JSON record a line, blank lines skipped. A line
@@ -65,6 +68,7 @@ func Read(r io.Reader) ([]Record, error) {
 			return nil, fmt.Errorf("results log line %d: %w", n, err)
 		}
 		rec.fixUnits()
+		rec.Line = n
 		recs = append(recs, rec)
 	}
 	return recs, sc.Err()

@@ -39,7 +39,16 @@ func TestRenderedResultsCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("docs/operations.md: %v", err)
 	}
+	perf, err := os.ReadFile(filepath.Join(root, "docs", "performance.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPerf, err := Cite(string(perf), recs, "../bench/results.jsonl")
+	if err != nil {
+		t.Fatalf("docs/performance.md: %v", err)
+	}
 	files := map[string]string{
+		filepath.Join(root, "docs", "performance.md"): wantPerf,
 		filepath.Join(root, "docs", "results.md"):    Page(recs),
 		filepath.Join(root, "README.md"):             wantReadme,
 		filepath.Join(root, "docs", "operations.md"): wantOps,
@@ -178,6 +187,37 @@ func TestRecord(t *testing.T) {
 	bad("ratio x\nfigure a=1:s\n", `ratio "x"`)
 	bad("printed something else\n", "not a figure, ceiling or ratio line")
 	bad("", "a run without figures is not recorded")
+}
+
+// TestCite renders a document's citations from the log and refuses one
+// that names a line of another benchmark or a figure the record lacks.
+func TestCite(t *testing.T) {
+	log := `{"bench":"a.sh","commit":"1","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/a.sh","figures":[{"name":"kettle","value":90,"unit":"req/s"}],"ceiling":{"name":"bare","value":100,"unit":"req/s"},"ratio":0.9}
+
+{"bench":"b.sh","commit":"2","time_utc":"2026-11-27T19:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/b.sh","figures":[{"name":"p99, worst","value":12.5,"unit":"ms"}]}`
+	recs, err := Read(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(doc, want, wantErr string) {
+		t.Helper()
+		got, err := Cite(doc, recs, "log.jsonl")
+		if wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), wantErr) {
+				t.Errorf("Cite(%q): error %v, want one with %q", doc, err, wantErr)
+			}
+			return
+		}
+		if err != nil || got != want {
+			t.Errorf("Cite(%q) = %q, %v; want %q", doc, got, err, want)
+		}
+	}
+	f(`holds <!--fig a.sh:1 "kettle"-->old<!--/fig--> of <!--fig a.sh:1 "bare"--><!--/fig-->, <!--fig a.sh:1 "ratio"--><!--/fig-->`,
+		`holds <!--fig a.sh:1 "kettle"-->[90 req/s](log.jsonl#L1)<!--/fig--> of <!--fig a.sh:1 "bare"-->[100 req/s](log.jsonl#L1)<!--/fig-->, <!--fig a.sh:1 "ratio"-->[0.9×](log.jsonl#L1)<!--/fig-->`, "")
+	f(`<!--fig b.sh:3 "p99, worst"--><!--/fig-->`, `<!--fig b.sh:3 "p99, worst"-->[12.5 ms](log.jsonl#L3)<!--/fig-->`, "")
+	f(`<!--fig a.sh:3 "p99, worst"--><!--/fig-->`, "", "line 3 of the log is not a run of a.sh")
+	f(`<!--fig b.sh:2 "p99"--><!--/fig-->`, "", "line 2 of the log is not a run of b.sh")
+	f(`<!--fig b.sh:3 "p50"--><!--/fig-->`, "", "the record has no such figure")
 }
 
 // TestFiguresOf reads the figures of what the scripts run: a swarm's
