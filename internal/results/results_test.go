@@ -49,9 +49,9 @@ func TestRenderedResultsCurrent(t *testing.T) {
 	}
 	files := map[string]string{
 		filepath.Join(root, "docs", "performance.md"): wantPerf,
-		filepath.Join(root, "docs", "results.md"):    Page(recs),
-		filepath.Join(root, "README.md"):             wantReadme,
-		filepath.Join(root, "docs", "operations.md"): wantOps,
+		filepath.Join(root, "docs", "results.md"):     Page(recs),
+		filepath.Join(root, "README.md"):              wantReadme,
+		filepath.Join(root, "docs", "operations.md"):  wantOps,
 	}
 	for path, want := range files {
 		if *update {
