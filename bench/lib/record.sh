@@ -18,6 +18,11 @@
 
 REC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
+# A command that ends the run (set -e) says which, where: a benchmark that
+# cannot start fails loudly, not with nothing printed.
+set -o errtrace
+trap 'rec_rc=$?; echo "${BASH_SOURCE[0]#"$REC_ROOT"/}: line $LINENO: \"$BASH_COMMAND\" failed (exit $rec_rc)" >&2' ERR
+
 # The recorder, built once per run into the checkout's bin/ (go build is
 # incremental), or KETTLE_RECORD_BIN: a prebuilt one, which the smoke test
 # passes to every script. Exported, so that nested scripts reuse it.
