@@ -46,15 +46,13 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	bins := t.TempDir()
 	start := time.Now()
-	for name, pkg := range map[string]string{
-		"kettle": "./cmd/kettle", "record": "./internal/results/cmd/record", "bare": "./bench/bare",
-		"pgbench": "./bench/pgbench", "mqttpub": "./bench/mqttpub", "mqttfleet": "./bench/mqttfleet", "tlsstorm": "./bench/tlsstorm",
-	} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bins, name), pkg)
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
+	// One go build for all: its packages compile and link in parallel; each
+	// binary is named after its package's directory, as bench_build expects.
+	pkgs := []string{"./cmd/kettle", "./internal/results/cmd/record", "./bench/bare", "./bench/pgbench", "./bench/mqttpub", "./bench/mqttfleet", "./bench/tlsstorm"}
+	cmd := exec.Command("go", append([]string{"build", "-o", bins + string(filepath.Separator)}, pkgs...)...)
+	cmd.Dir = ".."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", pkgs, err, out)
 	}
 	t.Logf("built the benchmarks' binaries in %s", time.Since(start).Round(time.Second))
 	// Three scripts at a time; those that bring up deploy/cluster.sh's
