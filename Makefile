@@ -80,8 +80,10 @@ chaos:
 docs:
 	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./cmd/kettle/ -update
 
-# docs/results.md and the README's headline table, from bench/results.jsonl
-# (every bench/*.sh appends its run there). `make test` fails while they are stale.
+# docs/results.md, the README's headline table and the figures
+# docs/performance.md cites (<!--fig bench.sh:LINE "name"-->), from
+# bench/results.jsonl (every bench/*.sh appends its run there through
+# internal/results/cmd/record). `make test` fails while they are stale.
 results:
 	$(GO) test -count=1 -run '^TestRenderedResultsCurrent$$' ./internal/results/ -update
 
