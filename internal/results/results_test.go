@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "write docs/results.md, the README's headline table and docs/operations.md's MQTT nodes per million kettles from bench/results.jsonl (make results)")
+var update = flag.Bool("update", false, "write docs/results.md, the README's headline table, docs/operations.md's MQTT nodes per million kettles and the figures docs/performance.md cites from bench/results.jsonl (make results)")
 
 // TestRenderedResultsCurrent fails when docs/results.md or the README's
 // headline table differ from what bench/results.jsonl renders to.
