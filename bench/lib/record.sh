@@ -32,7 +32,6 @@ if [ -z "${KETTLE_RECORD_BIN:-}" ]; then
 fi
 rec() { "$KETTLE_RECORD_BIN" "$@"; } # rec CMD ARGS…: see internal/results/cmd/record
 
-
 rec_begin() { # rec_begin SCRIPT COMMAND
 	REC_BENCH=$1 REC_COMMAND=$2
 	KETTLE_REC_FIGS=$(mktemp /tmp/kettle-rec-XXXXXX)
@@ -51,31 +50,19 @@ rec_end() {
 # rec_swarm RESULTS_JSON [LABEL]: the figures of a kettle swarm run (its
 # --out DIR/results.json): each endpoint's p99 and rate, the run's errors,
 # and the audit's lost and duplicated readings, each name prefixed with LABEL.
-rec_swarm() {
-	local lines
-	lines=$(rec swarm "$1" "${2:-}")
-	echo "$lines" >>"$KETTLE_REC_FIGS"
-}
+rec_swarm() { rec swarm "$1" "${2:-}" >>"$KETTLE_REC_FIGS"; }
 
 # rec_results FILE [LABEL]: a figure for every numeric KEY=VALUE of every
 # "RESULT NAME KEY=VALUE…" line in FILE (what bench/pgbench prints), named
 # "LABEL NAME KEY", its unit read from the key (…_ms, …_per_s, bytes…).
-rec_results() {
-	local lines
-	lines=$(rec results "$1" "${2:-}")
-	echo "$lines" >>"$KETTLE_REC_FIGS"
-}
+rec_results() { rec results "$1" "${2:-}" >>"$KETTLE_REC_FIGS"; }
 
 # rec_lines: the figure, ceiling and ratio lines on stdin (checked at rec_end).
 rec_lines() { cat >>"$KETTLE_REC_FIGS"; }
 
 # rec_json FILE NAME=PATH:UNIT…: figures from a JSON document's numbers
 # (PATH: .totals.acked; a trailing '?' when it may be absent).
-rec_json() {
-	local lines
-	lines=$(rec json "$@")
-	[ -z "$lines" ] || echo "$lines" >>"$KETTLE_REC_FIGS"
-}
+rec_json() { rec json "$@" >>"$KETTLE_REC_FIGS"; }
 
 # bench_build OUT PKG: go build PKG (./cmd/kettle, ./bench/pgbench, …) to
 # OUT, or copy the binary of that name from $KETTLE_BENCH_BINS, where the
