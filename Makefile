@@ -56,7 +56,7 @@ deps-check:
 # something missing (as root; otherwise it says what to install).
 deps-ensure:
 	@$(MAKE) --no-print-directory deps-check || \
-	if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory deps; \
+	if [ "$$(id -u)" = 0 ]; then echo "deps: installing what is missing (make deps)"; $(MAKE) --no-print-directory deps; \
 	else echo "deps: run 'sudo make deps' (make test needs what it installs)"; exit 1; fi
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
