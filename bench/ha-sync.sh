@@ -82,5 +82,5 @@ jq -rs 'def r3: . * 1000 | round / 1000;
 	     "figure \($k)_p50_sync_over_async=\($s.upload_p50_ms / ([$a.upload_p50_ms, 1e-9] | max) | r3):ratio",
 	     "figure \($k)_primary_cpu_sync_over_async=\(($s.cpu_s["postgres" + $s.primary[2:]] // 0) / ([$a.cpu_s["postgres" + $a.primary[2:]] // 0, 1e-9] | max) | r3):ratio")' \
 	"$out/rows.jsonl" | rec_lines
-grep -E 'over_async' "$KETTLE_REC_FIGS"
+grep -E 'over_async' "$KETTLE_REC_FIGS" || echo "(one topology, MODES=$MODES: no sync/async ratios)"
 rec_end
