@@ -10,6 +10,7 @@
 #
 # usage: deploy/cluster.sh up | down | status | dsn
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy)
+#        deploy/cluster.sh pause|resume pgN         (SIGSTOP/SIGCONT of its Patroni, postmaster and backends)
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
@@ -258,10 +259,26 @@ kill_pg() {
 	rm -f "$DIR/pg$i.pid"
 }
 
+# pg_procs I: member I's Patroni, its postmaster and the postmaster's children.
+pg_procs() {
+	local pa pm
+	pa=$(pidof_member "pg$1")
+	pm=$(postmaster "$1")
+	echo $pa $pm
+	[ -n "$pm" ] && pgrep -P "$pm" || true
+}
+
+# pause_pg I: the member's machine hangs (Jepsen's pause): every process
+# stopped at once, its sockets open, so peers and clients see a host that
+# neither answers nor refuses. resume_pg continues them.
+pause_pg() { kill -STOP $(pg_procs "$1") 2>/dev/null || true; }
+resume_pg() { kill -CONT $(pg_procs "$1") 2>/dev/null || true; }
+
 down() {
 	local i p
 	stop_member haproxy TERM 5
 	for i in 1 2 3 4 5 6 7 8 9; do stop_member "kettle$i" TERM 40; done
+	for i in 1 2 3; do resume_pg "$i"; done
 	for i in 1 2 3; do stop_member "pg$i" TERM 30; done
 	for i in 1 2 3; do
 		p=$(postmaster "$i")
@@ -297,6 +314,8 @@ member() {
 	stop:kettle[1-9]) stop_member "$m" TERM 40 ;;
 	stop:*) stop_member "$m" TERM 10 ;;
 	kill:pg[1-3]) kill_pg "${m#pg}" ;;
+	pause:pg[1-3]) pause_pg "${m#pg}" ;;
+	resume:pg[1-3]) resume_pg "${m#pg}" ;;
 	kill:*) stop_member "$m" KILL 5 ;;
 	*) die "unknown member '$m' (etcd1-3, pg1-3, kettle1-9, haproxy)" ;;
 	esac
@@ -312,6 +331,6 @@ sync) role sync_standby ;;
 healthy) healthy ;;
 patronictl) shift; patronictl "$@" ;;
 psql) shift; psql_leader "$@" ;;
-start | stop | kill) member "$1" "${2:-}" ;;
+start | stop | kill | pause | resume) member "$1" "${2:-}" ;;
 *) sed -n '2,/^set -e/p' "$0" | sed -e '/^set -e/d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
