@@ -68,8 +68,9 @@ bench: bench-ingest
 
 # Faults, overload, hostile input against real processes (≈15 min); writes
 # docs/reliability.md. One part: go run ./chaos/cmd/chaos PART, PART one of
-# crash outage outage-blackhole overload slow badinput auth failover
-# log-outage log-broker log-writer mqttstorm
+# crash outage outage-blackhole overload slow badinput auth failover pause
+# log-outage log-broker log-broker-pause log-controller log-writer
+# log-failover mqttstorm
 # (every part of chaos/cmd/chaos; bench/docs_test.go holds this list to it).
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
