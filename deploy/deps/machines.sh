@@ -11,13 +11,9 @@ toxiproxy_version=v2.5.0
 bin=$repo/.deps/bin
 
 pkgs="iproute2 nftables e2fsprogs util-linux mount faketime curl python3"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-	echo "machines.sh: installing:$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+. "$(dirname "$0")/apt.sh"
+# shellcheck disable=SC2086
+apt_need "machines.sh" $pkgs
 
 stamp=$bin/.toxiproxy-$toxiproxy_version
 if [ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ]; then
