@@ -402,7 +402,8 @@ down() {
 	# A stopped process does not die of SIGTERM, and a member cut from the
 	# others waits for them until its timeouts: faults first.
 	thaw_all
-	[ "$MODE" = netns ] && net_heal
+	# the partitions only: slow links and toxics go with the machines
+	nft delete table bridge "$PFX" 2>/dev/null || true
 	stop_member haproxy TERM 5
 	# the members of one kind stop side by side
 	local w=()
