@@ -280,10 +280,10 @@ func TestMachines(t *testing.T) {
 		t.Errorf("faults does not list the isolation:\n%s", f)
 	}
 	m.must(30*time.Second, "heal")
-	// Healed: the old primary reaches etcd again. (Its rejoin is not waited
-	// for here: cut from the nodes too, its fast shutdown waits for backends
-	// blocked sending to clients it could not reach, and for its walsenders'
-	// timeout; see the report of issue 53.)
+	// Healed: the old primary reaches etcd again. Its rejoin is not waited
+	// for: cut from the nodes too, its fast shutdown waits for backends
+	// blocked sending to clients it cannot reach, and for its walsenders'
+	// timeout, minutes.
 	waitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
 		_, err := m.inNS(old, "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health")
 		return err == nil
