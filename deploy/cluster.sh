@@ -28,6 +28,7 @@
 #
 # usage: deploy/cluster.sh up [--log] | down | status | dsn
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy, kafka1-3, writer, workerK)
+#        deploy/cluster.sh pause|resume MEMBER      (SIGSTOP/SIGCONT of all its processes; pgN: Patroni, postmaster and backends)
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)

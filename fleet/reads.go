@@ -59,10 +59,23 @@ func (s *Service) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.
 	return ms, nil
 }
 
-// Ping reports whether the store answers within Config.StoreTimeout (the
-// store's own error, for the log: readiness has no answer to map).
+// Ping reports whether this node can take uploads (readiness; the error
+// is for the log, readiness has no answer to map): whether the store
+// answers within Config.StoreTimeout. With the readings log in front
+// (Config.Log) uploads are acknowledged by the log and the store is the
+// writers' business, so readiness is the log's (its Ping, when it has
+// one): every node shares the store, and a store outage (a failover, a
+// switchover, PostgreSQL stopped) that made them all not ready would have
+// the balancer refuse every kettle at once, turning the writers' lag into
+// refusals.
 func (s *Service) Ping(ctx context.Context) error {
 	ctx, cancel := s.storeContext(ctx)
 	defer cancel()
+	if s.cfg.Log != nil {
+		if p, ok := s.cfg.Log.(interface{ Ping(context.Context) error }); ok {
+			return p.Ping(ctx)
+		}
+		return nil
+	}
 	return s.store.Ping(ctx)
 }

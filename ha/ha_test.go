@@ -171,7 +171,7 @@ type swarm struct {
 func (tp *topo) swarm(api string, devices int, d time.Duration, extra ...string) *swarm {
 	tp.t.Helper()
 	name := api
-	if len(extra) > 0 {
+	if slices.Contains(extra, "--protocol") {
 		name = "mqtt"
 	}
 	out := filepath.Join(tp.dir, "swarm-"+name)

@@ -129,20 +129,27 @@ func upload(t *testing.T, base string, id uuid.UUID, body string) (int, string, 
 // endOffsets sums the topic's end offsets: the records the log holds.
 func endOffsets(t *testing.T, topic string) int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	ctx, adm, done := admin(t)
+	defer done()
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var n int64
 	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
 	return n
+}
+
+// admin is an admin client of the suite's brokers and a 10 s context;
+// done releases both.
+func admin(t *testing.T) (context.Context, *kadm.Client, func()) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return ctx, kadm.NewClient(cl), func() { cancel(); cl.Close() }
 }
 
 // readAll reads every record of topic up to its end (a reader outside the

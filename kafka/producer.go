@@ -90,6 +90,19 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 		kgo.ProducerBatchCompression(kgo.NoCompression()), // CPU is the scarce part here, not disk
 		kgo.MaxBufferedRecords(cfg.MaxInflight+1),         // records ≤ readings: Produce never blocks
 		kgo.RecordDeliveryTimeout(cfg.Timeout),
+		// A lost broker's partitions get new leaders within about a second
+		// (deploy/kafka/broker.properties: broker.session.timeout.ms); the
+		// producer asks for them again at most every 100 ms instead of the
+		// default 5 s, which alone made uploads wait up to 5 s longer than
+		// the election.
+		kgo.MetadataMinAge(100*time.Millisecond),
+		// Retrying a partition whose leader is gone: 100 ms, then 200 ms,
+		// at most 250 ms between tries (default: 250 ms growing to 5 s),
+		// so the first try after the new leader is known is not seconds
+		// away.
+		kgo.RetryBackoffFn(func(tries int) time.Duration {
+			return min(time.Duration(tries)*100*time.Millisecond, 250*time.Millisecond)
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("--log %s: %w", cfg.Target, err)
@@ -163,6 +176,15 @@ func (p *Producer) Append(ctx context.Context, rows []kettle.Measurement, receiv
 	}
 	p.m.latency.Observe(time.Since(start).Seconds())
 	p.m.readings.Add(float64(n))
+	return nil
+}
+
+// Ping reports whether a broker of the log answers (a front's readiness
+// with --log: see fleet.Service.Ping).
+func (p *Producer) Ping(ctx context.Context) error {
+	if err := p.cl.Ping(ctx); err != nil {
+		return fmt.Errorf("readings log %s: %w", p.cfg.Target, err)
+	}
 	return nil
 }
 

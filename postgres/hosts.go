@@ -2,9 +2,12 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -12,6 +15,24 @@ import (
 
 // DefaultHostHoldoff is Options.HostHoldoff's default.
 const DefaultHostHoldoff = 100 * time.Millisecond
+
+// hungHoldoff is how long a host that stopped answering (a read on one of
+// its connections ran into its deadline: a handshake past connect_timeout,
+// a ping past pingTimeout, a commit past --store-timeout) is not dialled:
+// each try of such a host costs every waiting write a whole connect_timeout
+// before the driver goes on to the next host, while a refusal costs
+// nothing. Any answer on any connection to it ends the holdoff at once, so
+// a host that was only slow (a commit waiting for a synchronous standby)
+// is dialled again as soon as it answers anything.
+const hungHoldoff = 3 * time.Second
+
+// pingTimeout bounds the ping the pool sends on a connection that was
+// idle over a second before handing it out (pgxpool's default ShouldPing).
+// Without it, a connection to a host that neither answers nor refuses (a
+// paused or cut-off machine: its kernel, or nobody, holds the socket open)
+// is pinged until the caller's deadline, which fails the write instead of
+// trying the next connection, once for every such connection in the pool.
+const pingTimeout = time.Second
 
 // hostGate paces the connection attempts to the hosts of a multi-host DSN
 // (postgres://h1,h2,h3/…?target_session_attrs=read-write). While no host is
@@ -24,15 +45,70 @@ const DefaultHostHoldoff = 100 * time.Millisecond
 // writable, and for holdoff after that the driver's dial of that host fails
 // at once without touching the network: each node tries each host at most
 // once per holdoff, and notices a new primary at most holdoff late.
+//
+// A host that stops answering instead (it accepted the connection, or held
+// one open, and then said nothing until a deadline) is held off for
+// hungHoldoff, and the pool's idle connections to it are dropped when they
+// would be handed out (see stale), rather than each one costing a write
+// its deadline.
 type hostGate struct {
 	holdoff time.Duration
 	now     func() time.Time
 	mu      sync.Mutex
 	failed  map[string]time.Time // address (IP:port) → when it last failed
+	hosts   map[string]*hostState
 }
 
+// hostState is what the connections to one host share: since when it has
+// not answered (UnixNano; 0: it answers).
+type hostState struct{ hungSince atomic.Int64 }
+
 func newHostGate(holdoff time.Duration, now func() time.Time) *hostGate {
-	return &hostGate{holdoff: holdoff, now: now, failed: map[string]time.Time{}}
+	return &hostGate{holdoff: holdoff, now: now, failed: map[string]time.Time{}, hosts: map[string]*hostState{}}
+}
+
+func (g *hostGate) state(addr string) *hostState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	h := g.hosts[addr]
+	if h == nil {
+		h = &hostState{}
+		g.hosts[addr] = h
+	}
+	return h
+}
+
+// stale reports whether c is a connection to a host that has stopped
+// answering; the pool drops it instead of pinging it (see Open).
+func (g *hostGate) stale(c net.Conn) bool {
+	addr := c.RemoteAddr() // of the TCP connection under TLS too
+	if addr == nil || addr.Network() != "tcp" {
+		return false
+	}
+	g.mu.Lock()
+	h := g.hosts[addr.String()]
+	g.mu.Unlock()
+	return h != nil && h.hungSince.Load() != 0
+}
+
+// gatedConn is a connection the gate dialled: its reads tell the gate
+// whether the host answers.
+type gatedConn struct {
+	net.Conn
+	host *hostState
+	now  func() time.Time
+}
+
+func (c *gatedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		if c.host.hungSince.Load() != 0 {
+			c.host.hungSince.Store(0)
+		}
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		c.host.hungSince.CompareAndSwap(0, c.now().UnixNano())
+	}
+	return n, err
 }
 
 // errHeldOff is the dial error of a host within its holdoff.
@@ -44,6 +120,16 @@ type errHeldOff struct {
 
 func (e *errHeldOff) Error() string {
 	return fmt.Sprintf("%s failed %s ago (refused, unreachable or not writable); not tried again before %s have passed", e.addr, e.ago.Round(time.Millisecond), e.holdoff)
+}
+
+// errHung is the dial error of a host that stopped answering.
+type errHung struct {
+	addr string
+	ago  time.Duration
+}
+
+func (e *errHung) Error() string {
+	return fmt.Sprintf("%s has not answered for %s (a connection to it ran into its deadline); not tried again before %s have passed or it answers", e.addr, e.ago.Round(time.Millisecond), hungHoldoff)
 }
 
 func (g *hostGate) fail(addr string) {
@@ -70,11 +156,18 @@ func (g *hostGate) dial(next pgconn.DialFunc) pgconn.DialFunc {
 		if ago := g.now().Sub(at); failed && ago < g.holdoff {
 			return nil, &errHeldOff{addr, ago, g.holdoff}
 		}
+		h := g.state(addr)
+		if since := h.hungSince.Load(); since != 0 {
+			if ago := g.now().Sub(time.Unix(0, since)); ago < hungHoldoff {
+				return nil, &errHung{addr, ago}
+			}
+		}
 		c, err := next(ctx, network, addr)
 		if err != nil {
 			g.fail(addr)
+			return nil, err
 		}
-		return c, err
+		return &gatedConn{Conn: c, host: h, now: g.now}, nil
 	}
 }
 

@@ -17,17 +17,23 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 )
 
+// dsnFields splits a keyword/value DSN (pgtest's form).
+func dsnFields(dsn string) map[string]string {
+	kv := map[string]string{}
+	for _, f := range strings.Fields(dsn) {
+		k, v, _ := strings.Cut(f, "=")
+		kv[k] = v
+	}
+	return kv
+}
+
 // TestHostGate: a host of a multi-host DSN that refused, or turned out not
 // writable, is not dialled again within the holdoff (the driver goes on to
 // the next host, or fails at once when none is left), and is dialled again
 // after it.
 func TestHostGate(t *testing.T) {
 	dsn := pgtest.Start(t)
-	kv := map[string]string{}
-	for _, f := range strings.Fields(dsn) {
-		k, v, _ := strings.Cut(f, "=")
-		kv[k] = v
-	}
+	kv := dsnFields(dsn)
 	network, target := blackhole.Target(dsn)
 	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
 	if err != nil {
@@ -101,4 +107,71 @@ func TestHostGate(t *testing.T) {
 	}
 	now = now.Add(2 * time.Second)
 	f(false, 3, 5) // a primary again: found at the next attempt after the holdoff
+}
+
+// TestHungHost: the first host of a multi-host DSN stops answering without
+// refusing (a paused or cut-off machine: its connections stay open, its
+// kernel or nobody holds them). The pool's idle connections to it are not
+// each pinged until the caller's deadline: the first costs at most
+// pingTimeout, the host is then held off and the rest are dropped, and the
+// writes go to the next host. Against pgxpool's defaults (no ping
+// timeout) every write here fails at its 3 s deadline.
+func TestHungHost(t *testing.T) {
+	dsn := pgtest.Start(t)
+	kv := dsnFields(dsn)
+	network, target := blackhole.Target(dsn)
+	var ports []string
+	var hung *blackhole.Proxy
+	for range 2 {
+		p, err := blackhole.Listen("127.0.0.1:0", network, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		_, port, _ := net.SplitHostPort(p.Addr().String())
+		ports = append(ports, port)
+		if hung == nil {
+			hung = p
+		}
+	}
+	multi := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%s,%s user=%s dbname=%s sslmode=disable target_session_attrs=read-write connect_timeout=2", ports[0], ports[1], kv["user"], kv["dbname"])
+	s, err := Open(context.Background(), multi, Options{MaxConns: 6, CompactEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Six connections open at once, all to the first host, then idle.
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.pool.Exec(context.Background(), "SELECT pg_sleep(0.2)"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := s.pool.Stat().IdleConns(); n < 4 {
+		t.Fatalf("%d idle connections, want the pool's several", n)
+	}
+	// pgxpool pings a connection only once it was idle over a second: this
+	// wait is that rule, not a guess at some other process's pace.
+	time.Sleep(1100 * time.Millisecond)
+	hung.Block(true)
+	defer hung.Block(false)
+	start := time.Now()
+	for i := range 4 {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		t0 := time.Now()
+		_, err := s.pool.Exec(ctx, "SELECT 1")
+		cancel()
+		if err != nil {
+			t.Errorf("write %d after the first host hung: %v (after %s)", i, err, time.Since(t0).Round(time.Millisecond))
+		}
+		t.Logf("write %d: %s", i, time.Since(t0).Round(time.Millisecond))
+	}
+	if took := time.Since(start); took > pingTimeout+2*time.Second {
+		t.Errorf("four writes after the first host hung took %s, want ≤ %s (one ping timeout, then the next host)", took.Round(time.Millisecond), pingTimeout+2*time.Second)
+	}
 }

@@ -192,7 +192,17 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		g := newHostGate(opts.HostHoldoff, time.Now)
 		cfg.ConnConfig.DialFunc = g.dial(cfg.ConnConfig.DialFunc)
 		cfg.ConnConfig.ValidateConnect = g.validate(cfg.ConnConfig.ValidateConnect)
+		cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+			if g.stale(p.Conn.PgConn().Conn()) {
+				// Closed here, the ping fails at once and the pool
+				// destroys the connection and hands out the next.
+				p.Conn.PgConn().Conn().Close()
+				return true
+			}
+			return p.IdleDuration > time.Second // pgxpool's default
+		}
 	}
+	cfg.PingTimeout = pingTimeout
 	rp := cfg.ConnConfig.RuntimeParams
 	if rp["application_name"] == "" {
 		// Not "kettle": the name of every version before the nodes table

@@ -30,14 +30,9 @@ import (
 // retries are stored: no acknowledged reading lost, none stored twice.
 func TestStoreBlackhole(t *testing.T) {
 	dsn := pgtest.Start(t)
-	network, target := blackhole.Target(dsn)
-	bh, err := blackhole.Listen("127.0.0.1:0", network, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bh.Close)
+	bh, via := blackhole.ForDSN(t, dsn)
 	const timeout = time.Second
-	srv := start(t, blackhole.Via(dsn, bh.Addr()), func(c *server.Config) {
+	srv := start(t, via, func(c *server.Config) {
 		c.Ingest = fleet.Config{StoreTimeout: timeout}
 		c.Store.PoolSize = 4
 	})

@@ -6,6 +6,8 @@
 #   kafka.sh start DIR       format (first time) and start nodes 1-3, wait until they listen
 #   kafka.sh stop DIR        SIGTERM every node, SIGKILL after 20 s
 #   kafka.sh kill DIR N      SIGKILL node N (a crash, for fault tests)
+#   kafka.sh pause DIR N     SIGSTOP node N (a hung machine: neither answers nor refuses)
+#   kafka.sh resume DIR N    SIGCONT node N
 #   kafka.sh start-node DIR N  start node N again (its data is kept)
 #   kafka.sh status DIR      the nodes' pids, running or not
 #   kafka.sh bootstrap       the bootstrap list, host:port,host:port,host:port
@@ -129,8 +131,8 @@ cmd=${1:-}
 dir=${2:-}
 case "$cmd" in
 bootstrap) bootstrap; exit 0 ;;
-start | stop | kill | start-node | status) [ -n "$dir" ] || die "usage: kafka.sh $cmd DIR" ;;
-*) die "usage: kafka.sh start|stop|kill|start-node|status|bootstrap DIR [N]" ;;
+start | stop | kill | pause | resume | start-node | status) [ -n "$dir" ] || die "usage: kafka.sh $cmd DIR" ;;
+*) die "usage: kafka.sh start|stop|kill|pause|resume|start-node|status|bootstrap DIR [N]" ;;
 esac
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -169,10 +171,17 @@ kill)
 	pid=$(pid_of "$dir" "$n")
 	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
 	;;
+pause | resume)
+	n=${3:?usage: kafka.sh $cmd DIR N}
+	pid=$(pid_of "$dir" "$n")
+	[ -n "$pid" ] || die "node $n has no pid file in $dir"
+	if [ "$cmd" = pause ]; then kill -STOP "$pid"; else kill -CONT "$pid"; fi
+	;;
 stop)
 	for n in $(seq 1 ${#hosts[@]}); do
 		pid=$(pid_of "$dir" "$n")
-		[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null || true
+		# a paused node acts on SIGTERM only once it runs again
+		[ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && kill -CONT "$pid" 2>/dev/null || true
 	done
 	for n in $(seq 1 ${#hosts[@]}); do
 		for _ in $(seq 1 200); do running "$dir" "$n" || break; sleep 0.1; done

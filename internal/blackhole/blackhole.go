@@ -7,6 +7,7 @@ package blackhole
 import (
 	"net"
 	"sync"
+	"testing"
 )
 
 // Proxy forwards connections on its listener to a target. While blocked,
@@ -158,4 +159,17 @@ func Via(dsn string, proxy net.Addr) string {
 		return u.String()
 	}
 	return dsn + " host=" + host + " port=" + port // a later keyword wins
+}
+
+// ForDSN starts a proxy on 127.0.0.1 in front of dsn's server for a test,
+// closed when the test ends, and returns it with dsn through it.
+func ForDSN(t testing.TB, dsn string) (*Proxy, string) {
+	t.Helper()
+	network, target := Target(dsn)
+	p, err := Listen("127.0.0.1:0", network, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, Via(dsn, p.Addr())
 }

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Cluster is three running Kafka nodes.
@@ -119,6 +122,21 @@ func (c *Cluster) Kill(n int) error {
 	return nil
 }
 
+// Pause stops node n with SIGSTOP: its sockets stay open and neither
+// answer nor refuse (Jepsen's pause; a hung machine).
+func (c *Cluster) Pause(n int) error { return c.signal("pause", n) }
+
+// Resume continues a paused node n (SIGCONT).
+func (c *Cluster) Resume(n int) error { return c.signal("resume", n) }
+
+func (c *Cluster) signal(verb string, n int) error {
+	out, err := c.run(30*time.Second, verb, c.Dir, fmt.Sprint(n))
+	if err != nil {
+		return fmt.Errorf("kafka.sh %s %d: %v\n%s", verb, n, err, out)
+	}
+	return nil
+}
+
 // StartNode starts node n again.
 func (c *Cluster) StartNode(n int) error {
 	out, err := c.run(2*time.Minute, "start-node", c.Dir, fmt.Sprint(n))
@@ -135,4 +153,29 @@ func (c *Cluster) Stop() error {
 		return fmt.Errorf("kafka.sh stop: %v\n%s", err, out)
 	}
 	return nil
+}
+
+// QuorumLeader is the node (1-3) that is the KRaft quorum's leader now: the
+// active controller, whose loss costs a controller election on top of a
+// broker's.
+func (c *Cluster) QuorumLeader(ctx context.Context) (int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDescribeQuorumRequest()
+	t := kmsg.NewDescribeQuorumRequestTopic()
+	t.Topic = "__cluster_metadata"
+	p := kmsg.NewDescribeQuorumRequestTopicPartition()
+	t.Partitions = append(t.Partitions, p)
+	req.Topics = append(req.Topics, t)
+	res, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return 0, fmt.Errorf("describe the KRaft quorum: %w", err)
+	}
+	if len(res.Topics) == 0 || len(res.Topics[0].Partitions) == 0 {
+		return 0, fmt.Errorf("describe the KRaft quorum: empty answer")
+	}
+	return int(res.Topics[0].Partitions[0].LeaderID), nil
 }

@@ -299,56 +299,6 @@ func partLogOutage(ctx context.Context, e *env) *Result {
 	return r
 }
 
-// partLogBroker (b): kill -9 one Kafka broker under the fleet, start it
-// again 30 s later: producing goes on, nothing acknowledged is lost.
-func partLogBroker(ctx context.Context, e *env) *Result {
-	const before, down, duration = 20 * time.Second, 30 * time.Second, 90 * time.Second
-	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve --log with 2 writers; kettle swarm (%d v1 kettles every %s, %s); %s in, Kafka node 1 killed with SIGKILL, started again %s later; audit after the writers drained the log.", logDevices, logInterval, duration, before, down)}
-	rig, err := startLogRig(ctx, e, "log-broker", 2)
-	defer rig.close()
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	sw, err := rig.swarm(e, duration, rig.writers[0].url)
-	if err != nil {
-		return r.fail("%v", err)
-	}
-	sleep(ctx, before)
-	e.logf("log-broker: kill -9 Kafka node 1")
-	if err := rig.kafka.Kill(1); err != nil {
-		r.fail("%v", err)
-	}
-	killed := time.Now()
-	sleep(ctx, down)
-	if err := rig.kafka.StartNode(1); err != nil {
-		r.fail("%v", err)
-	}
-	back := time.Now()
-	e.logf("log-broker: node 1 back after %.1fs", back.Sub(killed).Seconds())
-	res, code, err := sw.wait(ctx, duration+6*time.Minute)
-	if err != nil {
-		return r.fail("swarm: %v", err)
-	}
-	refused, kinds := ingestRefused(res)
-	var ackedDown, offeredDown int64
-	for _, s := range res.Seconds {
-		t := res.Start.Add(time.Duration(s.T) * time.Second)
-		if t.After(killed) && t.Before(back) {
-			ackedDown += s.Acked
-			offeredDown += s.Readings
-		}
-	}
-	r.measure("while node 1 was down: %d readings acknowledged of %d generated; whole run: %d acknowledged, %d uploads refused or failed %v", ackedDown, offeredDown, res.Totals.Acked, refused, kinds)
-	if ackedDown == 0 || float64(ackedDown) < 0.5*float64(offeredDown) {
-		r.fail("producing did not go on with one broker down (%d of %d acknowledged)", ackedDown, offeredDown)
-	}
-	auditAndCount(r, rig, res, code, sw.logPath)
-	if r.Pass {
-		r.Verdict = fmt.Sprintf("%d of %d readings acknowledged while a broker was down, %d uploads refused; 0 lost", ackedDown, offeredDown, refused)
-	}
-	return r
-}
-
 // partLogWriter (c): kill -9 one of two writers under the fleet: the other
 // takes its partitions after the session timeout and writes from the last
 // committed offsets; 0 lost, 0 duplicated in the store and the statistics.

@@ -61,9 +61,13 @@ var parts = []part{
 	{"badinput", "5. Bad input (fuzzing + hostile-input table)", partBadInput},
 	{"auth", "6. Auth (cross-device, operator endpoints, revocation)", partAuth},
 	{"failover", "7. High availability (PostgreSQL failover, switchover, standby loss, node restarts behind HAProxy)", partFailover},
+	{"pause", "7b. The primary paused (SIGSTOP) past Patroni's ttl, against a kill -9", partPause},
 	{"log-outage", "8a. Readings log: PostgreSQL stopped 60 s behind Kafka", partLogOutage},
-	{"log-broker", "8b. Readings log: kill -9 one Kafka broker", partLogBroker},
+	{"log-broker", "8b. Readings log: kill -9 one Kafka broker (not the active controller)", partLogBrokerFault("kill", "broker")},
+	{"log-broker-pause", "8b'. Readings log: one Kafka broker paused (SIGSTOP) 30 s", partLogBrokerFault("pause", "broker")},
+	{"log-controller", "8b''. Readings log: kill -9 the Kafka node that is the active controller", partLogBrokerFault("kill", "controller")},
 	{"log-writer", "8c. Readings log: kill -9 a writer mid-run", partLogWriter},
+	{"log-failover", "8d. Readings log: PostgreSQL failover and switchover under the fleet (0 non-200)", partLogFailover},
 	{"mqttstorm", "9. MQTT reconnect storm (a lost node's kettles reconnect at once)", partMQTTStorm},
 }
 
@@ -104,8 +108,11 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
   failover  Patroni failover, switchover, standby loss, rolling restart behind HAProxy (go test ./ha/, long)
-  log-outage, log-broker, log-writer
-            kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed, a writer killed
+  pause     the primary paused (SIGSTOP) 30 s, past the ttl, then a kill -9: a pause costs no more than a kill (go test ./ha/, long)
+  log-outage, log-broker, log-broker-pause, log-controller, log-writer
+            kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed or paused, the
+            active controller killed (each: ≤ 1 s over the usual p99 for 30 foreign kettles), a writer killed
+  log-failover  --log on the Patroni topology: kill -9 of the primary and a switchover, 0 non-200 (go test ./ha/, long)
   mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
@@ -172,7 +179,7 @@ func main() {
 
 	needBin := false
 	for _, n := range names {
-		if n != "doc" && n != "auth" && n != "failover" {
+		if n != "doc" && n != "auth" && n != "failover" && n != "pause" && n != "log-failover" {
 			needBin = true
 		}
 	}
