@@ -16,6 +16,8 @@
 # `go build -o /tmp/kettle-slow ./cmd/kettle`, then `git checkout httpapi`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${DURATION:=3}" "${INTERVAL:=1}" "${ROUNDS:=1}"
 NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-60} # seconds, each run
 INTERVAL=${INTERVAL:-30} # seconds
@@ -27,17 +29,17 @@ spid=
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
+bench_build "$work/kettle" ./cmd/kettle
 BASE_BIN=${BASE_BIN:-$work/kettle}
 CAND_BIN=${CAND_BIN:-$work/kettle}
-for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_NO_RECORD'); do unset "$v"; done
+for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_REC_FIGS\|KETTLE_RECORD_BIN\|KETTLE_BENCH_BINS'); do unset "$v"; done
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "A: $BASE_BIN  B: $CAND_BIN  ($NDEV kettles, ${DURATION}s, interval ${INTERVAL}s, $ROUNDS rounds)"
 
 # run BIN OUT: a fresh kettle serve from BIN, one swarm (this tree's) into OUT.
 run() {
 	local bin=$1 out=$2 port url
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	port=$(free_port)
 	url="http://127.0.0.1:$port"
 	rm -rf "$work/data"
 	"$bin" serve --addr "127.0.0.1:$port" --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
