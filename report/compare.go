@@ -585,6 +585,12 @@ func caveats(a, b *runData) []string {
 		if d.r.n < 4*blockS {
 			out = append(out, fmt.Sprintf("run %s has %d steady seconds: the intervals are wide (run at least %d s after hatching)", d.name, d.r.n, 4*blockS))
 		}
+		// The interval is the noise within a run; neighbours that come and
+		// go between runs move every figure at once (the simulator's CPU
+		// per request with them).
+		if d.r.s.Verdict.Class == ClassMachineCPU {
+			out = append(out, fmt.Sprintf("in run %s other processes held the machine's CPU (its verdict: %s): its figures measure them too", d.name, d.r.s.Verdict.Class))
+		}
 	}
 	return out
 }
