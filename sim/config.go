@@ -267,6 +267,13 @@ func ClientTLS(caPEM []byte, resume bool) (*tls.Config, error) {
 	return c, nil
 }
 
+// PlannedParams is what Results.Params will say of the configuration
+// before the run (what the live view shows while it goes).
+func (c Config) PlannedParams() Params {
+	c.defaults()
+	return c.params()
+}
+
 // params is what Results.Params says of the configuration itself; the
 // swarm and the lab add what their run chose (connections, TLS, protocol).
 func (c *Config) params() Params {

@@ -252,6 +252,8 @@ type lab struct {
 	cl    *labClient
 	ws    []*labWorker
 	mu    sync.Mutex // the workers' fields while all runs
+	// emitted is the last merged second handed to Config.OnSecond.
+	emitted int
 }
 
 // all runs f on every worker at once and waits for them.
@@ -349,6 +351,7 @@ func (l *lab) follow(ctx context.Context, start time.Time) {
 	interrupted := false
 	for {
 		l.all(func(w *labWorker) { l.status(ctx, w) })
+		l.emitSeconds(false)
 		running := 0
 		for _, w := range l.ws {
 			if w.state == stateLost && w.err != "" {
@@ -365,6 +368,7 @@ func (l *lab) follow(ctx context.Context, start time.Time) {
 			lastProgress = time.Now()
 		}
 		if running == 0 {
+			l.emitSeconds(true)
 			return
 		}
 		if time.Now().After(end) {

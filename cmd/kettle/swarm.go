@@ -146,6 +146,8 @@ type swarmFlags struct {
 	allowTarget string   // --allow-target HOST,…
 	targets     []string // --target split (several server nodes)
 	mqttTargets []string
+	shapeFlags  // --stages, --scenario (swarm_shape.go)
+	liveFlags   // --ui (swarm_live.go)
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -226,7 +228,12 @@ func runSwarm(ctx context.Context, args []string) error {
 	f.register(fs, 1000, time.Minute, 0, "per-device")
 	f.registerTarget(fs)
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve Go's pprof profiles of the swarm itself on this address, e.g. 127.0.0.1:6062 (empty: off)")
+	f.registerShape(fs)
+	f.registerLive(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := f.resolveShape(fs); err != nil {
 		return err
 	}
 	if f.debugAddr != "" {
@@ -346,11 +353,18 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 			c.Devices, c.Target, c.API, c.Interval, c.HatchRate, c.Duration)
 	}
 	f.log = w
+	f.describeShape(w)
 	stop, err := f.instrument(ctx)
 	if err != nil {
 		return err
 	}
+	ctx, endLive, err := f.startLive(ctx)
+	if err != nil {
+		stop()
+		return err
+	}
 	res, err := f.runOnce(ctx)
+	defer endLive(res, err)
 	sys := stop()
 	if res != nil {
 		res.Command = f.command
