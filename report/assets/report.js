@@ -172,7 +172,7 @@
     const p = D.params || {}, out = [];
     for (const st of p.stages || []) {
       if (st.from === st.to) continue;
-      out.push({from: st.start_s, to: st.end_s, label: '→ ' + fmt(st.to) + ' kettles'});
+      out.push({from: st.start_s, to: st.end_s, label: '→ ' + Math.round(st.to).toLocaleString('en') + ' kettles'});
     }
     if (p.rollout) out.push({from: p.rollout.start_s, to: Math.max(p.rollout.end_s, p.rollout.start_s), cls: 'rollout',
       label: 'rollout: ' + Math.round(p.rollout.share * 100) + ' % to batch ' + p.rollout.batch});
