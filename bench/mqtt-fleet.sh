@@ -72,8 +72,8 @@ BATCH_WAIT=${BATCH_WAIT:-100ms}
 WRITERS=${WRITERS:-1}
 # GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
 # at the size it grew to. Otherwise every GC shrinks the stacks of idle
-# connections (one goroutine each in a swarm; a node's device engine holds
-# none on Linux, mochi's two) and the next
+# connections (one goroutine each in a swarm; a node holds none on Linux)
+# and the next
 # message grows them again: copies both ways, and more RSS, not less
 # (10,000 kettles, 2+2 processes, side by side without it: per kettle, nodes
 # 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,

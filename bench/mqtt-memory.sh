@@ -11,13 +11,13 @@
 # Targets run one after another, ROUNDS times interleaved (A B M A B M …), so
 # that a neighbour's load on the shared machine falls on all of them alike:
 #   A: KETTLE_A (a prebuilt kettle, e.g. main's; default: this tree's) with
-#      A_ARGS / A_ENV (default: --mqtt-engine mochi, the old engine)
-#   B: this tree's kettle with B_ARGS / B_ENV (default: its default engine)
+#      A_ARGS / A_ENV (default: none)
+#   B: this tree's kettle with B_ARGS / B_ENV (default: none)
 #   M: Mosquitto
 #
-#   bench/mqtt-memory.sh                                           # mochi, device, Mosquitto
+#   KETTLE_A=/tmp/kettle-main bench/mqtt-memory.sh                 # main, this tree, Mosquitto
 #   CONNS=2000 HOLD=35 bench/mqtt-memory.sh                        # a quick look
-#   KETTLE_A=/tmp/kettle-main A_ARGS= B_ARGS="--gc-percent 100" bench/mqtt-memory.sh
+#   KETTLE_A=/tmp/kettle-main B_ARGS="--gc-percent 400" bench/mqtt-memory.sh
 #
 # Appends one JSON line to bench/results.jsonl. Bounded: each target runs
 # WARMUP+HOLD seconds, every process it starts is killed at exit; traffic
@@ -41,7 +41,6 @@ cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true
 trap cleanup EXIT
 go build -o "$work/B" ./cmd/kettle
 go build -o "$work/mqttpub" ./bench/mqttpub
-A_ARGS=${A_ARGS-"--mqtt-engine mochi"}
 cp "${KETTLE_A:-$work/B}" "$work/A"
 targets="A B M"
 cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"

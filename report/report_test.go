@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/internal/browsertest"
 
-	"github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/kettlefleet/kettlefleet/sim"
@@ -126,28 +123,10 @@ func TestReportInBrowser(t *testing.T) {
 	var mu sync.Mutex
 	var problems []string
 	if err := chromedp.Listen(bctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning || ev.Type == runtime.ConsoleAPICalledTypeAssert {
-				var args []string
-				for _, a := range ev.Args {
-					args = append(args, string(a.Value)+a.Description)
-				}
-				problems = append(problems, "console."+string(ev.Type)+": "+strings.Join(args, " "))
-			}
-		case *runtime.EventExceptionThrown:
-			d := ev.ExceptionDetails
-			desc := d.Text
-			if d.Exception != nil {
-				desc += " " + d.Exception.Description
-			}
-			problems = append(problems, fmt.Sprintf("exception at line %d: %s", d.LineNumber+1, desc))
-		case *log.EventEntryAdded:
-			if ev.Entry.Level == log.EntryLevelError {
-				problems = append(problems, "browser log: "+ev.Entry.Text+" "+ev.Entry.URL)
-			}
+		if p := browsertest.Problem(ev); p != "" {
+			mu.Lock()
+			problems = append(problems, p)
+			mu.Unlock()
 		}
 	}); err != nil {
 		t.Fatalf("start Chromium: %v", err)

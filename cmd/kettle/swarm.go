@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/report"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
@@ -107,7 +109,9 @@ Exit status:
   3  audit: acknowledged readings lost
   4  audit: acknowledged readings stored more than once
   5  SLO breached: a p99 above --slo-p99 or an error rate above --max-error-rate
-A failure prints one line saying why.`
+  6  compared with --baseline, a figure regressed
+A failure prints one line saying why.
+` + ciDoc
 
 // Exit codes of kettle swarm (and kettle demo).
 const (
@@ -146,8 +150,9 @@ type swarmFlags struct {
 	allowTarget string   // --allow-target HOST,…
 	targets     []string // --target split (several server nodes)
 	mqttTargets []string
-	shapeFlags  // --stages, --scenario (swarm_shape.go)
-	liveFlags   // --ui (swarm_live.go)
+	ci          ciFlags // --baseline, --junit, --remote-write (see ci.go)
+	shapeFlags          // --stages, --scenario (swarm_shape.go)
+	liveFlags           // --ui (swarm_live.go)
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -228,6 +233,7 @@ func runSwarm(ctx context.Context, args []string) error {
 	f.register(fs, 1000, time.Minute, 0, "per-device")
 	f.registerTarget(fs)
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve Go's pprof profiles of the swarm itself on this address, e.g. 127.0.0.1:6062 (empty: off)")
+	f.ci.register(fs)
 	f.registerShape(fs)
 	f.registerLive(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -247,6 +253,9 @@ func runSwarm(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := f.validate(); err != nil {
+		return err
+	}
+	if err := f.ci.validate(); err != nil {
 		return err
 	}
 	f.command = "kettle swarm " + strings.Join(args, " ")
@@ -385,7 +394,17 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return f.judge(res)
+	judged := f.judge(res)
+	resPath := ""
+	if f.out != "" {
+		resPath = filepath.Join(f.out, "results.json")
+	}
+	if err := f.ci.apply(ctx, res, resPath, f.out, report.Checks(res, float64(f.sloP99)/1e6, f.maxErrorRate), w); judged == nil {
+		return err
+	} else if err != nil {
+		fmt.Fprintf(w, "  %v\n", err)
+	}
+	return judged
 }
 
 // judge turns the results into an exit status.

@@ -78,18 +78,16 @@
       t.textContent = (spec.xLabel || (x => x + 's'))(v);
     }
     el('path', {d: `M${m.l},${m.t}V${H - m.b}H${W - m.r}`, fill: 'none'}, ax);
-    // The load shape's stages: a band where the fleet changes over time, a
-    // line where it steps, each labelled with the fleet size it goes to.
-    for (const b of spec.bands || []) {
-      const a = Math.max(b.from, x0), z = Math.min(b.to, x1);
-      if (z < a) continue;
-      if (z - a < (x1 - x0) / 400) el('line', {x1: X(a), x2: X(a), y1: m.t, y2: H - m.b, class: 'stage-step'}, svg);
-      else el('rect', {x: X(a), y: m.t, width: X(z) - X(a), height: H - m.b - m.t, class: 'stage-band ' + (b.cls || '')}, svg);
-      if (b.label) {
-        const t = el('text', {x: X(a) + 3, y: m.t + 10, class: 'stage-label'}, svg);
-        t.textContent = b.label;
-      }
-    }
+    // Bands over the time series, each labelled: the faults (chaos
+    // nemesis) and the load shape's stages (params.stages, the rollout).
+    if (spec.x === T) [[D.faults, 'band'], [D.stages, 'band stage']].forEach(([list, cls]) => (list || []).forEach((b, k) => {
+      const a = Math.max(b.t0, x0), z = Math.min(Math.max(b.t1, b.t0 + 1), x1);
+      if (!(z > a)) return;
+      const r = el('rect', {x: X(a), y: m.t, width: Math.max(X(z) - X(a), 1), height: H - m.t - m.b, class: cls}, svg);
+      el('title', {}, r).textContent = b.name + ' (' + clock(b.t0) + '–' + clock(b.t1) + ')';
+      const t = el('text', {x: X(a) + 2, y: m.t + 10 + 11 * (k % 3), class: cls}, svg);
+      t.textContent = b.kind;
+    }));
     for (const h of spec.hlines || []) {
       if (!(h.y <= yt.hi)) continue;
       el('line', {x1: m.l, x2: W - m.r, y1: Y(h.y), y2: Y(h.y), class: 'hline', stroke: h.color || '#b42318'}, svg);
@@ -167,18 +165,6 @@
   }
   function redraw() { for (const c of charts) draw(c.f, c.specFn()); }
 
-  // stageBands are the marks of the run's load shape (params.stages, params.rollout).
-  function stageBands() {
-    const p = D.params || {}, out = [];
-    for (const st of p.stages || []) {
-      if (st.from === st.to) continue;
-      out.push({from: st.start_s, to: st.end_s, label: '→ ' + Math.round(st.to).toLocaleString('en') + ' kettles'});
-    }
-    if (p.rollout) out.push({from: p.rollout.start_s, to: Math.max(p.rollout.end_s, p.rollout.start_s), cls: 'rollout',
-      label: 'rollout: ' + Math.round(p.rollout.share * 100) + ' % to batch ' + p.rollout.batch});
-    return out;
-  }
-
   // build makes every chart from D (again, when the live view updates it).
   function build() {
     charts.length = 0;
@@ -186,8 +172,7 @@
     S = D.series || {};
     T = S.t || [];
     const vline = D.verdict && D.verdict.t ? D.verdict.t : undefined;
-    const bands = stageBands();
-    const timeSpec = (series, extra) => Object.assign({x: T, series, vline, bands}, extra || {});
+    const timeSpec = (series, extra) => Object.assign({x: T, series, vline}, extra || {});
     const names = o => Object.keys(o || {}).sort();
     const slo = D.params && D.params.slo_p99_ms ? [{y: D.params.slo_p99_ms, label: 'SLO p99 ' + D.params.slo_p99_ms + ' ms'}] : [];
     const selected = () => Array.from(document.querySelectorAll('#pct input:checked')).map(i => i.value);
@@ -209,7 +194,7 @@
 
     for (const ep of names(S.endpoints)) {
       add('latency-' + ep, 'Latency: ' + ep + ' (ms, from the intended send time)', () => ({
-        x: T, vline, bands, unit: 'ms', hlines: slo,
+        x: T, vline, unit: 'ms', hlines: slo,
         series: selected().map(p => ({name: p, y: S.endpoints[ep].latency_ms[p], color: PCOL[p]}))}));
     }
     add('throughput', 'Throughput: offered (dashed) vs completed (req/s)', () => timeSpec(
