@@ -135,7 +135,7 @@ func TestLiveInBrowser(t *testing.T) {
 		State, Line   string
 	}
 	eval(`({Charts: document.querySelectorAll('figure.chart[data-drawn=lines]').length,
-		Marks: document.querySelectorAll('#chart-kettles line.stage-step, #chart-kettles rect.stage-band').length,
+		Marks: document.querySelectorAll('#chart-kettles rect.band.stage').length,
 		State: window.liveState, Line: document.getElementById('live-line').textContent})`, &page)
 	if page.Charts < 6 || page.Marks < 3 || page.State != "running" || !strings.Contains(page.Line, "of 80 kettles") {
 		t.Errorf("live page: %+v, want its charts drawn, the stages marked (3 changes), running", page)
