@@ -14,7 +14,8 @@ import (
 )
 
 // Scenario is a load shape in a file (kettle swarm --scenario FILE): YAML,
-// or JSON (which YAML reads too). docs/lab.md documents the format;
+// or JSON (which YAML reads too). docs/operations.md ("Load shapes")
+// documents the format;
 // contrib/scenarios holds examples. Unknown fields are refused, so a typo
 // does not pass for a default.
 type Scenario struct {

@@ -74,6 +74,19 @@ workers' histograms merged exactly, each worker's CPU, RSS and lag beside)
 and audited once; a worker lost mid-run is marked with its share and the
 run still ends with its report (exit 1). See docs/operations.md.
 
+Load shapes: --stages 2m:20000,5m:20000,30s:40000,5m:40000 gives the fleet a
+size over time (linear between points from 0; a 0s stage is a step): kettles
+join in index order as it grows and the last to join leave first, switched
+off (connection closed, readings kept) until they join again; one joining in
+a step after the start sends at that instant (a power cut's reconnect storm).
+--scenario FILE reads stages and a firmware rollout from YAML or JSON
+(contrib/scenarios; docs/operations.md, "Load shapes").
+
+Live view: --ui 127.0.0.1:9102 serves the report page while the run goes,
+fed every second (server-sent events), with a button that stops the run as
+an interrupt does (audit, results and report still written). Off loopback
+it needs --ui-token-file.
+
 Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
 localhost, unless the operator names a host exactly in --allow-target (and
 each worker in its own --allow-target). Connections: --conns per-device (one keep-alive connection per
