@@ -312,7 +312,7 @@ func (s *httpTransport) runWork(i int, k *kettleState, w work, sl *slot) {
 			s.noConn(i, k, w, err)
 			return
 		}
-		defer s.pool.put(i, sl)
+		defer s.release(i, k, sl)
 	}
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {

@@ -392,8 +392,25 @@ func (s *httpTransport) leave(i int, k *kettleState) {
 	case sl := <-ch:
 		s.pool.discard(sl)
 		ch <- sl
-	default: // in use: it closes with the kettle's exchange's end
+	default: // in use: it closes when the kettle's exchange ends (release)
+		k.mu.Lock()
+		k.dropConn = true
+		k.mu.Unlock()
 	}
+}
+
+// release gives kettle i's own connection back after an exchange, closed
+// if the kettle left the fleet meanwhile.
+func (s *httpTransport) release(i int, k *kettleState, sl *slot) {
+	k.mu.Lock()
+	if k.dropConn {
+		k.dropConn = false
+		if len(s.pool.perDevice) >= s.cfg.Devices {
+			s.pool.discard(sl)
+		}
+	}
+	k.mu.Unlock()
+	s.pool.put(i, sl)
 }
 
 // join connects an MQTT kettle that comes back in a step, at once (the

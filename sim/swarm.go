@@ -83,6 +83,9 @@ type kettleState struct {
 	// times it joined. Only the dispatcher touches them.
 	active bool
 	gen    uint16
+	// dropConn: it left while its exchange held its connection, which
+	// closes when the exchange ends (k.mu).
+	dropConn bool
 }
 
 // Swarm is one run in progress.
