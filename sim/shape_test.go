@@ -150,16 +150,26 @@ func TestShapeOpenModelSlowServer(t *testing.T) {
 		}
 	}
 	due[1] += due[0]
-	for _, res := range []*Results{fast, slow} {
+	// Counted by the second they came due in; a collector starved of CPU
+	// closes a second late and moves some into the next, so the run so far
+	// is compared, second by second.
+	totals := [2]float64{}
+	for j, res := range []*Results{fast, slow} {
+		var got, want float64
 		for _, sec := range res.Seconds {
 			if sec.T > 5 {
 				continue
 			}
-			got, want := float64(sec.Endpoints[EPMeasurement].Offered), due[sec.T]
-			if math.Abs(got-want) > 0.1*want+8 {
-				t.Errorf("second %d: %.0f uploads offered, want %.0f (the fleet %d kettles at its end)", sec.T, got, want, sec.Kettles)
+			got += float64(sec.Endpoints[EPMeasurement].Offered)
+			want += due[sec.T]
+			if math.Abs(got-want) > 0.1*want+10 {
+				t.Errorf("by second %d: %.0f uploads offered, want %.0f (the fleet %d kettles at its end)", sec.T, got, want, sec.Kettles)
 			}
 		}
+		totals[j] = got
+	}
+	if math.Abs(totals[1]-totals[0]) > 0.05*totals[0]+5 {
+		t.Errorf("uploads offered: %.0f against a fast server, %.0f against a slow one: a slow server lowered the load", totals[0], totals[1])
 	}
 	if p := slow.Totals.Endpoints[EPMeasurement].P50Ms; p < 300 {
 		t.Errorf("slow server: upload p50 %.1f ms, want ≥ its 300 ms (from the intended send time)", p)
