@@ -46,7 +46,7 @@ type Live struct {
 	wg   sync.WaitGroup
 
 	mu      sync.Mutex
-	start   time.Time // the run's start, estimated from its first second
+	start   time.Time // the run's start, estimated from its seconds' arrival
 	secs    []sim.Second
 	sent    int // seconds up to secs[sent-1] went out in a tick
 	clients map[chan []byte]struct{}
@@ -143,8 +143,10 @@ func (l *Live) guard(h http.Handler) http.Handler {
 func (l *Live) Second(s sim.Second) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.start.IsZero() {
-		l.start = time.Now().Add(-time.Duration(s.T) * time.Second)
+	// Second T closes at the start + T s, or later (a lab's controller
+	// hears of it a status round after): the earliest estimate is the best.
+	if at := time.Now().Add(-time.Duration(s.T) * time.Second); l.start.IsZero() || at.Before(l.start) {
+		l.start = at
 	}
 	l.secs = append(l.secs, s)
 }
