@@ -28,6 +28,7 @@
 #
 # usage: deploy/cluster.sh up [--log] | down | status | dsn
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy, kafka1-3, writer, workerK)
+#        deploy/cluster.sh pause|resume MEMBER      (SIGSTOP/SIGCONT of all its processes; pgN: Patroni, postmaster and backends)
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
@@ -258,7 +259,7 @@ start_kettle() {
 	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
 	spawn "kettle$i" root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
-		--data-dir "$DIR/kettle$i" --drain-delay 2s --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
+		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$(addr_of haproxy)" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
 }
 
 start_haproxy() {
@@ -270,7 +271,8 @@ start_haproxy() {
 	# Each template line holding @N@ is written once per node.
 	awk -v nodes="$lines" '
 		/@N@/ { split(nodes, ns, " "); for (k in ns) { l = $0; gsub(/@N@/, ns[k], l); print l }; next }
-		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 >"$DIR/haproxy.cfg"
+		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 | sed "s|@STATS_PASSWORD@|$(password)|g" >"$DIR/haproxy.cfg"
+	chmod 600 "$DIR/haproxy.cfg" # it holds the stats page's password
 	haproxy -c -q -f "$DIR/haproxy.cfg" || die "haproxy -c rejected $DIR/haproxy.cfg"
 	spawn haproxy root haproxy -W -db -f "$DIR/haproxy.cfg"
 }
@@ -402,7 +404,8 @@ down() {
 	# A stopped process does not die of SIGTERM, and a member cut from the
 	# others waits for them until its timeouts: faults first.
 	thaw_all
-	[ "$MODE" = netns ] && net_heal
+	# the partitions only: slow links and toxics go with the machines
+	nft delete table bridge "$PFX" 2>/dev/null || true
 	stop_member haproxy TERM 5
 	# the members of one kind stop side by side
 	local w=()

@@ -66,6 +66,13 @@ type Config struct {
 	Shed           ShedPolicy
 	ShedRetryAfter time.Duration
 
+	// PublicURL is where operators reach this node through the balancer
+	// (--public-url); https:// makes the dashboard's cookie Secure even
+	// when the balancer speaks plain HTTP to the node.
+	PublicURL string
+	// TrustedProxies are the balancers whose X-Forwarded-For names the
+	// client (--trusted-proxies); empty: the peer is the client.
+	TrustedProxies TrustedProxies
 	// AccessLogSample is the fraction of successful requests logged; failed
 	// and slow ones are all logged (0 = no access log, 1 = all requests).
 	AccessLogSample float64

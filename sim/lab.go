@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -37,6 +38,12 @@ type LabConfig struct {
 	// SetupTimeout bounds the workers' setup (provisioning) (0: 2 min + 1 s
 	// per 1,000 kettles).
 	SetupTimeout time.Duration
+	// WorkerTLS, when set, is the control channel's client side: the
+	// workers serve TLS (kettle swarm worker --tls-cert) and are verified
+	// against its roots (--worker-ca); with a client certificate, the
+	// workers may require it (--client-ca). Nil: plain HTTP, allowed only
+	// to workers on loopback, since plans carry the device secret.
+	WorkerTLS *tls.Config
 }
 
 // WorkerResult is one lab worker's part in a run.
@@ -86,8 +93,9 @@ type labWorker struct {
 }
 
 type labClient struct {
-	token string
-	c     *http.Client
+	token  string
+	scheme string // http, or https with LabConfig.WorkerTLS
+	c      *http.Client
 }
 
 // do sends one control request and decodes a 2xx JSON answer into out.
@@ -102,7 +110,7 @@ func (lc *labClient) do(ctx context.Context, timeout time.Duration, method, addr
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, lc.scheme+"://"+addr+path, body)
 	if err != nil {
 		return err
 	}
@@ -133,7 +141,7 @@ func (lc *labClient) do(ctx context.Context, timeout time.Duration, method, addr
 func (lc *labClient) acked(ctx context.Context, addr, run string, max int) ([]DeviceAcked, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+pathAcked+"?run="+url.QueryEscape(run), nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", lc.scheme+"://"+addr+pathAcked+"?run="+url.QueryEscape(run), nil)
 	req.Header.Set("Authorization", "Bearer "+lc.token)
 	resp, err := lc.c.Do(req)
 	if err != nil {
@@ -178,7 +186,10 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 	id := make([]byte, 8)
 	_, _ = rand.Read(id)
 	l := &lab{lc: &lc, cfg: cfg, runID: hex.EncodeToString(id),
-		cl: &labClient{token: lc.Token, c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute}}}}
+		cl: &labClient{token: lc.Token, scheme: "http", c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute, TLSClientConfig: lc.WorkerTLS}}}}
+	if lc.WorkerTLS != nil {
+		l.cl.scheme = "https"
+	}
 	defer l.cl.c.CloseIdleConnections()
 	l.ws = make([]*labWorker, len(lc.Workers))
 	for i, p := range shardPlans(&lc, l.runID) {
@@ -220,6 +231,13 @@ func (lc *LabConfig) check() error {
 	}
 	if len(lc.Token) < MinWorkerToken {
 		return fmt.Errorf("--worker-token: want the workers' --token (at least %d characters)", MinWorkerToken)
+	}
+	if lc.WorkerTLS == nil {
+		for _, w := range lc.Workers {
+			if LoopbackSource(w) == nil {
+				return fmt.Errorf("--workers %s is not on loopback: give --worker-ca (the PEM the workers' --tls-cert is signed with), so that the control channel, which carries the device secret, is TLS", w)
+			}
+		}
 	}
 	if cfg.Devices < len(lc.Workers) {
 		return fmt.Errorf("--devices %d: want at least one kettle per worker (%d workers)", cfg.Devices, len(lc.Workers))
@@ -485,7 +503,18 @@ func shardPlans(lc *LabConfig, runID string) []Plan {
 		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
 			First: i, Stride: w, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
 			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
-			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator, Stages: cfg.Stages, Rollout: cfg.Rollout}
+			Timeout: cfg.Timeout, Seed: cfg.Seed, Stages: cfg.Stages, Rollout: cfg.Rollout}
+		// Each secret goes only where it is used: the device secret to
+		// workers that derive v1 tokens (HTTP v1, MQTT passwords), the
+		// operator token only when there is no secret and they provision
+		// through POST /v1/devices. The audit is the controller's.
+		if cfg.API == "v1" || cfg.Protocol == ProtocolMQTT {
+			if len(cfg.Secret) > 0 {
+				p.Secret = cfg.Secret
+			} else {
+				p.Operator = cfg.Operator
+			}
+		}
 		if cfg.Conns > 0 {
 			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
 		}

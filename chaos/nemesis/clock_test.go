@@ -31,7 +31,7 @@ func node(t *testing.T, dsn string, t0 time.Time, skew time.Duration, retention 
 	t.Helper()
 	start := time.Now()
 	srv, err := server.Start(context.Background(), server.Config{Addr: "127.0.0.1:0", DB: dsn, DataDir: t.TempDir(),
-		OperatorToken: "op", Secret: "s", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OperatorToken: "operator-token-test", Secret: "device-secret-test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Now:    func() time.Time { return t0.Add(time.Since(start) + skew) },
 		Ingest: fleet.Config{Retention: retention}})
 	if err != nil {
@@ -92,9 +92,9 @@ func testClockSkew(t *testing.T, skew time.Duration) {
 	t0 := time.Date(2026, 11, 28, 23, 30, 0, 0, time.UTC)
 	const keep = 30 * 24 * time.Hour
 	good := node(t, dsn, t0, 0, keep)
-	op := map[string]string{"Authorization": "Bearer op"}
+	op := map[string]string{"Authorization": "Bearer operator-token-test"}
 	dev := uuid.New()
-	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte("s"), dev)}
+	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte("device-secret-test"), dev)}
 	// Inside the true window by 10 minutes.
 	oldest := t0.Add(-keep + 10*time.Minute)
 	if c := do(t, "POST", good+"/v1/measurements", tok, reading(oldest, 61), nil); c != 200 {

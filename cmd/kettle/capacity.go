@@ -66,6 +66,7 @@ func runCapacity(ctx context.Context, args []string) error {
 	f.registerTLS(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token, to provision v1 devices when there is no --secret (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir)")
+	secretFileVars(fs, "operator-token", "secret")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
 	fs.DurationVar(&f.sloP99, "slo-p99", 100*time.Millisecond, "a step holds while every endpoint's steady-state p99 is at most this")
 	fs.Float64Var(&f.maxErrorRate, "max-error-rate", 0.001, "… and its errors/requests at most this")
@@ -121,7 +122,7 @@ func runCapacity(ctx context.Context, args []string) error {
 		}
 		f.out = d
 	}
-	f.command = "kettle capacity " + strings.Join(args, " ")
+	f.command = commandLine("capacity", args)
 	return f.capacity(ctx, os.Stderr, capacityPlan{start: *start, step: *step, max: *maxK, dur: *stepDur, warmup: *warmup, pause: *pause})
 }
 
@@ -130,7 +131,7 @@ func runCapacity(ctx context.Context, args []string) error {
 func (f *swarmFlags) registerProtocol(fs *flag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
-	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
+	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT (loopback, or a host named in --allow-target; empty: --target's host, port 1883); with --workers a comma-separated list like --target")
 	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
 }
 

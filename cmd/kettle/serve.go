@@ -106,6 +106,7 @@ func runServe(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	printServing(srv, cfg)
+	stopping := notifyReady(ctx, "serving on "+srv.URL())
 	select {
 	case <-ctx.Done():
 	case err := <-srv.Done():
@@ -113,6 +114,7 @@ func runServe(ctx context.Context, args []string) error {
 			log.Error("serve failed", "err", err)
 		}
 	}
+	stopping()
 	return srv.Close()
 }
 
@@ -161,7 +163,10 @@ func serveDebug(addr string, log *slog.Logger) (func(), error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	// The command line holds what was given as flags, secrets among them.
+	mux.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not served: the command line may hold secrets", http.StatusNotFound)
+	})
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

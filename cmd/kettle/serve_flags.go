@@ -35,6 +35,7 @@ func newServeOptions(fs *flag.FlagSet) *serveOptions {
 	o.ingestFlags(fs)
 	o.shedAndMQTTFlags(fs)
 	o.processFlags(fs)
+	secretFileVars(fs, "operator-token", "secret", "operator-token-previous", "secret-previous", "mqtt-password")
 	return o
 }
 
@@ -59,6 +60,11 @@ func (o *serveOptions) httpFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DrainDelay, "drain-delay", c.DrainDelay, "behind a load balancer: on SIGTERM, answer /readyz 503 and keep serving this long before closing the listener, so the balancer's health check takes the node out first (above its check interval × fall, e.g. 2s for HAProxy's inter 500ms fall 2 with room); 0: close at once")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long to wait for in-flight requests and the queue")
 	fs.Float64Var(&c.AccessLogSample, "access-log-sample", c.AccessLogSample, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
+	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "the URL operators reach this node at through a balancer, e.g. https://kettle.example.net: with https the dashboard's session cookie is Secure even when the balancer terminates TLS and speaks HTTP to the node (empty: Secure only over --tls-cert)")
+	fs.Func("trusted-proxies", "comma-separated CIDRs or addresses of balancers in front of this node (e.g. HAProxy with option forwardfor): from these peers only, X-Forwarded-For names the client, for per-source limits and the access log; a header from any other peer is ignored (empty: the peer is the client)", func(v string) (err error) {
+		c.TrustedProxies, err = server.ParseTrustedProxies(v)
+		return err
+	})
 }
 
 // ingestFlags: the ingest pipeline, registration limits and the store.
@@ -71,7 +77,7 @@ func (o *serveOptions) ingestFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Ingest.PollInterval, "poll-interval", c.Ingest.PollInterval, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&c.Ingest.Refresh, "cache-refresh", c.Ingest.Refresh, fmt.Sprintf("for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: %s on PostgreSQL, never on SQLite)", server.PGRefresh))
 	retentionVar(fs, &c.Ingest.Retention, "keep readings this long by device time, e.g. 90d or 2160h (0: keep everything, the default). Older uploads are refused (400 naming the time field), and every --expire-every the UTC days wholly older are removed from the store with their share of the statistics (a kettle's latest state stays); PostgreSQL drops their day partitions")
-	fs.DurationVar(&c.Ingest.ExpireEvery, "expire-every", c.Ingest.ExpireEvery, "with --retention or --prune-unreported: how often to look for months to remove and devices to prune (the first look is at start)")
+	fs.DurationVar(&c.Ingest.ExpireEvery, "expire-every", c.Ingest.ExpireEvery, "with --retention or --prune-unreported: how often to look for UTC days of readings to remove and devices to prune (the first look is at start)")
 	pruneAgeVar(fs, &c.Ingest.PruneUnreported, "prune-unreported", fmt.Sprintf("at start and every --expire-every, remove the devices registered longer ago than this that never stored a reading (not revoked, no override), as POST /v1/devices/prune does, e.g. 7d (at least %s; a pruned case-study kettle must POST /login again: choose longer than any kettle takes from its login to its first reading). 0: only when asked (the default)", fleet.MinPruneAge), true)
 	fs.Float64Var(&c.Ingest.DeviceRate, "device-rate", c.Ingest.DeviceRate, "requests a second one kettle may make (uploads and polls; a kettle sends 2 in 30 s), e.g. 1, or 0.2 for one every 5 s; HTTP over it is answered 429 + Retry-After, MQTT over it is read more slowly (nothing refused). 0: no limit (the default)")
 	fs.IntVar(&c.Ingest.DeviceBurst, "device-burst", c.Ingest.DeviceBurst, "with --device-rate: requests a kettle may make at once before its rate applies (a reconnecting kettle's backlog, a poll right after an upload)")

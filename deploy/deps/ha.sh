@@ -4,7 +4,8 @@
 # in a virtualenv made with Debian's python3 at /opt/kettlefleet/venv-patroni,
 # linked from .deps/venv-patroni. Patroni runs as the postgres OS user, who
 # may not traverse a checkout's parents (mktemp -d makes them 0700), so the
-# virtualenv lives outside any checkout.
+# virtualenv lives outside any checkout. --check: exit 0 when all is there,
+# 1 (naming what is missing) when not, without installing anything.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${KETTLE_HA_VENV_HOME:-/opt/kettlefleet/venv-patroni}
@@ -12,13 +13,17 @@ link=$repo/.deps/venv-patroni
 req=$repo/deploy/deps/requirements-patroni.txt
 
 pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-	echo "ha.sh: installing:$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+. "$(dirname "$0")/apt.sh"
+if [ "${1:-}" = --check ]; then
+	# shellcheck disable=SC2086
+	missing=$(apt_missing $pkgs)
+	[ -z "$missing" ] || { echo "ha.sh: missing$missing"; exit 1; }
+	cmp -s "$req" "$venv/.requirements" 2>/dev/null || { echo "ha.sh: Patroni virtualenv at $venv missing or not at $req's versions"; exit 1; }
+	[ "$(readlink "$link")" = "$venv" ] || { echo "ha.sh: $link does not point at $venv"; exit 1; }
+	exit 0
 fi
+# shellcheck disable=SC2086
+apt_need "ha.sh" $pkgs
 # The Debian packages start etcd and haproxy as services on their default
 # ports; the topology of deploy/cluster.sh runs its own, elsewhere.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kettlefleet/kettlefleet/internal/pgbin"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing
@@ -87,7 +88,7 @@ func Start(t testing.TB) string {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		t.Fatalf("pgtest: connect %s: %v", redact(admin), err)
+		t.Fatalf("pgtest: connect %s: %v", redact.DSN(admin), err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
@@ -118,16 +119,6 @@ func withDatabase(dsn, db string) string {
 		}
 	}
 	return dsn + " dbname=" + db // a later keyword wins
-}
-
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxx")
-			return u.String()
-		}
-	}
-	return dsn
 }
 
 // Cluster is a PostgreSQL cluster in a temporary directory, reachable only
