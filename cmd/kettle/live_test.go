@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/kettlefleet/kettlefleet/internal/browsertest"
@@ -67,12 +66,7 @@ func liveSwarm(t *testing.T, args ...string) (url string, log *syncBuf, done cha
 // shows the verdict, the console stays clean. The screenshot goes to
 // $KETTLE_TEST_OUT (make screenshots: docs/img/live.png).
 func TestLiveInBrowser(t *testing.T) {
-	out := os.Getenv("KETTLE_TEST_OUT")
-	if out == "" {
-		out = t.TempDir()
-	} else if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := browsertest.OutDir(t)
 	dir := t.TempDir()
 	p := serve(t, dir, "sqlite:"+filepath.Join(dir, "k.db"))
 	res := filepath.Join(dir, "out")
@@ -85,15 +79,10 @@ func TestLiveInBrowser(t *testing.T) {
 	var mu sync.Mutex
 	var problems []string
 	if err := chromedp.Listen(bctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning {
-				problems = append(problems, "console."+string(ev.Type))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception at line %d: %s", ev.ExceptionDetails.LineNumber+1, ev.ExceptionDetails.Text))
+		if p := browsertest.Problem(ev); p != "" {
+			mu.Lock()
+			problems = append(problems, p)
+			mu.Unlock()
 		}
 	}); err != nil {
 		t.Fatalf("start Chromium: %v", err)
