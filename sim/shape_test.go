@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -362,5 +363,43 @@ func TestParseScenario(t *testing.T) {
 	_ = os.WriteFile(big, make([]byte, maxScenarioBytes+2), 0o644)
 	if _, err := ReadScenario(big); err == nil || !strings.Contains(err.Error(), "larger than") {
 		t.Errorf("big file: %v", err)
+	}
+}
+
+// A shaped fleet over two lab workers: the plans carry the stages, each
+// shard's kettles join and leave by their index in the whole fleet, and
+// the controller's merged seconds — also those handed to OnSecond, the
+// live view's feed — follow the fleet's size.
+func TestLabStages(t *testing.T) {
+	srv := startServer(t, mqttapi.Config{})
+	ws := startWorkers(t, 2)
+	lc := labConfig(srv, srv.URL(), ws)
+	lc.Devices, lc.Duration = 0, 0
+	lc.Stages = []Stage{{time.Second, 20}, {1500 * time.Millisecond, 20}, {0, 7}, {1500 * time.Millisecond, 7}}
+	var mu sync.Mutex
+	var fed []Second
+	lc.OnSecond = func(s Second) { mu.Lock(); fed = append(fed, s); mu.Unlock() }
+	res, err := RunLab(t.Context(), lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]int{2: 20, 3: 7}
+	for _, s := range res.Seconds {
+		if w, ok := want[s.T]; ok && s.Kettles != w {
+			t.Errorf("t=%ds: %d kettles over the workers, want %d", s.T, s.Kettles, w)
+		}
+	}
+	if a := res.Audit; a == nil || a.Lost != 0 || a.Duplicated != 0 || a.Acked == 0 {
+		t.Errorf("audit %+v", a)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fed) != len(res.Seconds) {
+		t.Fatalf("OnSecond saw %d seconds, the results hold %d", len(fed), len(res.Seconds))
+	}
+	for i := range fed {
+		if fed[i].T != res.Seconds[i].T || fed[i].Kettles != res.Seconds[i].Kettles {
+			t.Errorf("OnSecond second %d: t=%d %d kettles; results t=%d %d kettles", i, fed[i].T, fed[i].Kettles, res.Seconds[i].T, res.Seconds[i].Kettles)
+		}
 	}
 }
