@@ -10,12 +10,17 @@
 #   bench/compare.sh                                  # the tree against itself
 #   CAND_BIN=/tmp/kettle-slow bench/compare.sh        # a candidate build
 #   ROUNDS=5 DURATION=120 bench/compare.sh
+#   KEEP=DIR bench/compare.sh                         # keep each round's runs in DIR
+#   JUDGE=DIR bench/compare.sh                        # compare runs kept in DIR again
+#                                                     # (e.g. under new thresholds), no new runs
 #
 # A deliberately slow candidate (never committed): add
 # `time.Sleep(5 * time.Millisecond)` at the top of httpapi's v1Measurements,
 # `go build -o /tmp/kettle-slow ./cmd/kettle`, then `git checkout httpapi`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${DURATION:=3}" "${INTERVAL:=1}" "${ROUNDS:=1}"
 NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-60} # seconds, each run
 INTERVAL=${INTERVAL:-30} # seconds
@@ -27,17 +32,23 @@ spid=
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
+bench_build "$work/kettle" ./cmd/kettle
 BASE_BIN=${BASE_BIN:-$work/kettle}
 CAND_BIN=${CAND_BIN:-$work/kettle}
-for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_NO_RECORD'); do unset "$v"; done
+for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_REC_FIGS\|KETTLE_RECORD_BIN\|KETTLE_BENCH_BINS' || true); do unset "$v"; done
+if [ -n "${JUDGE:-}" ]; then
+	ROUNDS=$(find "$JUDGE" -maxdepth 1 -name 'a*' | wc -l)
+	DURATION=$(jq -r .params.duration_s "$JUDGE/a1/results.json")
+	NDEV=$(jq -r .params.devices "$JUDGE/a1/results.json")
+	INTERVAL=$(jq -r .params.interval_s "$JUDGE/a1/results.json")
+fi
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "A: $BASE_BIN  B: $CAND_BIN  ($NDEV kettles, ${DURATION}s, interval ${INTERVAL}s, $ROUNDS rounds)"
 
 # run BIN OUT: a fresh kettle serve from BIN, one swarm (this tree's) into OUT.
 run() {
 	local bin=$1 out=$2 port url
-	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	port=$(free_port)
 	url="http://127.0.0.1:$port"
 	rm -rf "$work/data"
 	"$bin" serve --addr "127.0.0.1:$port" --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
@@ -52,8 +63,13 @@ run() {
 
 regressed=0 improved=0 noise=0 ratios=()
 for r in $(seq "$ROUNDS"); do
-	run "$BASE_BIN" "$work/a$r"
-	run "$CAND_BIN" "$work/b$r"
+	if [ -n "${JUDGE:-}" ]; then
+		mkdir -p "$work/a$r" "$work/b$r"
+		cp "$JUDGE/a$r/results.json" "$work/a$r/" && cp "$JUDGE/b$r/results.json" "$work/b$r/"
+	else
+		run "$BASE_BIN" "$work/a$r"
+		run "$CAND_BIN" "$work/b$r"
+	fi
 	rc=0
 	"$work/kettle" report --baseline "$work/a$r/results.json" "$work/b$r/results.json" -o "$work/b$r/report.html" \
 		>"$work/cmp$r.log" 2>&1 || rc=$?
@@ -70,7 +86,10 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "rounds: $ROUNDS; regressed $regressed, improved $improved, within noise or passed $noise"
 
-rec_begin compare.sh "DEVICES=$NDEV DURATION=$DURATION INTERVAL=$INTERVAL ROUNDS=$ROUNDS bench/compare.sh"
+cand=
+[ "$CAND_BIN" != "$work/kettle" ] && cand="CAND_BIN=$CAND_BIN "
+[ -z "${JUDGE:-}" ] || cand="JUDGE=$JUDGE "
+rec_begin compare.sh "${cand}DEVICES=$NDEV DURATION=$DURATION INTERVAL=$INTERVAL ROUNDS=$ROUNDS bench/compare.sh"
 pre=${LABEL:+$LABEL }
 rec_fig "${pre}rounds" "$ROUNDS" rounds
 rec_fig "${pre}rounds regressed" "$regressed" rounds

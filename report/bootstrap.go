@@ -180,25 +180,53 @@ func quantileSorted(xs []float64, q float64) float64 {
 	return xs[i]*(1-f) + xs[i+1]*f
 }
 
-// stat computes a figure of one run from a list of its seconds (with
-// repeats): every figure of the comparison is one.
-type stat func(secs []int) float64
+// stat computes figures of one run from a list of its seconds (with
+// repeats) into out: every figure of the comparison is one, and an
+// endpoint's percentiles are one stat so that a replicate merges its
+// seconds' histograms once for all of them.
+type stat func(secs []int, out []float64)
 
-// ratioCI bootstraps stat over both runs (na and nb seconds) and returns the
-// point estimate of b/a (or b−a when diff) and its interval.
-func ratioCI(rng *rand.Rand, resamples int, confidence float64, na, nb int, a, b stat, diff bool) (est, lo, hi float64) {
+// scalar is a stat of one figure.
+func scalar(f func(secs []int) float64) stat {
+	return func(secs []int, out []float64) { out[0] = f(secs) }
+}
+
+// bootstrapped is what ratioCI returns for each of a stat's figures.
+type bootstrapped struct {
+	a, b, est, lo, hi float64
+}
+
+// ratioCI bootstraps the k figures of a and b over both runs (na and nb
+// seconds) and returns each figure in both runs, the point estimate of
+// b/a (or b−a when diff) and its interval.
+func ratioCI(rng *rand.Rand, resamples int, confidence float64, na, nb int, a, b stat, k int, diff bool) []bootstrapped {
 	combine := func(x, y float64) float64 {
 		if diff {
 			return y - x
 		}
 		return y / x
 	}
-	est = combine(a(all(na)), b(all(nb)))
-	ra, rb := &resampler{rng: rng}, &resampler{rng: rng}
-	reps := make([]float64, resamples)
-	for k := range reps {
-		reps[k] = combine(a(ra.draw(na)), b(rb.draw(nb)))
+	va, vb := make([]float64, k), make([]float64, k)
+	out := make([]bootstrapped, k)
+	a(all(na), va)
+	b(all(nb), vb)
+	for j := range out {
+		out[j] = bootstrapped{a: va[j], b: vb[j], est: combine(va[j], vb[j])}
 	}
-	lo, hi = interval(reps, confidence)
-	return est, lo, hi
+	ra, rb := &resampler{rng: rng}, &resampler{rng: rng}
+	reps := make([][]float64, k)
+	for j := range reps {
+		reps[j] = make([]float64, resamples)
+	}
+	for r := range resamples {
+		a(ra.draw(na), va)
+		b(rb.draw(nb), vb)
+		for j := range reps {
+			reps[j][r] = combine(va[j], vb[j])
+		}
+	}
+	for j := range out {
+		out[j].lo, out[j].hi = interval(reps[j], confidence)
+	}
+	return out
 }

@@ -119,32 +119,46 @@ func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, 
 	}
 	c.Caveats = caveats(ra, rb)
 
-	add := func(subject, measure, unit, kind string, fa, fb stat) {
-		name := subject + "." + measure
-		r := th.rule(name)
-		if r != nil && r.Ignore {
-			return
+	// add compares the figures subject.measures, computed by fa and fb.
+	add := func(subject string, measures []string, unit, kind string, fa, fb stat) {
+		var fs []Figure
+		var rules []*Rule
+		for _, m := range measures {
+			name := subject + "." + m
+			r := th.rule(name)
+			fs = append(fs, Figure{Name: name, Subject: subject, Measure: m, Unit: unit, Kind: kind,
+				Fail: r == nil || r.Fail == nil || *r.Fail, A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: NotMeasured})
+			rules = append(rules, r)
 		}
-		f := Figure{Name: name, Subject: subject, Measure: measure, Unit: unit, Kind: kind, Fail: r == nil || r.Fail == nil || *r.Fail}
-		if fa == nil || fb == nil || ra.n == 0 || rb.n == 0 {
-			f.A, f.B, f.Estimate, f.Lo, f.Hi, f.Status = nan, nan, nan, nan, nan, NotMeasured
-			if fa != nil && ra.n > 0 {
-				f.A = Num(fa(all(ra.n)))
-			}
-			if fb != nil && rb.n > 0 {
-				f.B = Num(fb(all(rb.n)))
+		if fa != nil && fb != nil && ra.n > 0 && rb.n > 0 {
+			h := fnv.New64a()
+			h.Write([]byte(subject + "." + strings.Join(measures, ",")))
+			rng := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
+			for j, bs := range ratioCI(rng, th.Resamples, th.Confidence, ra.n, rb.n, fa, fb, len(measures), kind == "delta") {
+				f := &fs[j]
+				f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
+				f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
 			}
 		} else {
-			h := fnv.New64a()
-			h.Write([]byte(name))
-			rng := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
-			f.A, f.B = Num(fa(all(ra.n))), Num(fb(all(rb.n)))
-			est, lo, hi := ratioCI(rng, th.Resamples, th.Confidence, ra.n, rb.n, fa, fb, kind == "delta")
-			f.Estimate, f.Lo, f.Hi = Num(est), Num(lo), Num(hi)
-			f.Status, f.Bound = judgeFigure(kind, est, lo, hi, r)
+			one := func(st stat, n int, dst *Num) {
+				if st != nil && n > 0 {
+					v := make([]float64, len(measures))
+					st(all(n), v)
+					*dst = Num(v[0])
+				}
+			}
+			if len(measures) == 1 {
+				one(fa, ra.n, &fs[0].A)
+				one(fb, rb.n, &fs[0].B)
+			}
 		}
-		f.Text = figureText(&f, th.Confidence)
-		c.Figures = append(c.Figures, f)
+		for j := range fs {
+			if rules[j] != nil && rules[j].Ignore {
+				continue
+			}
+			fs[j].Text = figureText(&fs[j], th.Confidence)
+			c.Figures = append(c.Figures, fs[j])
+		}
 	}
 
 	// Endpoints, in the order the report lists them.
@@ -160,20 +174,16 @@ func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, 
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	pcts := []float64{50, 99, 99.9}
 	for _, ep := range names {
-		for _, p := range []struct {
-			name string
-			pct  float64
-		}{{"p50", 50}, {"p99", 99}, {"p99.9", 99.9}} {
-			add(ep, p.name, "ms", "ratio", ra.quantile(ep, p.pct), rb.quantile(ep, p.pct))
-		}
-		add(ep, "req_per_s", "req/s", "ratio", ra.mean(ra.req[ep]), rb.mean(rb.req[ep]))
-		add(ep, "error_rate", "", "delta", ra.errorRate(ep), rb.errorRate(ep))
+		add(ep, []string{"p50", "p99", "p99.9"}, "ms", "ratio", ra.quantiles(ep, pcts), rb.quantiles(ep, pcts))
+		add(ep, []string{"req_per_s"}, "req/s", "ratio", ra.mean(ra.req[ep]), rb.mean(rb.req[ep]))
+		add(ep, []string{"error_rate"}, "", "delta", ra.errorRate(ep), rb.errorRate(ep))
 	}
-	add("server", "cpu_us_per_request", "µs", "ratio", ra.perRequest(ra.serverCPU), rb.perRequest(rb.serverCPU))
-	add("server", "rss_per_kettle", "bytes", "ratio", ra.perKettle(ra.serverRSS), rb.perKettle(rb.serverRSS))
-	add("simulator", "cpu_us_per_request", "µs", "ratio", ra.perRequest(ra.simCPU), rb.perRequest(rb.simCPU))
-	add("simulator", "rss_per_kettle", "bytes", "ratio", ra.perKettle(ra.simRSS), rb.perKettle(rb.simRSS))
+	add("server", []string{"cpu_us_per_request"}, "µs", "ratio", ra.perRequest(ra.serverCPU), rb.perRequest(rb.serverCPU))
+	add("server", []string{"rss_per_kettle"}, "bytes", "ratio", ra.perKettle(ra.serverRSS), rb.perKettle(rb.serverRSS))
+	add("simulator", []string{"cpu_us_per_request"}, "µs", "ratio", ra.perRequest(ra.simCPU), rb.perRequest(rb.simCPU))
+	add("simulator", []string{"rss_per_kettle"}, "bytes", "ratio", ra.perKettle(ra.simRSS), rb.perKettle(rb.simRSS))
 	c.checks(th)
 
 	var fails []string
@@ -473,25 +483,21 @@ func (d *runData) sum(xs []float64, secs []int) float64 {
 	return s
 }
 
-func (d *runData) quantile(ep string, pct float64) stat {
+// quantiles are an endpoint's percentiles ps (ascending), in ms.
+func (d *runData) quantiles(ep string, ps []float64) stat {
 	h := d.hist[ep]
 	if h == nil {
 		return nil
 	}
 	counts := make([]int64, len(h.values))
-	out := make([]float64, 1)
-	ps := []float64{pct}
-	return func(secs []int) float64 {
-		h.quantiles(secs, ps, counts, out)
-		return out[0]
-	}
+	return func(secs []int, out []float64) { h.quantiles(secs, ps, counts, out) }
 }
 
 func (d *runData) mean(xs []float64) stat {
 	if xs == nil {
 		return nil
 	}
-	return func(secs []int) float64 { return d.sum(xs, secs) / float64(len(secs)) }
+	return scalar(func(secs []int) float64 { return d.sum(xs, secs) / float64(len(secs)) })
 }
 
 func (d *runData) errorRate(ep string) stat {
@@ -499,13 +505,13 @@ func (d *runData) errorRate(ep string) stat {
 	if req == nil {
 		return nil
 	}
-	return func(secs []int) float64 {
+	return scalar(func(secs []int) float64 {
 		n := d.sum(req, secs)
 		if n == 0 {
 			return math.NaN()
 		}
 		return d.sum(errs, secs) / n
-	}
+	})
 }
 
 // perRequest is CPU µs per completed request over the seconds where the
@@ -514,7 +520,7 @@ func (d *runData) perRequest(cpu []float64) stat {
 	if cpu == nil || allNaNf(cpu) {
 		return nil
 	}
-	return func(secs []int) float64 {
+	return scalar(func(secs []int) float64 {
 		var c, n float64
 		for _, i := range secs {
 			if !math.IsNaN(cpu[i]) {
@@ -526,7 +532,7 @@ func (d *runData) perRequest(cpu []float64) stat {
 			return math.NaN()
 		}
 		return c / n * 1e6
-	}
+	})
 }
 
 // perKettle is the mean of resident bytes per started kettle.
@@ -534,7 +540,7 @@ func (d *runData) perKettle(rss []float64) stat {
 	if rss == nil || allNaNf(rss) {
 		return nil
 	}
-	return func(secs []int) float64 {
+	return scalar(func(secs []int) float64 {
 		var s float64
 		var n int
 		for _, i := range secs {
@@ -547,7 +553,7 @@ func (d *runData) perKettle(rss []float64) stat {
 			return math.NaN()
 		}
 		return s / float64(n)
-	}
+	})
 }
 
 func allNaNf(xs []float64) bool {
@@ -578,6 +584,12 @@ func caveats(a, b *runData) []string {
 	}{{"A", a}, {"B", b}} {
 		if d.r.n < 4*blockS {
 			out = append(out, fmt.Sprintf("run %s has %d steady seconds: the intervals are wide (run at least %d s after hatching)", d.name, d.r.n, 4*blockS))
+		}
+		// The interval is the noise within a run; neighbours that come and
+		// go between runs move every figure at once (the simulator's CPU
+		// per request with them).
+		if d.r.s.Verdict.Class == ClassMachineCPU {
+			out = append(out, fmt.Sprintf("in run %s other processes held the machine's CPU (its verdict: %s): its figures measure them too", d.name, d.r.s.Verdict.Class))
 		}
 	}
 	return out

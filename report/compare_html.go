@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/kettlefleet/kettlefleet/sim"
@@ -37,6 +38,7 @@ var comparePage = template.Must(template.New("compare.html").Funcs(template.Func
 	"change":   func(f Figure) string { return change(&f) },
 	"pct":      func(c float64) string { return fmt.Sprintf("%.0f %%", 100*c) },
 	"statusID": func(s string) string { return strings.ReplaceAll(s, " ", "-") },
+	"add":      func(a, b int) int { return a + b },
 }).Parse(compareHTML))
 
 // forest is a figure's interval drawn on a scale around "no change": x
@@ -93,12 +95,20 @@ func plot(f *Figure, r *Rule) *forest {
 // chartW and chartH are the size of an over-time chart, in SVG units.
 const chartW, chartH = 560, 170
 
-// overTime is one endpoint's p99 per second in both runs, as SVG paths.
+// overTime is one endpoint's p50 and p99 per second in both runs, as SVG
+// paths on a logarithmic scale (a slowdown of the median and the spikes
+// of the tail are both visible).
 type overTime struct {
-	Endpoint string
-	A, B     string  // path d
-	MaxMs    float64 // the y axis's top
-	Seconds  int
+	Endpoint           string
+	A50, A99, B50, B99 string // path d
+	Grid               []gridLine
+	Seconds            int
+}
+
+// gridLine is a decade of the y axis.
+type gridLine struct {
+	Y     float64
+	Label string
 }
 
 func overTimeCharts(a, b *Summary) []overTime {
@@ -111,40 +121,44 @@ func overTimeCharts(a, b *Summary) []overTime {
 	sort.Strings(names)
 	var out []overTime
 	for _, name := range names {
-		pa, pb := a.Series.Endpoints[name].Latency["p99"], b.Series.Endpoints[name].Latency["p99"]
-		top := math.Max(peak(pa), peak(pb))
-		n := max(len(pa), len(pb))
-		if math.IsNaN(top) || top <= 0 || n < 2 {
+		la, lb := a.Series.Endpoints[name].Latency, b.Series.Endpoints[name].Latency
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for _, xs := range [][]Num{la["p50"], la["p99"], lb["p50"], lb["p99"]} {
+			for _, x := range xs {
+				if v := float64(x); v > 0 {
+					lo, hi = math.Min(lo, v), math.Max(hi, v)
+				}
+			}
+		}
+		n := max(len(la["p50"]), len(lb["p50"]))
+		if math.IsInf(lo, 0) || n < 2 {
 			continue
 		}
-		top = niceCeil(top)
+		d0, d1 := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+		if d1 == d0 {
+			d1++
+		}
+		y := func(v float64) float64 { return chartH - (math.Log10(v)-d0)/(d1-d0)*chartH }
 		path := func(xs []Num) string {
 			var sb strings.Builder
 			pen := "M"
 			for i, v := range xs {
-				if math.IsNaN(float64(v)) {
+				if !(float64(v) > 0) {
 					pen = "M"
 					continue
 				}
-				fmt.Fprintf(&sb, "%s%.1f,%.1f", pen, float64(i)/float64(n-1)*chartW, chartH-float64(v)/top*chartH)
+				fmt.Fprintf(&sb, "%s%.1f,%.1f", pen, float64(i)/float64(n-1)*chartW, y(float64(v)))
 				pen = "L"
 			}
 			return sb.String()
 		}
-		out = append(out, overTime{Endpoint: name, A: path(pa), B: path(pb), MaxMs: top, Seconds: n})
+		ot := overTime{Endpoint: name, A50: path(la["p50"]), A99: path(la["p99"]), B50: path(lb["p50"]), B99: path(lb["p99"]), Seconds: n}
+		for d := d0; d <= d1; d++ {
+			ot.Grid = append(ot.Grid, gridLine{Y: math.Round(y(math.Pow(10, d))*10) / 10, Label: strconv.FormatFloat(math.Pow(10, d), 'g', -1, 64) + " ms"})
+		}
+		out = append(out, ot)
 	}
 	return out
-}
-
-// niceCeil rounds up to 1, 2 or 5 × a power of ten.
-func niceCeil(v float64) float64 {
-	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if v <= m*p {
-			return m * p
-		}
-	}
-	return 10 * p
 }
 
 // WriteHTML writes the comparison as one self-contained page.
@@ -163,8 +177,8 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 		charts = overTimeCharts(c.sa, c.sb)
 	}
 	params := func(p sim.Params) string {
-		return fmt.Sprintf("%d kettles, %s %s, interval %g s, hatch %g/s, %g s, batch %d, %s connections",
-			p.Devices, p.API, p.Protocol, p.IntervalS, p.HatchRate, p.DurationS, p.Batch, p.ConnMode)
+		return fmt.Sprintf("%d kettles, %s, interval %g s, hatch %g/s, %g s, batch %d, %s connections",
+			p.Devices, strings.TrimSpace(p.API+" "+p.Protocol), p.IntervalS, p.HatchRate, p.DurationS, p.Batch, p.ConnMode)
 	}
 	data, err := json.Marshal(c)
 	if err != nil {
@@ -184,16 +198,20 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 }
 
 // WriteFile writes the page to path.
-func (c *Comparison) WriteFile(path string) error {
+func (c *Comparison) WriteFile(path string) error { return writePage(path, "comparison", c.WriteHTML) }
+
+// writePage renders a page and writes it to path (its directory created);
+// the error names what the page is.
+func writePage(path, what string, render func(io.Writer) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := c.WriteHTML(&buf); err != nil {
+	if err := render(&buf); err != nil {
 		return err
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write comparison: %w", err)
+		return fmt.Errorf("write %s: %w", what, err)
 	}
 	return nil
 }

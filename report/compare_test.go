@@ -101,9 +101,13 @@ func TestBootstrapCoverage(t *testing.T) {
 	slow.medianMs = 2.4
 	const trials = 24
 	covered := map[string]int{}
+	th, err := ParseThresholds([]byte("resamples: 300\nfigures: {measurement.p50: {regress_if_ratio_over: 1.10}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for k := range trials {
 		a, b := base.run(t, uint64(2*k+1)), slow.run(t, uint64(2*k+2))
-		c, err := Compare(a, b, fastThresholds(), CompareOptions{Seed: uint64(k + 1)})
+		c, err := Compare(a, b, th, CompareOptions{Seed: uint64(k + 1)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +121,7 @@ func TestBootstrapCoverage(t *testing.T) {
 			}
 		}
 		if f := figure(t, c, "measurement.p50"); f.Status != Regressed {
-			t.Errorf("trial %d: p50 ×1.2 (bound ×1.10): %s", k, f.Text)
+			t.Errorf("trial %d: p50 ×1.2 (bound ×1.10 from a thresholds file): %s", k, f.Text)
 		}
 	}
 	for name, n := range covered {
@@ -231,7 +235,9 @@ func TestQuantilesMatchHDR(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []float64{0, 1, 50, 90, 99, 99.9, 100} {
-		got := d.quantile(sim.EPMeasurement, p)(all(d.n))
+		out := make([]float64, 1)
+		d.quantiles(sim.EPMeasurement, []float64{p})(all(d.n), out)
+		got := out[0]
 		if want := float64(h.ValueAtPercentile(p)) / 1000; got != want {
 			t.Errorf("p%g: %g ms, hdrhistogram says %g", p, got, want)
 		}

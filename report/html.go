@@ -8,7 +8,6 @@ import (
 	"html/template"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/kettlefleet/kettlefleet/sim"
@@ -84,19 +83,7 @@ func hatch(r float64) string {
 }
 
 // WriteFile writes the page to path.
-func (s *Summary) WriteFile(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	if err := s.WriteHTML(&buf); err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	return nil
-}
+func (s *Summary) WriteFile(path string) error { return writePage(path, "report", s.WriteHTML) }
 
 // WriteJSON writes the summary's JSON to path; the error names the file.
 func (s *Summary) WriteJSON(path string) error {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 
 	"github.com/kettlefleet/kettlefleet/sim"
 )
@@ -27,12 +26,7 @@ type Check struct {
 func Checks(r *sim.Results, sloP99Ms, maxErrorRate float64) []Check {
 	var out []Check
 	t := r.Totals
-	names := make([]string, 0, len(t.Endpoints))
-	for n := range t.Endpoints {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range sortedKeys(t.Endpoints) {
 		e := t.Endpoints[n]
 		c := Check{Suite: "slo", Name: n + " p99", Detail: fmt.Sprintf("p99 %.2f ms over %d requests", e.P99Ms, e.Requests)}
 		switch {

@@ -65,21 +65,23 @@ func f64(v float64) *float64 { return &v }
 func bptr(v bool) *bool      { return &v }
 
 // DefaultRules are the thresholds when no file is given (and under one).
-// The latency bounds are wider than a quiet machine needs: on a shared
-// 2-core machine two runs of one build differ by this much at p99 (see
-// docs/operations.md, comparing runs).
+// They are wider than a quiet machine needs: on a shared 2-core machine
+// two runs of one build move the median and the CPU per request by up to
+// a fifth and the tail by half, every figure at once as the neighbours
+// come and go (bench/compare.sh's records; docs/operations.md, comparing
+// runs).
 func DefaultRules() map[string]*Rule {
 	return map[string]*Rule{
-		"*.p50":                     {RegressIfRatioOver: f64(1.10), ImproveIfRatioUnder: f64(0.90)},
-		"*.p99":                     {RegressIfRatioOver: f64(1.25), ImproveIfRatioUnder: f64(0.80)},
-		"*.p99.9":                   {RegressIfRatioOver: f64(1.50), ImproveIfRatioUnder: f64(0.67)},
+		"*.p50":                     {RegressIfRatioOver: f64(1.25), ImproveIfRatioUnder: f64(0.80)},
+		"*.p99":                     {RegressIfRatioOver: f64(1.50), ImproveIfRatioUnder: f64(0.67)},
+		"*.p99.9":                   {RegressIfRatioOver: f64(2.00), ImproveIfRatioUnder: f64(0.50)},
 		"*.req_per_s":               {RegressIfRatioUnder: f64(0.95), ImproveIfRatioOver: f64(1.05)},
 		"*.error_rate":              {RegressIfDeltaOver: f64(0.001), ImproveIfDeltaOver: f64(0.001)},
-		"server.cpu_us_per_request": {RegressIfRatioOver: f64(1.15), ImproveIfRatioUnder: f64(0.87)},
+		"server.cpu_us_per_request": {RegressIfRatioOver: f64(1.25), ImproveIfRatioUnder: f64(0.80)},
 		"server.rss_per_kettle":     {RegressIfRatioOver: f64(1.20), ImproveIfRatioUnder: f64(0.83)},
 		// The lab's own cost is reported, not gated: it is not the
 		// system under test.
-		"simulator.cpu_us_per_request": {RegressIfRatioOver: f64(1.15), ImproveIfRatioUnder: f64(0.87), Fail: bptr(false)},
+		"simulator.cpu_us_per_request": {RegressIfRatioOver: f64(1.25), ImproveIfRatioUnder: f64(0.80), Fail: bptr(false)},
 		"simulator.rss_per_kettle":     {RegressIfRatioOver: f64(1.20), ImproveIfRatioUnder: f64(0.83), Fail: bptr(false)},
 		// Connecting is once per kettle, at hatching: reported, not gated
 		// (as kettle swarm's --slo-p99 does not judge it).
@@ -169,12 +171,7 @@ func (t *Thresholds) Validate() []error {
 	if t.Resamples < 100 || t.Resamples > 100_000 {
 		errs = append(errs, fmt.Errorf("resamples: must be 100..100000, got %d", t.Resamples))
 	}
-	keys := make([]string, 0, len(t.Figures))
-	for k := range t.Figures {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(t.Figures) {
 		r := t.Figures[k]
 		if _, err := path.Match(k, "x"); err != nil || !strings.Contains(k, ".") {
 			errs = append(errs, fmt.Errorf("figures.%s: want SUBJECT.MEASURE, e.g. measurement.p99 or *.p99", k))

@@ -29,7 +29,7 @@ func TestParseThresholds(t *testing.T) {
 			}
 		}
 	}
-	f(``, "", ratio("measurement.p99", 1.25)) // empty: the defaults
+	f(``, "", ratio("measurement.p99", 1.5)) // empty: the defaults
 	f(`figures: {measurement.p99: {regress_if_ratio_over: 1.05}}`, "", ratio("measurement.p99", 1.05))
 	f(`{"figures": {"measurement.p99": {"regress_if_ratio_over": 1.05}}}`, "", ratio("measurement.p99", 1.05)) // JSON
 	f("figures:\n  \"*.p99\": {regress_if_ratio_over: 1.5}\n", "", ratio("command.p99", 1.5))
@@ -41,7 +41,7 @@ func TestParseThresholds(t *testing.T) {
 	// A rule laid over the default keeps the default's other fields.
 	f(`figures: {measurement.p99: {fail: false}}`, "", func(th *Thresholds) {
 		r := th.rule("measurement.p99")
-		if r.Fail == nil || *r.Fail || r.RegressIfRatioOver == nil || *r.RegressIfRatioOver != 1.25 {
+		if r.Fail == nil || *r.Fail || r.RegressIfRatioOver == nil || *r.RegressIfRatioOver != 1.5 {
 			t.Errorf("%+v", r)
 		}
 	})
@@ -80,16 +80,15 @@ func TestRuleJudges(t *testing.T) {
 			t.Errorf("%s %g [%g, %g]: %s, want %s", name, est, lo, hi, got, want)
 		}
 	}
-	f("measurement.p99", "ratio", 1.30, 1.10, 1.50, Regressed)
-	f("measurement.p99", "ratio", 1.30, 0.95, 1.70, WithinNoise) // beyond the bound, not beyond the noise
-	f("measurement.p99", "ratio", 1.20, 1.15, 1.25, WithinNoise) // beyond the noise, within the bound
-	f("measurement.p99", "ratio", 0.70, 0.60, 0.80, Improved)
+	f("measurement.p99", "ratio", 1.60, 1.10, 2.00, Regressed)
+	f("measurement.p99", "ratio", 1.60, 0.95, 2.70, WithinNoise) // beyond the bound, not beyond the noise
+	f("measurement.p99", "ratio", 1.40, 1.35, 1.45, WithinNoise) // beyond the noise, within the bound
+	f("measurement.p99", "ratio", 0.60, 0.50, 0.70, Improved)
 	f("measurement.req_per_s", "ratio", 0.90, 0.85, 0.95, Regressed)
 	f("measurement.req_per_s", "ratio", 1.10, 1.06, 1.14, Improved)
 	f("measurement.error_rate", "delta", 0.002, 0.001, 0.003, Regressed)
 	f("measurement.error_rate", "delta", 0.002, -0.001, 0.005, WithinNoise)
 	f("measurement.error_rate", "delta", 0, 0, 0, WithinNoise)
-	f("measurement.p99", "ratio", 1.30, 1.10, 1.50, Regressed)
 	f("server.rss_per_kettle", "ratio", 1.5, 1.4, 1.6, Regressed)
 	f("measurement.p99", "ratio", nanf(), nanf(), nanf(), NotMeasured)
 }

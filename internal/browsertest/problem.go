@@ -1,17 +1,23 @@
 package browsertest
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"testing"
 
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
 )
 
 // Problem describes a page's complaint among chromedp's events: a
 // console.error, console.warn or failed console.assert, an uncaught
 // exception, an error in the browser's log; "" for any other event. A UI
-// test listens (chromedp.ListenTarget) and fails on what it collects.
+// test collects them (Watch) and fails on any.
 func Problem(ev any) string {
 	switch ev := ev.(type) {
 	case *runtime.EventConsoleAPICalled:
@@ -35,4 +41,39 @@ func Problem(ev any) string {
 		}
 	}
 	return ""
+}
+
+// Watch collects the page's problems (Problem) from now on; the returned
+// function lists them so far.
+func Watch(t testing.TB, ctx context.Context) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var problems []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		if p := Problem(ev); p != "" {
+			mu.Lock()
+			problems = append(problems, p)
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatalf("start Chromium: %v", err)
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(problems)
+	}
+}
+
+// Eval evaluates a JavaScript expression in the page and decodes its JSON
+// value into v; an error fails the test.
+func Eval(t testing.TB, ctx context.Context, expr string, v any) {
+	t.Helper()
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[[]byte](expr))
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		t.Fatalf("decode %s: %v", expr, err)
+	}
 }
