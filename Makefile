@@ -108,14 +108,17 @@ results:
 
 # The README's images, taken in Chromium (make deps) by the browser tests:
 # the report of a recorded demo run (report/testdata), the comparison of two
-# recorded runs and the dashboard on a real kettle serve; written to docs/img/.
+# recorded runs, the dashboard on a real kettle serve and kettle swarm --ui
+# live against one (a shaped run); written to docs/img/.
 SHOTS := .deps/screenshots
 screenshots:
 	rm -rf $(SHOTS)
 	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestCompareInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
+	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^TestLiveInBrowser$$' ./cmd/kettle/
 	mkdir -p docs/img
 	cp $(SHOTS)/report.png docs/img/report.png
 	cp $(SHOTS)/compare.png docs/img/compare.png
+	cp $(SHOTS)/live.png docs/img/live.png
 	cp $(SHOTS)/fleet-1280.png docs/img/dashboard.png
 
 # Static binaries for linux/amd64 and linux/arm64, tarballs and SHA256SUMS

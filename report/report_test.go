@@ -82,12 +82,7 @@ func TestOldResultsReadable(t *testing.T) {
 // draws, the console stays clean, the percentile selector redraws, and a
 // screenshot is kept ($KETTLE_TEST_OUT or a temp dir).
 func TestReportInBrowser(t *testing.T) {
-	out := os.Getenv("KETTLE_TEST_OUT")
-	if out == "" {
-		out = t.TempDir()
-	} else if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := browsertest.OutDir(t)
 	r := loadRecorded(t)
 	plain, err := Build(r, Options{})
 	if err != nil {

@@ -164,9 +164,10 @@ func (f *swarmFlags) instrument(ctx context.Context) (stop func() *sysstat.Serie
 			cfg.Client = &http.Client{Timeout: 800 * time.Millisecond, Transport: &http.Transport{TLSClientConfig: f.cfg.TLS}}
 		}
 		smp, err = sysstat.Start(ctx, cfg)
+		f.sampler = smp
 		if err != nil {
 			fmt.Fprintf(w, "swarm: system not sampled: %v\n", err)
-			smp = nil
+			smp, f.sampler = nil, nil
 		} else if pid > 0 {
 			fmt.Fprintf(w, "swarm: sampling server pid %d, PostgreSQL, the simulator and the machine each second\n", pid)
 		}
