@@ -28,6 +28,7 @@
 #
 # usage: deploy/cluster.sh up [--log] | down | status | dsn
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy, kafka1-3, writer, workerK)
+#        deploy/cluster.sh pause|resume MEMBER      (SIGSTOP/SIGCONT of all its processes; pgN: Patroni, postmaster and backends)
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
@@ -403,7 +404,8 @@ down() {
 	# A stopped process does not die of SIGTERM, and a member cut from the
 	# others waits for them until its timeouts: faults first.
 	thaw_all
-	[ "$MODE" = netns ] && net_heal
+	# the partitions only: slow links and toxics go with the machines
+	nft delete table bridge "$PFX" 2>/dev/null || true
 	stop_member haproxy TERM 5
 	# the members of one kind stop side by side
 	local w=()

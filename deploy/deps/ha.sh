@@ -13,19 +13,17 @@ link=$repo/.deps/venv-patroni
 req=$repo/deploy/deps/requirements-patroni.txt
 
 pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+. "$(dirname "$0")/apt.sh"
+# shellcheck disable=SC2086
+missing=$(apt_missing $pkgs)
 if [ "${1:-}" = --check ]; then
 	[ -z "$missing" ] || { echo "ha.sh: missing$missing"; exit 1; }
 	cmp -s "$req" "$venv/.requirements" 2>/dev/null || { echo "ha.sh: Patroni virtualenv at $venv missing or not at $req's versions"; exit 1; }
 	[ "$(readlink "$link")" = "$venv" ] || { echo "ha.sh: $link does not point at $venv"; exit 1; }
 	exit 0
 fi
-if [ -n "$missing" ]; then
-	echo "ha.sh: installing:$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+# shellcheck disable=SC2086
+apt_need "ha.sh" $pkgs
 # The Debian packages start etcd and haproxy as services on their default
 # ports; the topology of deploy/cluster.sh runs its own, elsewhere.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

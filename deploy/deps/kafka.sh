@@ -10,8 +10,9 @@ libs=$repo/.deps/kafka/libs
 pom=$repo/deploy/kafka/pom.xml
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
 
-missing=""
-for p in openjdk-17-jre-headless maven; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+. "$(dirname "$0")/apt.sh"
+# shellcheck disable=SC2086
+missing=$(apt_missing openjdk-17-jre-headless maven)
 # The stamp holds the pom's checksum: the jars are those the pom names,
 # whatever the files' times (a fresh checkout's pom is newer than any stamp).
 stamp=$libs/.kettle-kafka-$version
@@ -22,11 +23,8 @@ if [ "${1:-}" = --check ]; then
 	current || { echo "kafka deps: Kafka $version jars missing in $libs (or not the pom's)"; exit 1; }
 	exit 0
 fi
-if [ -n "$missing" ]; then
-	echo "kafka deps: installing$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+# shellcheck disable=SC2086
+apt_need "kafka deps" openjdk-17-jre-headless maven
 
 if current; then
 	echo "kafka deps: Kafka $version jars in $libs"

@@ -11,8 +11,9 @@ toxiproxy_version=v2.5.0
 bin=$repo/.deps/bin
 
 pkgs="iproute2 nftables e2fsprogs util-linux mount faketime curl python3"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+. "$(dirname "$0")/apt.sh"
+# shellcheck disable=SC2086
+missing=$(apt_missing $pkgs)
 stamp=$bin/.toxiproxy-$toxiproxy_version
 # --check: exit 0 when all is there, 1 (naming what is missing) when not.
 if [ "${1:-}" = --check ]; then
@@ -20,11 +21,8 @@ if [ "${1:-}" = --check ]; then
 	[ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ] || { echo "machines.sh: toxiproxy-server $toxiproxy_version not in $bin"; exit 1; }
 	exit 0
 fi
-if [ -n "$missing" ]; then
-	echo "machines.sh: installing:$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+# shellcheck disable=SC2086
+apt_need "machines.sh" $pkgs
 
 if [ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ]; then
 	echo "machines.sh: toxiproxy-server $toxiproxy_version in $bin"

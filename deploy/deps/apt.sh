@@ -1,0 +1,18 @@
+# Sourced by the deploy/deps scripts: apt_missing PKG… prints the Debian
+# packages of the list that are not installed (" a b", empty when none);
+# apt_need WHO PKG… installs them (one apt-get update, only when something
+# is missing).
+apt_missing() {
+	local p
+	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || printf ' %s' "$p"; done
+}
+apt_need() {
+	local who=$1 missing
+	shift
+	missing=$(apt_missing "$@")
+	[ -n "$missing" ] || return 0
+	echo "$who: installing:$missing"
+	apt-get update -qq
+	# shellcheck disable=SC2086
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+}
