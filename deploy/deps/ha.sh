@@ -14,9 +14,9 @@ req=$repo/deploy/deps/requirements-patroni.txt
 
 pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
 . "$(dirname "$0")/apt.sh"
-# shellcheck disable=SC2086
-missing=$(apt_missing $pkgs)
 if [ "${1:-}" = --check ]; then
+	# shellcheck disable=SC2086
+	missing=$(apt_missing $pkgs)
 	[ -z "$missing" ] || { echo "ha.sh: missing$missing"; exit 1; }
 	cmp -s "$req" "$venv/.requirements" 2>/dev/null || { echo "ha.sh: Patroni virtualenv at $venv missing or not at $req's versions"; exit 1; }
 	[ "$(readlink "$link")" = "$venv" ] || { echo "ha.sh: $link does not point at $venv"; exit 1; }

@@ -10,15 +10,15 @@ libs=$repo/.deps/kafka/libs
 pom=$repo/deploy/kafka/pom.xml
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
 
-. "$(dirname "$0")/apt.sh"
-# shellcheck disable=SC2086
-missing=$(apt_missing openjdk-17-jre-headless maven)
 # The stamp holds the pom's checksum: the jars are those the pom names,
 # whatever the files' times (a fresh checkout's pom is newer than any stamp).
 stamp=$libs/.kettle-kafka-$version
 sum=$(sha256sum "$pom" | cut -d' ' -f1)
 current() { [ "$(cat "$stamp" 2>/dev/null)" = "$sum" ]; }
+. "$(dirname "$0")/apt.sh"
 if [ "${1:-}" = --check ]; then
+	# shellcheck disable=SC2086
+	missing=$(apt_missing openjdk-17-jre-headless maven)
 	[ -z "$missing" ] || { echo "kafka deps: missing$missing"; exit 1; }
 	current || { echo "kafka deps: Kafka $version jars missing in $libs (or not the pom's)"; exit 1; }
 	exit 0

@@ -11,12 +11,11 @@ toxiproxy_version=v2.5.0
 bin=$repo/.deps/bin
 
 pkgs="iproute2 nftables e2fsprogs util-linux mount faketime curl python3"
-. "$(dirname "$0")/apt.sh"
-# shellcheck disable=SC2086
-missing=$(apt_missing $pkgs)
 stamp=$bin/.toxiproxy-$toxiproxy_version
-# --check: exit 0 when all is there, 1 (naming what is missing) when not.
+. "$(dirname "$0")/apt.sh"
 if [ "${1:-}" = --check ]; then
+	# shellcheck disable=SC2086
+	missing=$(apt_missing $pkgs)
 	[ -z "$missing" ] || { echo "machines.sh: missing$missing"; exit 1; }
 	[ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ] || { echo "machines.sh: toxiproxy-server $toxiproxy_version not in $bin"; exit 1; }
 	exit 0
