@@ -1,15 +1,10 @@
-# Sourced by the deploy/deps scripts: apt_missing PKG… prints the Debian
-# packages of the list that are not installed (" a b", empty when none);
-# apt_need WHO PKG… installs them (one apt-get update, only when something
-# is missing).
-apt_missing() {
-	local p
-	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || printf ' %s' "$p"; done
-}
+# Sourced by the deploy/deps scripts: apt_need WHO PKG… installs the Debian
+# packages of the list that are not installed yet (one apt-get update, only
+# when something is missing).
 apt_need() {
-	local who=$1 missing
+	local who=$1 p missing=""
 	shift
-	missing=$(apt_missing "$@")
+	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 	[ -n "$missing" ] || return 0
 	echo "$who: installing:$missing"
 	apt-get update -qq
