@@ -311,6 +311,7 @@ func runNemesisOnce(ctx context.Context, e *env, o nemOpts, seed uint64, r *Resu
 	defer t.down()
 	out := filepath.Join(e.out, fmt.Sprintf("nemesis-%d", seed))
 	os.RemoveAll(out)
+	t.keep = out
 	run := &fleetRun{mqtt: o.mqtt, v0: o.v0, v1: o.v1, log: o.log}
 	if err := run.start(ctx, e, t, out, o.duration); err != nil {
 		r.fail("seed %d: %v", seed, err)

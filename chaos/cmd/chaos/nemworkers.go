@@ -46,6 +46,7 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 	}
 	out := filepath.Join(e.out, "nem-worker-cut")
 	os.RemoveAll(out)
+	t.keep = out
 	// The workers' token travels in the environment (kettle swarm's
 	// KETTLE_WORKER_TOKEN), never in argv.
 	os.Setenv("KETTLE_WORKER_TOKEN", token)
