@@ -49,7 +49,7 @@ func (s *Service) logStoreError(rows int, err error) {
 }
 
 type request struct {
-	at   time.Time // queued (BatchWait runs from the first request's)
+	at   time.Time // queued (the commit window runs from the first request's)
 	rows []kettle.Measurement
 	dup  []bool
 	err  error
@@ -116,13 +116,53 @@ func (s *Service) reject(reason string, rows int) {
 	}
 }
 
-// busyMinRows and busyWait: while another batcher is committing, a batcher
-// holding fewer than busyMinRows readings waits up to busyWait for more
-// before it starts its transaction (with BatchWait 0).
+// shareRows and busyWait: a batcher that waits for more readings to share
+// its commit (its commit window, or while another batcher is committing)
+// stops waiting once it holds shareRows; while another batcher commits and
+// the window says no wait, it waits up to busyWait.
 const (
-	busyMinRows = 32
-	busyWait    = time.Millisecond
+	shareRows = 32
+	busyWait  = time.Millisecond
 )
+
+// commitWindow is a batcher's commit window: how long, from its first
+// reading's arrival, it waits for more readings to share the commit. A
+// commit's cost is mostly fixed (a transaction, an fsync or a synchronous
+// standby's round trip), so at a fleet's cadence, where readings arrive one
+// at a time, a commit per reading is most of the CPU a reading costs. The
+// window follows the rate readings arrive at: none while fewer than one
+// more is expected within BatchWait (a quiet fleet is answered at once),
+// else as long as shareRows take to arrive, at most BatchWait. So the
+// latency a reading pays is bounded by BatchWait plus a commit, and paid
+// only when it buys a shared commit.
+type commitWindow struct {
+	max  time.Duration // Config.BatchWait
+	last time.Time     // the latest arrival seen
+	gap  time.Duration // moving average of the gaps between arrivals
+}
+
+// observe takes one request's arrival time. Each gap counts for at most
+// twice the window, so the average forgets a quiet minute within a few
+// arrivals.
+func (w *commitWindow) observe(at time.Time) {
+	if w.last.IsZero() {
+		w.last, w.gap = at, 2*w.max
+		return
+	}
+	g := min(max(at.Sub(w.last), 0), 2*w.max) // senders race to the queue: a gap may be negative
+	if at.After(w.last) {
+		w.last = at
+	}
+	w.gap += (g - w.gap) / 8
+}
+
+// wait is the window for the batch about to gather.
+func (w *commitWindow) wait() time.Duration {
+	if w.max <= 0 || w.gap >= w.max {
+		return 0
+	}
+	return min(w.max, shareRows*w.gap)
+}
 
 // writerOf is the writer that owns device id (a request of several devices
 // goes to the first one's: still correct, the store locks devices in order).
@@ -145,27 +185,34 @@ func (s *Service) batcher(queue chan *request) {
 	var (
 		reqs  []*request
 		batch []kettle.Measurement
+		win   = commitWindow{max: s.cfg.BatchWait}
 	)
+	take := func(r *request) {
+		win.observe(r.at)
+		reqs = append(reqs, r)
+		batch = append(batch, r.rows...)
+	}
 	for {
 		first, ok := <-queue
 		if !ok {
 			return
 		}
-		reqs = append(reqs[:0], first)
-		batch = append(batch[:0], first.rows...)
+		reqs, batch = reqs[:0], batch[:0]
+		take(first)
 		var (
 			deadline <-chan time.Time
 			timer    *time.Timer
 		)
+		// From the first reading's arrival, not from now: readings that
+		// queued while the previous batch committed have waited that long
+		// already (a full window on top made the wait a window + a commit
+		// for most readings under load).
+		wait := win.wait() - time.Since(first.at)
 		switch {
-		case s.cfg.BatchWait > 0:
-			// From the first reading's arrival, not from now: readings
-			// that queued while the previous batch committed have waited
-			// that long already (a full BatchWait on top made the wait
-			// BatchWait + a commit for most readings under load).
-			timer = time.NewTimer(max(s.cfg.BatchWait-time.Since(first.at), 0))
+		case wait > 0 && len(batch) < shareRows:
+			timer = time.NewTimer(wait)
 			deadline = timer.C
-		case len(batch) < busyMinRows && s.committing.Load() > 0:
+		case len(batch) < shareRows && s.committing.Load() > 0:
 			// Another writer is committing: the store is busy, so do not
 			// start a transaction for a handful of readings; wait briefly
 			// for more (trickles of single readings made half the
@@ -176,8 +223,8 @@ func (s *Service) batcher(queue chan *request) {
 			deadline = timer.C
 		}
 		limit := s.cfg.BatchRows
-		if s.cfg.BatchWait <= 0 && deadline != nil {
-			limit = min(limit, busyMinRows) // enough to go: stop waiting
+		if deadline != nil {
+			limit = min(limit, shareRows) // enough to go: stop waiting
 		}
 	gather:
 		for len(batch) < limit {
@@ -186,8 +233,7 @@ func (s *Service) batcher(queue chan *request) {
 				if !ok {
 					break gather
 				}
-				reqs = append(reqs, r)
-				batch = append(batch, r.rows...)
+				take(r)
 			default:
 				if deadline == nil {
 					break gather
@@ -197,8 +243,7 @@ func (s *Service) batcher(queue chan *request) {
 					if !ok {
 						break gather
 					}
-					reqs = append(reqs, r)
-					batch = append(batch, r.rows...)
+					take(r)
 				case <-deadline:
 					break gather
 				}
@@ -215,8 +260,7 @@ func (s *Service) batcher(queue chan *request) {
 				if !ok {
 					break more
 				}
-				reqs = append(reqs, r)
-				batch = append(batch, r.rows...)
+				take(r)
 			default:
 				break more
 			}

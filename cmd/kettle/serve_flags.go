@@ -73,7 +73,7 @@ func (o *serveOptions) ingestFlags(fs *flag.FlagSet) {
 	c := &o.cfg
 	fs.IntVar(&c.Ingest.QueueRows, "ingest-queue", c.Ingest.QueueRows, "readings that may wait for a commit; beyond it ingest answers 503 + Retry-After")
 	fs.IntVar(&c.Ingest.BatchRows, "batch-rows", c.Ingest.BatchRows, fmt.Sprintf("most readings committed in one transaction (0: %d for SQLite, %d for PostgreSQL)", fleet.DefaultConfig().BatchRows, server.PGBatchRows))
-	fs.DurationVar(&c.Ingest.BatchWait, "batch-wait", c.Ingest.BatchWait, "wait this long for more readings before committing a partial batch (0: commit at once; batches still grow under load)")
+	fs.DurationVar(&c.Ingest.BatchWait, "batch-wait", c.Ingest.BatchWait, "the longest a reading waits for others to share its commit: the wait follows the rate readings arrive at, none while fewer than one more is expected within it (a quiet fleet is answered at once), up to this as the rate rises (fewer commits, less CPU a reading); 0: never wait (batches still grow while the previous commit runs)")
 	fs.IntVar(&c.Ingest.Writers, "writers", c.Ingest.Writers, fmt.Sprintf("concurrent batch transactions (0: %d for SQLite, which has one writer; %d for PostgreSQL)", fleet.DefaultConfig().Writers, server.PGWriters))
 	fs.DurationVar(&c.Ingest.PollInterval, "poll-interval", c.Ingest.PollInterval, "poll_after_s told to kettles when nothing changes sooner")
 	fs.DurationVar(&c.Ingest.Refresh, "cache-refresh", c.Ingest.Refresh, fmt.Sprintf("for several nodes on one PostgreSQL: say this often that this node is alive, and reload the device cache from the store while another process (a node, kettle seed) writes it (0: %s on PostgreSQL, never on SQLite)", server.PGRefresh))
