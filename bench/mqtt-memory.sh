@@ -12,7 +12,8 @@
 # that a neighbour's load on the shared machine falls on all of them alike:
 #   A: KETTLE_A (a prebuilt kettle, e.g. main's; default: this tree's) with
 #      A_ARGS / A_ENV (default: none)
-#   B: this tree's kettle with B_ARGS / B_ENV (default: none)
+#   B: KETTLE_B (a prebuilt kettle; default: this tree's) with B_ARGS /
+#      B_ENV (default: none)
 #   M: Mosquitto
 #
 #   KETTLE_A=/tmp/kettle-main bench/mqtt-memory.sh                 # main, this tree, Mosquitto
@@ -42,11 +43,11 @@ work=$(mktemp -d /tmp/kettle-mqttmem-XXXXXX)
 spid=
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-bench_build "$work/B" ./cmd/kettle
+if [ -n "${KETTLE_B:-}" ]; then cp "$KETTLE_B" "$work/B"; else bench_build "$work/B" ./cmd/kettle; fi
 bench_build "$work/mqttpub" ./bench/mqttpub
 cp "${KETTLE_A:-$work/B}" "$work/A"
 targets="A B M"
-cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
+cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }${KETTLE_B:+KETTLE_B=$KETTLE_B }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
 echo "rerun: $cmdline"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
