@@ -18,7 +18,16 @@
 #   flock -w 2400 /tmp/kettle-heavy.lock bench/sizing.sh
 #
 # Environment: DEVICES (2000), RUN_INTERVAL (2s), DURATION (40s),
-# INTERVAL (30s), KETTLE_HA_NET (127.0.44).
+# INTERVAL (30s), KETTLE_HA_NET (127.0.44), SERVE_ARGS (more kettle serve
+# flags), KETTLE_BIN (a prebuilt kettle; default: this tree's).
+#
+# PROFILE=DIR: where the time goes, into DIR (bench/lib/profile.sh): the
+# primary restarted with pg_stat_statements before the run, then in the
+# run's middle kettle serve's CPU profile and execution trace (off-CPU:
+# `go tool trace -pprof=net|sync|syscall|sched`), `strace -c` of kettle
+# serve and of the primary's processes, perf of the primary; after it the
+# statements by time, pg_stat_wal and pg_waldump's WAL by record type over
+# the run. Profiling costs CPU: the run's figures are not recorded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib/record.sh
@@ -30,10 +39,11 @@ DURATION=${DURATION:-40s}
 INTERVAL=${INTERVAL:-30s}
 export KETTLE_HA_NET=${KETTLE_HA_NET:-127.0.44}
 export KETTLE_HA_NODES=1 KETTLE_HA_SYNC=true
-export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn"
+export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn ${SERVE_ARGS:-}${PROFILE:+ --debug-addr $KETTLE_HA_NET.21:6060}"
 out=$(mktemp -d /tmp/kha-size-XXXX)
 chmod 755 "$out" # Patroni runs as postgres and reads its files under it
-bench_build "$out/kettle" ./cmd/kettle
+BIN_LABEL=${KETTLE_BIN:-}
+if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$out/kettle"; else bench_build "$out/kettle" ./cmd/kettle; fi
 export KETTLE_BIN=$out/kettle
 export KETTLE_HA_DIR=$out/topo
 trap 'deploy/cluster.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
@@ -47,11 +57,15 @@ state() {
 		"$(deploy/cluster.sh psql -c "SELECT pg_database_size('kettle')")" \
 		"$(deploy/cluster.sh psql -c "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")"
 }
+[ -z "${PROFILE:-}" ] || { . bench/lib/profile.sh; profile_prepare; }
 before=$(state)
 echo "before: $before"
 "$KETTLE_BIN" swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
 	--duration "$DURATION" --data-dir "$KETTLE_HA_DIR/kettle1" --out "$out/swarm" --report=false --sample=false \
-	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1
+	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1 &
+swarm=$!
+[ -z "${PROFILE:-}" ] || profile_during
+wait "$swarm"
 # Autovacuum and the hint bits of the new rows land within a few seconds;
 # a checkpoint writes them out, so the size counts what stays.
 deploy/cluster.sh psql -c "CHECKPOINT" >/dev/null
@@ -59,7 +73,9 @@ after=$(state)
 echo "after: $after (primary $leader, synchronous standby $sync)"
 [ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "sizing.sh: the primary changed during the run" >&2; exit 1; }
 
-rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL bench/sizing.sh"
+[ -z "${PROFILE:-}" ] || profile_after "$before" "$after"
+[ -z "${PROFILE:-}" ] || export KETTLE_NO_RECORD=1 # profiled: printed, not recorded
+rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
 # A kettle's interval is one reading and one poll: readings acknowledged
 # count the intervals (the polls are reported beside them). The figures the
 # run exists for first: the CPU, memory and disk a kettle costs.
