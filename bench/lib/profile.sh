@@ -12,15 +12,15 @@ PATRONICTL=${KETTLE_HA_VENV:-$REC_ROOT/.deps/venv-patroni}/bin/patronictl
 # the primary staying the primary), its counters and pg_stat_wal reset.
 profile_prepare() {
 	mkdir -p "$PROFILE"
-	"$PATRONICTL" -c "$KETTLE_HA_DIR/$leader.yml" edit-config --force --pg shared_preload_libraries=pg_stat_statements >/dev/null
-	"$PATRONICTL" -c "$KETTLE_HA_DIR/$leader.yml" restart kettle --force >/dev/null
+	"$PATRONICTL" -c "$KETTLE_HA_DIR/$leader.yml" edit-config --force --pg shared_preload_libraries=pg_stat_statements >"$PROFILE/patroni.txt" 2>&1 || echo "profile: patronictl edit-config failed ($PROFILE/patroni.txt)" >&2
+	"$PATRONICTL" -c "$KETTLE_HA_DIR/$leader.yml" restart kettle --force >>"$PROFILE/patroni.txt" 2>&1 || echo "profile: patronictl restart failed ($PROFILE/patroni.txt)" >&2
 	for _ in $(seq 120); do
-		deploy/cluster.sh psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 &&
+		deploy/cluster.sh psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" -c "SELECT count(*) FROM pg_stat_statements" >/dev/null 2>&1 &&
 			curl -fsS -m 1 "http://$KETTLE_HA_NET.21:8080/readyz" >/dev/null 2>&1 && break
 		sleep 0.5
 	done
 	[ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "profile: the primary changed on restart" >&2; return 1; }
-	deploy/cluster.sh psql -c "SELECT pg_stat_statements_reset()" -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
+	deploy/cluster.sh psql -c "SELECT pg_stat_reset_shared('wal')" -c "SELECT pg_stat_statements_reset()" >/dev/null || true
 }
 
 # profile_during: in the run's middle, kettle serve's CPU profile beside
