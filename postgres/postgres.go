@@ -138,6 +138,12 @@ type Store struct {
 	stopCompact chan struct{} // closed by Close
 	compactDone chan struct{} // closed when the compactor returned
 
+	// registered counts the devices this store registered since its last
+	// ANALYZE of devices; analyzed, the ones counted up to then
+	// (analyzeGrowth, the compactor's).
+	registered atomic.Int64
+	analyzed   int64
+
 	// write transactions run again after a deadlock or serialization
 	// failure, and after a partition was found missing (see Store.write)
 	conflictRetries, partitionRetries atomic.Uint64
@@ -294,9 +300,36 @@ func (s *Store) compactor() {
 		case <-t.C:
 			s.compactSeen(ctx, false)
 			s.compactRollups(ctx, false)
+			s.analyzeGrowth(ctx)
 			s.ensureAhead(ctx) // a failure: again at the next tick, or by the first writer of the day
 		}
 	}
+}
+
+// analyzeMinDevices is the fewest registrations that analyzeGrowth
+// analyzes devices for.
+const analyzeMinDevices = 256
+
+// analyzeGrowth runs ANALYZE devices once the devices this store
+// registered since the last one are a tenth of those it counted then (at
+// least analyzeMinDevices). Each pooled connection keeps the plan of every
+// write statement from its first uses; made while devices held a handful
+// of rows (a new database, a fleet registering), the batch's update of
+// devices joins them by a sequential scan of the whole table, and keeps
+// doing so as the fleet grows, until autovacuum's ANALYZE invalidates the
+// plan, a minute or more later (bench/sizing.sh's profile: most of the
+// primary's CPU). ANALYZE invalidates it at once; the new plan reaches
+// each device row by its ctid.
+func (s *Store) analyzeGrowth(ctx context.Context) {
+	n := s.registered.Load()
+	if n < max(analyzeMinDevices, s.analyzed/10) {
+		return
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE devices"); err != nil {
+		return // the next tick tries again
+	}
+	s.registered.Add(-n)
+	s.analyzed += n
 }
 
 // compactSeen folds last_seen_moves (what writers append: changes in how

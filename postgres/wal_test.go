@@ -1,0 +1,96 @@
+package postgres_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+)
+
+// TestWriteMakesNoMultiXact: a live batch locks its devices, inserts
+// behind a savepoint, then updates the devices; the updates must be the
+// transaction's own, not the savepoint's, or each row's lock and update are
+// two transaction ids that PostgreSQL records as a MultiXact (WAL, and a
+// member lookup in every later visibility check of the row).
+func TestWriteMakesNoMultiXact(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	conn := connect(t, dsn)
+	next := func() uint64 {
+		t.Helper()
+		var n uint64
+		if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, "SELECT next_multixact_id::text::int8 FROM pg_control_checkpoint()").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	devs := make([]kettle.DeviceID, 5)
+	for i := range devs {
+		devs[i] = uuid.New()
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	write := func(k int) {
+		t.Helper()
+		for _, d := range devs {
+			if _, err := s.Write(ctx, []kettle.Measurement{rowAt(rng, d, base.Add(time.Duration(k)*time.Second))}, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(0) // registers them
+	before := next()
+	for k := 1; k <= 10; k++ {
+		write(k)
+	}
+	if after := next(); after != before {
+		t.Errorf("50 single readings of 5 registered devices made %d MultiXacts, want none", after-before)
+	}
+}
+
+// TestAnalyzeOnGrowth: once the store registered a tenth more devices (at
+// least 256), it analyzes devices, so that its connections' cached plans
+// made while the table was nearly empty (a sequential scan of devices for
+// every batch) are made again.
+func TestAnalyzeOnGrowth(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	defer s.Close()
+	ctx := context.Background()
+	conn := connect(t, dsn)
+	analyzed := func() (n int64) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'devices'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ids := make([]kettle.DeviceID, 300)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	if err := s.Register(ctx, ids[:100], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := analyzed(); n != 0 {
+		t.Fatalf("devices analyzed %d times after 100 registrations, want none yet", n)
+	}
+	if err := s.Register(ctx, ids[100:], time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); analyzed() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("300 registrations, and devices not analyzed within 30 s")
+		}
+	}
+}
