@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What --batch-wait buys at the fleet's own rate on the embedded store:
-# kettle serve without it (commit at once) and with --batch-wait WAIT,
+# What the commit window buys at the fleet's own rate on the embedded store:
+# kettle serve without it (--batch-wait 0: commit at once) and with
+# --batch-wait WAIT (default 10ms, kettle serve's),
 # alternated PAIRS times, each under the same fleet, everything on
 # 127.0.0.1.
 #
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 # SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
 [ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${INTERVAL:=2s}" "${DURATION:=7s}" "${PAIRS:=1}" "${SETTLE:=1}" "${STEADY:=2}"
 DEVICES=${DEVICES:-18000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-120s} HATCH=${HATCH:-600}
-WAIT=${WAIT:-5ms} PAIRS=${PAIRS:-2}
+WAIT=${WAIT:-10ms} PAIRS=${PAIRS:-2}
 SETTLE=${SETTLE:-10} STEADY=${STEADY:-20} # seconds left out after the ramp and before the end; the least steady window
 . bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port
 work=$(mktemp -d /tmp/kettle-batchwait-XXXXXX) kpid= spid=
@@ -87,7 +88,7 @@ run() {
 
 : >"$work/runs"
 for i in $(seq "$PAIRS"); do
-	run "none-$i" | tee -a "$work/runs"
+	run "none-$i" --batch-wait 0 | tee -a "$work/runs"
 	run "wait-$i" --batch-wait "$WAIT" | tee -a "$work/runs"
 done
 # cpu SIDE: server CPU a request of each run of SIDE (none, wait), in pair order
