@@ -19,7 +19,12 @@
 #
 # Environment: DEVICES (2000), RUN_INTERVAL (2s), DURATION (40s),
 # INTERVAL (30s), KETTLE_HA_NET (127.0.44), SERVE_ARGS (more kettle serve
-# flags), KETTLE_BIN (a prebuilt kettle; default: this tree's).
+# flags), KETTLE_BIN (a prebuilt kettle; default: this tree's),
+# PG_SET ("name=value …": PostgreSQL settings that need no restart, set on
+# every member through Patroni before the run, e.g. wal_compression=off),
+# CHECKPOINT_AT (seconds into the run: a CHECKPOINT then, so that the run
+# pays the full-page images of a checkpoint cycle, as a fleet does after
+# every checkpoint; a 40 s run on a new database has almost none).
 #
 # PROFILE=DIR: where the time goes, into DIR (bench/lib/profile.sh): the
 # primary restarted with pg_stat_statements before the run, then in the
@@ -57,6 +62,14 @@ state() {
 		"$(deploy/cluster.sh psql -c "SELECT pg_database_size('kettle')")" \
 		"$(deploy/cluster.sh psql -c "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")"
 }
+if [ -n "${PG_SET:-}" ]; then
+	# shellcheck disable=SC2046
+	"${KETTLE_HA_VENV:-.deps/venv-patroni}/bin/patronictl" -c "$KETTLE_HA_DIR/$leader.yml" edit-config --force $(printf -- '--pg %s ' $PG_SET) >/dev/null
+	for kv in $PG_SET; do # Patroni reloads each member within its loop_wait
+		for _ in $(seq 60); do [ "$(deploy/cluster.sh psql -c "SHOW ${kv%%=*}")" = "${kv#*=}" ] && break; sleep 0.5; done
+		echo "PostgreSQL: $(deploy/cluster.sh psql -c "SELECT name || '=' || setting FROM pg_settings WHERE name = '${kv%%=*}'")"
+	done
+fi
 [ -z "${PROFILE:-}" ] || { . bench/lib/profile.sh; profile_prepare; }
 before=$(state)
 echo "before: $before"
@@ -64,6 +77,7 @@ echo "before: $before"
 	--duration "$DURATION" --data-dir "$KETTLE_HA_DIR/kettle1" --out "$out/swarm" --report=false --sample=false \
 	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1 &
 swarm=$!
+[ -z "${CHECKPOINT_AT:-}" ] || { sleep "$CHECKPOINT_AT"; deploy/cluster.sh psql -c "CHECKPOINT" >/dev/null; }
 [ -z "${PROFILE:-}" ] || profile_during
 wait "$swarm"
 # Autovacuum and the hint bits of the new rows land within a few seconds;
@@ -75,7 +89,7 @@ echo "after: $after (primary $leader, synchronous standby $sync)"
 
 [ -z "${PROFILE:-}" ] || profile_after "$before" "$after"
 [ -z "${PROFILE:-}" ] || export KETTLE_NO_RECORD=1 # profiled: printed, not recorded
-rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
+rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${PG_SET:+ PG_SET=\"$PG_SET\"}${CHECKPOINT_AT:+ CHECKPOINT_AT=$CHECKPOINT_AT}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
 # A kettle's interval is one reading and one poll: readings acknowledged
 # count the intervals (the polls are reported beside them). The figures the
 # run exists for first: the CPU, memory and disk a kettle costs.
