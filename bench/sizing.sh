@@ -22,7 +22,10 @@
 # flags), KETTLE_BIN (a prebuilt kettle; default: this tree's),
 # PG_SET ("name=value …": PostgreSQL settings that need no restart, set on
 # every member through Patroni before the run, e.g. wal_compression=off),
-# CHECKPOINT_AT (seconds into the run: a CHECKPOINT then, so that the run
+# NODES (1: kettle serve nodes, each loaded directly) and WORKERS (0: the
+# fleet from kettle swarm worker processes, worker i loading node i mod
+# NODES; a process holds at most 20,000 open files, so 100,000 kettles
+# take six nodes and six workers), CHECKPOINT_AT (seconds into the run: a CHECKPOINT then, so that the run
 # pays the full-page images of a checkpoint cycle, as a fleet does after
 # every checkpoint; a 40 s run on a new database has almost none).
 #
@@ -43,7 +46,8 @@ RUN_INTERVAL=${RUN_INTERVAL:-2s}
 DURATION=${DURATION:-40s}
 INTERVAL=${INTERVAL:-30s}
 export KETTLE_HA_NET=${KETTLE_HA_NET:-127.0.44}
-export KETTLE_HA_NODES=1 KETTLE_HA_SYNC=true
+NODES=${NODES:-1} WORKERS=${WORKERS:-0}
+export KETTLE_HA_NODES=$NODES KETTLE_HA_SYNC=true
 export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn ${SERVE_ARGS:-}${PROFILE:+ --debug-addr $KETTLE_HA_NET.21:6060}"
 out=$(mktemp -d /tmp/kha-size-XXXX)
 chmod 755 "$out" # Patroni runs as postgres and reads its files under it
@@ -73,7 +77,12 @@ fi
 [ -z "${PROFILE:-}" ] || { . bench/lib/profile.sh; profile_prepare; }
 before=$(state)
 echo "before: $before"
-"$KETTLE_BIN" swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
+targets=$(for i in $(seq "$NODES"); do printf 'http://%s.2%s:8080\n' "$KETTLE_HA_NET" "$i"; done | paste -sd,)
+lab=()
+if [ "$WORKERS" -gt 0 ]; then
+	lab=(--workers "$(deploy/cluster.sh workers "$WORKERS")" --worker-token-file "$KETTLE_HA_DIR/worker-token")
+fi
+"$KETTLE_BIN" swarm --target "$targets" "${lab[@]}" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
 	--duration "$DURATION" --data-dir "$KETTLE_HA_DIR/kettle1" --out "$out/swarm" --report=false --sample=false \
 	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1 &
 swarm=$!
@@ -89,7 +98,7 @@ echo "after: $after (primary $leader, synchronous standby $sync)"
 
 [ -z "${PROFILE:-}" ] || profile_after "$before" "$after"
 [ -z "${PROFILE:-}" ] || export KETTLE_NO_RECORD=1 # profiled: printed, not recorded
-rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${PG_SET:+ PG_SET=\"$PG_SET\"}${CHECKPOINT_AT:+ CHECKPOINT_AT=$CHECKPOINT_AT}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
+rec_begin sizing.sh "NODES=$NODES WORKERS=$WORKERS DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${PG_SET:+ PG_SET=\"$PG_SET\"}${CHECKPOINT_AT:+ CHECKPOINT_AT=$CHECKPOINT_AT}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
 # A kettle's interval is one reading and one poll: readings acknowledged
 # count the intervals (the polls are reported beside them). The figures the
 # run exists for first: the CPU, memory and disk a kettle costs.
@@ -103,12 +112,13 @@ jq -r --argjson b "$before" --argjson a "$after" --arg l "${leader#pg}" --arg s 
 	.totals as $t | $t.acked as $n
 	| def cpu(k): ($a.cpu[k] // 0) - ($b.cpu[k] // 0);
 	  def us(k): cpu(k) * 1e6 / $n * 100 | round / 100;
+	  def nodes(f): [$a.cpu | keys[] | select(test("^kettle[0-9]+$"))] | map(f) | add;
 	  def fig(name; v; unit): "figure \(name)=\(v):\(unit)";
-	fig("serve_cpu_us_per_kettle_interval"; us("kettle1"); "µs"),
+	fig("serve_cpu_us_per_kettle_interval"; nodes(cpu(.)) * 1e6 / $n * 100 | round / 100; "µs"),
 	fig("primary_cpu_us_per_kettle_interval"; us("postgres" + $l); "µs"),
 	fig("sync_standby_cpu_us_per_kettle_interval"; us("postgres" + $s); "µs"),
 	fig("async_standby_cpu_us_per_kettle_interval"; us("postgres" + $an); "µs"),
-	fig("serve_rss_bytes_per_kettle"; (($a.cpu.kettle1_rss_bytes - $b.cpu.kettle1_rss_bytes) / $devices | round); "bytes"),
+	fig("serve_rss_bytes_per_kettle"; (nodes($a.cpu[. + "_rss_bytes"] - $b.cpu[. + "_rss_bytes"]) / $devices | round); "bytes"),
 	fig("disk_bytes_per_reading"; (($a.db_bytes - $b.db_bytes) / $n * 10 | round / 10); "bytes"),
 	fig("wal_bytes_per_reading"; (($a.wal_bytes - $b.wal_bytes) / $n * 10 | round / 10); "bytes"),
 	fig("patroni_etcd_cpu_s_per_s"; ([$a.cpu | keys[] | select(startswith("patroni") or startswith("etcd")) | cpu(.)] | add / $t.wall_seconds * 1e4 | round / 1e4); "cores"),
@@ -117,6 +127,7 @@ jq -r --argjson b "$before" --argjson a "$after" --arg l "${leader#pg}" --arg s 
 	fig("poll_p99_ms"; $t.endpoints.command.p99_ms; "ms"),
 	fig("interval_s"; $interval; "s"),
 	fig("kettles"; $devices; "kettles"),
+	fig("nodes"; '"$NODES"'; "nodes"),
 	fig("readings_acked"; $n; "readings"),
 	fig("polls"; $t.endpoints.command.requests; "requests"),
 	fig("swarm_cpu_s"; $t.cpu_seconds; "s")' "$res" | tee /dev/stderr | rec_lines
