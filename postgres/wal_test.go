@@ -7,10 +7,22 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/postgres"
 )
+
+// storeAndConn opens a store on a new database (closed when the test ends)
+// and a plain connection beside it, for what the store does not expose.
+func storeAndConn(t *testing.T) (*postgres.Store, *pgx.Conn) {
+	t.Helper()
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	t.Cleanup(func() { s.Close() })
+	return s, connect(t, dsn)
+}
 
 // TestWriteMakesNoMultiXact: a live batch locks its devices, inserts
 // behind a savepoint, then updates the devices; the updates must be the
@@ -18,11 +30,8 @@ import (
 // two transaction ids that PostgreSQL records as a MultiXact (WAL, and a
 // member lookup in every later visibility check of the row).
 func TestWriteMakesNoMultiXact(t *testing.T) {
-	dsn := pgtest.Start(t)
-	s := open(t, dsn)
-	defer s.Close()
+	s, conn := storeAndConn(t)
 	ctx := context.Background()
-	conn := connect(t, dsn)
 	next := func() uint64 {
 		t.Helper()
 		var n uint64
@@ -63,11 +72,8 @@ func TestWriteMakesNoMultiXact(t *testing.T) {
 // made while the table was nearly empty (a sequential scan of devices for
 // every batch) are made again.
 func TestAnalyzeOnGrowth(t *testing.T) {
-	dsn := pgtest.Start(t)
-	s := open(t, dsn)
-	defer s.Close()
+	s, conn := storeAndConn(t)
 	ctx := context.Background()
-	conn := connect(t, dsn)
 	analyzed := func() (n int64) {
 		t.Helper()
 		if err := conn.QueryRow(ctx, "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'devices'").Scan(&n); err != nil {
