@@ -14,6 +14,8 @@
 #      A_ARGS / A_ENV (default: none)
 #   B: KETTLE_B (a prebuilt kettle; default: this tree's) with B_ARGS /
 #      B_ENV (default: none)
+#   C: with KETTLE_C (a third prebuilt kettle) and C_ARGS / C_ENV, beside
+#      A and B (before M), so that three builds share one run
 #   M: Mosquitto
 #
 #   KETTLE_A=/tmp/kettle-main bench/mqtt-memory.sh                 # main, this tree, Mosquitto
@@ -46,8 +48,9 @@ trap cleanup EXIT
 if [ -n "${KETTLE_B:-}" ]; then cp "$KETTLE_B" "$work/B"; else bench_build "$work/B" ./cmd/kettle; fi
 bench_build "$work/mqttpub" ./bench/mqttpub
 cp "${KETTLE_A:-$work/B}" "$work/A"
-targets="A B M"
-cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }${KETTLE_B:+KETTLE_B=$KETTLE_B }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
+targets="A B ${KETTLE_C:+C }M"
+[ -z "${KETTLE_C:-}" ] || cp "$KETTLE_C" "$work/C"
+cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }${KETTLE_B:+KETTLE_B=$KETTLE_B }${KETTLE_C:+KETTLE_C=$KETTLE_C C_ARGS=\"${C_ARGS:-}\" }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
 echo "rerun: $cmdline"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -65,7 +68,11 @@ run() { # TARGET ROUND → one JSON object in $work/runs
 		sleep 1
 	else
 		local args env
-		if [ "$t" = A ]; then args=${A_ARGS:-}; env=${A_ENV:-}; else args=${B_ARGS:-}; env=${B_ENV:-}; fi
+		case $t in
+		A) args=${A_ARGS:-} env=${A_ENV:-} ;;
+		C) args=${C_ARGS:-} env=${C_ENV:-} ;;
+		*) args=${B_ARGS:-} env=${B_ENV:-} ;;
+		esac
 		# shellcheck disable=SC2086
 		env $env "$work/$t" serve --data-dir "$d/data" --db "sqlite:$d/data/k.db" --addr "$HOST:$hport" \
 			--mqtt-addr "$HOST:$mport" --mqtt-max-conns $((CONNS + 100)) --access-log-sample 0 --log-level warn $args >"$d/serve.log" 2>&1 &
@@ -104,13 +111,13 @@ done
 # The medians of the rounds, this tree's kettle first (the headline: its
 # memory per connection, against Mosquitto's as the ceiling).
 rec_begin mqtt-memory.sh "$cmdline"
-declare -A name=([A]=kettle_a [B]=kettle [M]=mosquitto)
+declare -A name=([A]=kettle_a [B]=kettle [C]=kettle_c [M]=mosquitto)
 declare -A unit=([rss_per_conn_kib]=KiB [cpu_ms_per_msg]=ms [puback_p99_ms]=ms [up]=connections [stack_per_conn_kib]=KiB [heap_per_conn_kib]=KiB)
 med() { # TARGET KEY: the median over the rounds, or nothing
 	local v; v=$(jq -r --arg t "$1" --arg k "$2" 'select(.target == $t) | .[$k] // empty' "$work/runs")
 	[ -z "$v" ] || echo "$v" | rec median
 }
-for t in B A M; do
+for t in B A ${KETTLE_C:+C} M; do
 	for k in rss_per_conn_kib cpu_ms_per_msg puback_p99_ms up stack_per_conn_kib heap_per_conn_kib; do
 		v=$(med "$t" "$k")
 		[ -z "$v" ] || rec_fig "${name[$t]}_$k" "$(printf %.3f "$v")" "${unit[$k]}"
