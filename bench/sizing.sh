@@ -104,7 +104,8 @@ rec_begin sizing.sh "NODES=$NODES WORKERS=$WORKERS DEVICES=$DEVICES RUN_INTERVAL
 # run exists for first: the CPU, memory and disk a kettle costs.
 res=$out/swarm/results.json
 jq -e '.totals as $t | $t.acked > 0 and ($t.errors <= 0.01 * ([$t.endpoints[].requests] | add)) and ((.audit.lost // 0) == 0)' "$res" >/dev/null ||
-	{ echo "sizing.sh: the run is not a clean one to size from ($(jq -c '{acked: .totals.acked, errors: .totals.errors, audit}' "$res")); see $out/swarm.log" >&2; exit 1; }
+	{ echo "sizing.sh: the run is not a clean one to size from ($(jq -c '{acked: .totals.acked, errors: .totals.errors, audit, endpoints: [.totals.endpoints | to_entries[] | {(.key): (.value | with_entries(select(.key | test("error|status|timeout|refused|reset"))))}]}' "$res")); the swarm's log ends:" >&2
+	  tail -n 25 "$out/swarm.log" >&2; tail -n 15 "$KETTLE_HA_DIR/kettle1.log" >&2; exit 1; }
 interval_s=$(awk -v v="$INTERVAL" 'BEGIN { n = v + 0; u = substr(v, length(n "") + 1); print n * (u == "ms" ? 0.001 : u == "m" ? 60 : 1) }')
 asyncn=$(for i in 1 2 3; do [ "pg$i" = "$leader" ] || [ "pg$i" = "$sync" ] || echo "$i"; done)
 jq -r --argjson b "$before" --argjson a "$after" --arg l "${leader#pg}" --arg s "${sync#pg}" --arg an "$asyncn" \
