@@ -251,14 +251,14 @@ func TestQuantilesMatchHDR(t *testing.T) {
 // runs a side they come out within noise, while 5 ms added to every upload
 // still regresses in every pool.
 func TestRoundsPooled(t *testing.T) {
-	const trials, rounds = 12, 3
+	const trials, rounds = 16, 3
 	rng := rand.New(rand.NewPCG(42, 42))
 	seed := uint64(1000)
 	runs := func(sy synth) []*sim.Results {
 		var rs []*sim.Results
 		for range rounds {
 			s := sy
-			s.medianMs *= math.Exp(0.25 * rng.NormFloat64())
+			s.medianMs *= math.Exp(0.3 * rng.NormFloat64())
 			seed++
 			rs = append(rs, s.run(t, seed))
 		}
@@ -274,7 +274,7 @@ func TestRoundsPooled(t *testing.T) {
 		return n
 	}
 	sy := base
-	sy.poisson = true
+	sy.poisson, sy.seconds, sy.perS = true, 24, 60 // small runs: the test's time goes on making them
 	// The single pairs only need their verdicts: few resamples.
 	quick := fastThresholds()
 	quick.Resamples = 100
@@ -304,8 +304,10 @@ func TestRoundsPooled(t *testing.T) {
 	if single < trials/4 {
 		t.Errorf("only %d of %d single pairs flagged: the runs' spread is too small to test pooling", single, trials)
 	}
-	if pooled > 1 {
-		t.Errorf("%d of %d pools of %d same-build rounds flagged a figure, want at most 1", pooled, trials, rounds)
+	// The t interval's 5 % a figure, on 95 % intervals; an interval blind to
+	// the spread between runs flags 4 of these 16.
+	if pooled > 2 {
+		t.Errorf("%d of %d pools of %d same-build rounds flagged a figure, want at most 2", pooled, trials, rounds)
 	}
 
 	slow := sy
