@@ -2,12 +2,14 @@
 # kettle report --baseline on real runs: ROUNDS rounds, each one swarm of
 # DEVICES kettles for DURATION seconds against a fresh `kettle serve` built
 # from BASE_BIN (the baseline, A) and one against CAND_BIN (the candidate,
-# B), run alternately (A B A B …) so the machine's noise falls on both; then
-# each round's B is compared with its A. Then the first k rounds pooled
-# (k = 2 … ROUNDS: kettle report --baseline A1,…,Ak Bk --pool B1,…), whose
-# intervals are the spread between runs. Prints each comparison's line, how
-# many rounds came out regressed / improved / within noise alone, and how
-# many figures each pool flagged; records them.
+# B), in turn, the first of each pair alternating (A B, B A, A B, …: the
+# second run of a pair fared better in the recorded rounds, so the order
+# falls on both sides too); then each round's B is compared with its A, and
+# the first k rounds pooled (k = 2 … ROUNDS: kettle report --baseline
+# A1,…,Ak Bk --pool B1,…), whose intervals are the spread between runs.
+# Prints each comparison's line, how many rounds came out regressed /
+# improved / within noise alone, and how many figures each pool flagged;
+# records them.
 #
 #   bench/compare.sh                                  # the tree against itself
 #   CAND_BIN=/tmp/kettle-slow bench/compare.sh        # a candidate build
@@ -68,9 +70,12 @@ for r in $(seq "$ROUNDS"); do
 	if [ -n "${JUDGE:-}" ]; then
 		mkdir -p "$work/a$r" "$work/b$r"
 		cp "$JUDGE/a$r/results.json" "$work/a$r/" && cp "$JUDGE/b$r/results.json" "$work/b$r/"
-	else
+	elif [ $((r % 2)) = 1 ]; then
 		run "$BASE_BIN" "$work/a$r"
 		run "$CAND_BIN" "$work/b$r"
+	else
+		run "$CAND_BIN" "$work/b$r"
+		run "$BASE_BIN" "$work/a$r"
 	fi
 	rc=0
 	"$work/kettle" report --baseline "$work/a$r/results.json" "$work/b$r/results.json" -o "$work/b$r/report.html" \
