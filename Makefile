@@ -41,6 +41,7 @@ deps:
 	deploy/deps/schemathesis.sh
 	deploy/deps/kafka.sh
 	deploy/deps/ha.sh
+	deploy/deps/machines.sh
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build

@@ -12,13 +12,9 @@ link=$repo/.deps/venv-patroni
 req=$repo/deploy/deps/requirements-patroni.txt
 
 pkgs="etcd-server etcd-client haproxy python3-venv postgresql curl"
-missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-	echo "ha.sh: installing:$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+. "$(dirname "$0")/apt.sh"
+# shellcheck disable=SC2086
+apt_need "ha.sh" $pkgs
 # The Debian packages start etcd and haproxy as services on their default
 # ports; the topology of deploy/cluster.sh runs its own, elsewhere.
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then

@@ -9,13 +9,8 @@ libs=$repo/.deps/kafka/libs
 pom=$repo/deploy/kafka/pom.xml
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom")
 
-missing=""
-for p in openjdk-17-jre-headless maven; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-	echo "kafka deps: installing$missing"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
-fi
+. "$(dirname "$0")/apt.sh"
+apt_need "kafka deps" openjdk-17-jre-headless maven
 
 stamp=$libs/.kettle-kafka-$version
 if [ -f "$stamp" ] && [ "$stamp" -nt "$pom" ]; then

@@ -18,6 +18,14 @@
 #   KAFKA_CONTROLLER_PORT               [9093]
 #   KAFKA_HEAP    each node's heap      [256m]
 #   KAFKA_LIBS    the jars              [<repo>/.deps/kafka/libs]
+#   KAFKA_NETNS   a network namespace per node, in the order of KAFKA_HOSTS,
+#                 each node's JVM started in its own (deploy/cluster.sh's
+#                 netns mode) [none: this host's]
+#   KAFKA_CLIENT_HOSTS  where clients reach each node's CLIENT listener, in the
+#                 order of KAFKA_HOSTS (a proxy's address); with it every node
+#                 listens on KAFKA_CLIENT_PORT too, advertised there, while the
+#                 brokers replicate over PLAINTEXT [none: no CLIENT listener]
+#   KAFKA_CLIENT_PORT                   [KAFKA_PORT + 2]
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +34,9 @@ read -r -a hosts <<<"${KAFKA_HOSTS:-127.0.46.1 127.0.46.2 127.0.46.3}"
 port=${KAFKA_PORT:-9092}
 cport=${KAFKA_CONTROLLER_PORT:-9093}
 heap=${KAFKA_HEAP:-256m}
+read -r -a netns <<<"${KAFKA_NETNS:-}"
+read -r -a client_hosts <<<"${KAFKA_CLIENT_HOSTS:-}"
+client_port=${KAFKA_CLIENT_PORT:-$((port + 2))}
 libs=${KAFKA_LIBS:-$repo/.deps/kafka/libs}
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
@@ -59,8 +70,13 @@ node_conf() {
 		echo "# node $n (written by kafka.sh)"
 		echo "node.id=$n"
 		echo "controller.quorum.voters=$(voters)"
-		echo "listeners=PLAINTEXT://$h:$port,CONTROLLER://$h:$cport"
-		echo "advertised.listeners=PLAINTEXT://$h:$port"
+		if [ ${#client_hosts[@]} -gt 0 ]; then
+			echo "listeners=PLAINTEXT://$h:$port,CONTROLLER://$h:$cport,CLIENT://$h:$client_port"
+			echo "advertised.listeners=PLAINTEXT://$h:$port,CLIENT://${client_hosts[$(($n - 1))]}:$client_port"
+		else
+			echo "listeners=PLAINTEXT://$h:$port,CONTROLLER://$h:$cport"
+			echo "advertised.listeners=PLAINTEXT://$h:$port"
+		fi
 		echo "log.dirs=$dir/node$n/data"
 	} >"$dir/node$n/server.properties"
 }
@@ -93,8 +109,10 @@ start_node() {
 	running "$dir" "$n" && return 0
 	node_conf "$dir" "$n"
 	[ -f "$dir/node$n/data/meta.properties" ] || format "$dir" "$n"
+	local pre=()
+	[ ${#netns[@]} -gt 0 ] && pre=(ip netns exec "${netns[$(($n - 1))]}")
 	# shellcheck disable=SC2046
-	setsid java $(java_opts) -cp "$libs/*" kafka.Kafka "$dir/node$n/server.properties" \
+	setsid "${pre[@]}" java $(java_opts) -cp "$libs/*" kafka.Kafka "$dir/node$n/server.properties" \
 		>>"$dir/node$n/kafka.log" 2>&1 </dev/null &
 	echo $! >"$dir/node$n/pid"
 }

@@ -1,0 +1,393 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// machines is one deploy/cluster.sh topology in netns mode, named by its
+// own prefix and address block so it never meets another on this host.
+type machines struct {
+	t      *testing.T
+	script string
+	prefix string
+	net    string
+	dir    string
+	env    []string
+}
+
+func newMachines(t *testing.T, prefix, net string, extraEnv ...string) *machines {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("deploy/cluster.sh's netns mode needs root (network namespaces, a bridge, mounts)")
+	}
+	for _, bin := range []string{"ip", "nft", "tc", "findmnt", "losetup"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s not found: make deps (deploy/deps/machines.sh)", bin)
+		}
+	}
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(file))
+	// Short: PostgreSQL's socket path must fit in 107 bytes.
+	dir, err := os.MkdirTemp("/tmp", prefix+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &machines{t: t, script: filepath.Join(root, "deploy", "cluster.sh"), prefix: prefix, net: net, dir: dir}
+	m.env = append(os.Environ(), "KETTLE_HA_MODE=netns", "KETTLE_HA_PREFIX="+prefix, "KETTLE_HA_NET="+net, "KETTLE_HA_DIR="+dir)
+	m.env = append(m.env, extraEnv...)
+	if left := m.leftovers(); len(left) > 0 {
+		t.Fatalf("the system already holds objects named %s-: %q (deploy/cluster.sh down with KETTLE_HA_PREFIX=%s)", prefix, left, prefix)
+	}
+	return m
+}
+
+// buildKettle builds the kettle binary for the topology's nodes.
+func buildKettle(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	bin := filepath.Join(t.TempDir(), "kettle")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
+	build.Dir = filepath.Dir(filepath.Dir(file))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kettle: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// cmd runs deploy/cluster.sh args… within limit.
+func (m *machines) cmd(limit time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c := exec.CommandContext(ctx, m.script, args...)
+	c.Env = m.env
+	c.WaitDelay = 5 * time.Second
+	out, err := c.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (m *machines) must(limit time.Duration, args ...string) string {
+	m.t.Helper()
+	out, err := m.cmd(limit, args...)
+	if err != nil {
+		m.t.Fatalf("deploy/cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (m *machines) addr(last int) string { return fmt.Sprintf("%s.%d", m.net, last) }
+
+// leftovers lists what the system still holds of this prefix: namespaces,
+// links, mounts, loop devices, the nftables table.
+func (m *machines) leftovers() []string {
+	m.t.Helper()
+	var left []string
+	for _, c := range [][]string{
+		{"ip", "netns", "list"},
+		{"ip", "-o", "link", "show"},
+		{"findmnt", "-rn", "-o", "TARGET,SOURCE,FSTYPE,LABEL"},
+		{"losetup", "-a"},
+		{"nft", "list", "tables"},
+	} {
+		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+		if err != nil {
+			m.t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, m.prefix+"-") || strings.TrimSpace(l) == "table bridge "+m.prefix {
+				left = append(left, c[0]+" "+c[1]+": "+strings.TrimSpace(l))
+			}
+		}
+	}
+	return left
+}
+
+// killAll SIGKILLs every process in the prefix's namespaces, as a power cut.
+func (m *machines) killAll() int {
+	m.t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || !strings.HasPrefix(f[0], m.prefix+"-") {
+			continue
+		}
+		pids, _ := exec.Command("ip", "netns", "pids", f[0]).Output()
+		for _, p := range strings.Fields(string(pids)) {
+			var pid int
+			fmt.Sscan(p, &pid)
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// downClean runs down and fails for anything left.
+func (m *machines) downClean(what string) {
+	m.t.Helper()
+	if out, err := m.cmd(3*time.Minute, "down"); err != nil {
+		m.t.Errorf("deploy/cluster.sh down %s: %v\n%s", what, err, out)
+	}
+	if left := m.leftovers(); len(left) > 0 {
+		m.t.Errorf("deploy/cluster.sh down %s left:\n  %s", what, strings.Join(left, "\n  "))
+	}
+	if _, err := os.Stat(m.dir); err == nil {
+		m.t.Errorf("deploy/cluster.sh down %s left %s", what, m.dir)
+	}
+}
+
+// inNS runs a command in member's machine.
+func (m *machines) inNS(member string, args ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", m.prefix + "-" + member}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+var quick = &http.Client{Timeout: time.Second}
+
+func get(url string) (int, error) {
+	r, err := quick.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	r.Body.Close()
+	return r.StatusCode, nil
+}
+
+// waitFor polls cond every 200 ms until it holds or limit passes.
+func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %s", what, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// patroniView is what member i's Patroni says of the cluster: the leader's
+// name ("" for none) or an error.
+func (m *machines) patroniView(i int) (string, error) {
+	r, err := quick.Get(fmt.Sprintf("http://%s:8008/cluster", m.addr(10+i)))
+	if err != nil {
+		return "", err
+	}
+	defer r.Body.Close()
+	var c struct {
+		Members []struct{ Name, Role, State string }
+	}
+	if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
+		return "", err
+	}
+	for _, mb := range c.Members {
+		if mb.Role == "leader" {
+			return mb.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// TestMachines brings the whole topology up in netns mode (etcd × 3,
+// PostgreSQL × 3 under Patroni, a kettle node, HAProxy, Toxiproxy on the
+// links), checks that every member is a machine of its own, isolates the
+// PostgreSQL primary and sees etcd and Patroni take it for gone (a new
+// leader; the old one no longer primary), heals (it reaches etcd again), tries the pause, disk and
+// latency verbs for their effect, then kills every process of every machine
+// and checks that down leaves nothing behind.
+func TestMachines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("brings up the whole topology in network namespaces (~80 s); run without -short")
+	}
+	bin := buildKettle(t)
+	m := newMachines(t, "kft", "198.18.16", "KETTLE_BIN="+bin, "KETTLE_HA_NODES=1", "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
+	cleaned := false
+	t.Cleanup(func() {
+		if !cleaned {
+			m.cmd(3*time.Minute, "down")
+		}
+	})
+	start := time.Now()
+	m.must(4*time.Minute, "up")
+	t.Logf("figure: machines_up = %.1f s", time.Since(start).Seconds())
+
+	// Every member a machine: one address on its link, no way out of the bridge.
+	for _, mb := range []struct {
+		name string
+		last int
+		disk bool
+	}{{"etcd1", 1, true}, {"etcd2", 2, true}, {"etcd3", 3, true}, {"pg1", 11, true}, {"pg2", 12, true}, {"pg3", 13, true}, {"kettle1", 21, true}, {"haproxy", 30, false}} {
+		out, err := m.inNS(mb.name, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil || strings.Count(out, " inet ") != 1 || !strings.Contains(out, " inet "+m.addr(mb.last)+"/24 ") {
+			t.Errorf("%s: eth0 should hold %s/24 alone: %v %s", mb.name, m.addr(mb.last), err, out)
+		}
+		if out, err := m.inNS(mb.name, "ip", "route", "get", "192.0.2.1"); err == nil {
+			t.Errorf("%s reaches beyond the bridge: %s", mb.name, out)
+		}
+		if out, err := m.inNS(mb.name, "ip", "-o", "link", "show", "dev", "lo"); err != nil || !strings.Contains(out, "UP") {
+			t.Errorf("%s: loopback not up: %v %s", mb.name, err, out)
+		}
+		if mb.disk {
+			dir := filepath.Join(m.dir, mb.name)
+			out, err := exec.Command("findmnt", "-n", "-o", "FSTYPE,SOURCE", dir).Output()
+			if err != nil || !strings.Contains(string(out), "tmpfs") || !strings.Contains(string(out), "kft-"+mb.name) {
+				t.Errorf("%s: %s is not a tmpfs of its own: %v %s", mb.name, dir, err, out)
+			}
+		}
+	}
+
+	// Isolate the primary: its Patroni loses etcd, etcd's and Patroni's
+	// majority elect another.
+	old := m.must(30*time.Second, "leader")
+	var oi int
+	fmt.Sscanf(old, "pg%d", &oi)
+	other := oi%3 + 1
+	isolated := time.Now()
+	m.must(30*time.Second, "isolate", old)
+	if out, err := m.inNS(old, "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health"); err == nil {
+		t.Fatalf("%s, isolated, still reaches etcd1: %s", old, out)
+	}
+	if out, err := m.inNS(fmt.Sprintf("pg%d", other), "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health"); err != nil {
+		t.Fatalf("pg%d, not isolated, does not reach etcd1: %v %s", other, err, out)
+	}
+	var now string
+	waitFor(t, "a new leader after isolating "+old, 90*time.Second, func() bool {
+		l, err := m.patroniView(other)
+		now = l
+		return err == nil && l != "" && l != old
+	})
+	t.Logf("figure: isolated_primary_replaced = %.1f s (%s → %s)", time.Since(isolated).Seconds(), old, now)
+	waitFor(t, old+" no longer primary", 60*time.Second, func() bool {
+		code, err := get(fmt.Sprintf("http://%s:8008/primary", m.addr(10+oi)))
+		return err == nil && code != 200
+	})
+	if f := m.must(10*time.Second, "faults"); !strings.Contains(f, "isolate "+old) {
+		t.Errorf("faults does not list the isolation:\n%s", f)
+	}
+	m.must(30*time.Second, "heal")
+	// Healed: the old primary reaches etcd again. Its rejoin is not waited
+	// for: cut from the nodes too, its fast shutdown waits for backends
+	// blocked sending to clients it cannot reach, and for its walsenders'
+	// timeout, minutes.
+	waitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
+		_, err := m.inNS(old, "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health")
+		return err == nil
+	})
+	if f := m.must(10*time.Second, "faults"); strings.Contains(f, "isolate") {
+		t.Errorf("faults after heal:\n%s", f)
+	}
+
+	// pause: the node stops answering, resume: it answers again.
+	node := "http://" + m.addr(21) + ":8080/healthz"
+	m.must(10*time.Second, "pause", "kettle1")
+	if code, err := get(node); err == nil {
+		t.Errorf("kettle1 paused answered %d", code)
+	}
+	m.must(10*time.Second, "resume", "kettle1")
+	waitFor(t, "kettle1 answering after resume", 10*time.Second, func() bool { code, _ := get(node); return code == 200 })
+
+	// fill-disk: nothing left on kettle1's filesystem; free-disk gives it back.
+	var st syscall.Statfs_t
+	m.must(30*time.Second, "fill-disk", "kettle1")
+	if err := syscall.Statfs(filepath.Join(m.dir, "kettle1"), &st); err != nil || st.Bavail != 0 {
+		t.Errorf("after fill-disk kettle1: %d blocks free (%v)", st.Bavail, err)
+	}
+	m.must(10*time.Second, "free-disk", "kettle1")
+	if err := syscall.Statfs(filepath.Join(m.dir, "kettle1"), &st); err != nil || st.Bavail*uint64(st.Bsize) < 200<<20 {
+		t.Errorf("after free-disk kettle1: %d blocks free (%v)", st.Bavail, err)
+	}
+
+	// toxic: balancer→node latency, both ways, on every request through HAProxy.
+	lb := "http://" + m.addr(30) + ":8080/healthz"
+	took := func() time.Duration {
+		s := time.Now()
+		if code, err := get(lb); err != nil || code != 200 {
+			t.Fatalf("GET %s: %d %v", lb, code, err)
+		}
+		return time.Since(s)
+	}
+	m.must(10*time.Second, "toxic", "lb", "latency", "300", "0")
+	if d := took(); d < 550*time.Millisecond {
+		t.Errorf("with 300 ms each way on balancer→node a request took %s", d)
+	}
+	m.must(10*time.Second, "untoxic")
+	if d := took(); d > 250*time.Millisecond {
+		t.Errorf("untoxic: a request still took %s", d)
+	}
+
+	// slow: tbf on the link, listed, gone with heal.
+	m.must(10*time.Second, "slow", "haproxy", "1mbit")
+	if f := m.must(10*time.Second, "faults"); !strings.Contains(f, "slow haproxy 1Mbit") {
+		t.Errorf("faults does not list the slow link:\n%s", f)
+	}
+	m.must(30*time.Second, "heal")
+	if f := m.must(10*time.Second, "faults"); f != "" {
+		t.Errorf("faults after heal:\n%s", f)
+	}
+
+	// A power cut: every process of every machine killed, then down.
+	if n := m.killAll(); n < 10 {
+		t.Fatalf("killed %d processes, want the whole topology's", n)
+	}
+	cleaned = true
+	m.downClean("after every member was killed")
+}
+
+// TestDownAfterKill kills deploy/cluster.sh up (ext4 disks on loop devices)
+// and every process it had started, and checks that down still finds and
+// removes every namespace, link, mount and loop device.
+func TestDownAfterKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd in network namespaces; run without -short")
+	}
+	m := newMachines(t, "kfk", "198.18.24", "KETTLE_HA_FS=ext4", "KETTLE_HA_NODES=0", "KETTLE_HA_DISK_PG=64M")
+	cleaned := false
+	t.Cleanup(func() {
+		if !cleaned {
+			m.cmd(3*time.Minute, "down")
+		}
+	})
+	up := exec.Command(m.script, "up")
+	up.Env = m.env
+	up.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { up.Wait(); close(done) }()
+	// Patroni started: etcd's three machines and pg1's exist, disks mounted.
+	waitFor(t, "pg1's Patroni running", 60*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(m.dir, "pg1.pid"))
+		return err == nil
+	})
+	// a fault in force too: the nftables table
+	m.must(30*time.Second, "partition", "etcd1", "etcd2,etcd3")
+	syscall.Kill(-up.Process.Pid, syscall.SIGKILL)
+	<-done
+	if n := m.killAll(); n < 3 {
+		t.Fatalf("killed %d processes in the machines, want etcd × 3 and Patroni at least", n)
+	}
+	left := strings.Join(m.leftovers(), "\n")
+	for _, want := range []string{"ip netns: kfk-etcd1", "ip -o: ", "findmnt -rn: ", "losetup -a: ", "nft list: table bridge kfk"} {
+		if !strings.Contains(left, want) {
+			t.Fatalf("before down, no %q among the leftovers:\n%s", want, left)
+		}
+	}
+	cleaned = true
+	m.downClean("after up and its members were killed")
+}
