@@ -7,9 +7,10 @@ PKGS    := ./...
 # A fresh clone needs only Go for `make demo`; `make test` also needs the
 # Debian packages installed by `make deps` (PostgreSQL, Chromium, Mosquitto,
 # Prometheus, wrk, Locust).
-DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl
+DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd ca-certificates tzdata file curl
 
-.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean docs results screenshots
+.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean docs results screenshots release image
 
 all: build
 
@@ -24,9 +25,11 @@ vet:
 	@unformatted=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt: not formatted (run gofmt -w):"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd deploy/dist && $(GO) mod tidy -diff && $(GO) vet ./...
 
 test: vet
 	$(GO) test -race -timeout 12m -count=1 $(PKGS)
+	cd deploy/dist && $(GO) test -timeout 12m -count=1 ./...
 
 test-short: vet
 	$(GO) test -short -count=1 $(PKGS)
@@ -77,5 +80,18 @@ screenshots:
 	cp $(SHOTS)/report.png docs/img/report.png
 	cp $(SHOTS)/fleet-1280.png docs/img/dashboard.png
 
+# Static binaries for linux/amd64 and linux/arm64, tarballs and SHA256SUMS
+# in dist/: reproducible (deploy/release/release.sh; VERSION=1.2.3 to name it).
+release:
+	deploy/release/release.sh dist
+
+# The OCI image of both binaries in dist/oci (an OCI layout: push it with
+# skopeo or crane), its SBOM in dist/oci.cdx.json; the same commit gives
+# the same digest.
+image: release
+	cd deploy/dist && $(GO) run ./cmd/image --amd64 ../../dist/kettle_linux_amd64 --arm64 ../../dist/kettle_linux_arm64 \
+		--out ../../dist/oci --version "$$(git describe --tags --always --dirty 2>/dev/null | sed 's/^v//')" \
+		--revision "$$(git rev-parse HEAD)" --epoch "$$(git log -1 --format=%ct)"
+
 clean:
-	rm -rf bin kettle-data results chaos-results
+	rm -rf bin kettle-data results chaos-results dist

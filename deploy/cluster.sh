@@ -259,7 +259,7 @@ start_kettle() {
 	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
 	spawn "kettle$i" root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
-		--data-dir "$DIR/kettle$i" --drain-delay 2s --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
+		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$NET.30" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
 }
 
 start_haproxy() {

@@ -7,8 +7,11 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	gojson "github.com/goccy/go-json"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/wire"
@@ -92,4 +95,20 @@ func decodeObject(body []byte, v any, known ...string) error {
 		return &kettle.Error{Code: kettle.EInvalid, Message: "invalid request", Fields: errs}
 	}
 	return decodeJSON(body, v)
+}
+
+// writeJSON answers v as JSON with goccy/go-json, as the ingest path
+// decodes: the same output as encoding/json (HTML-safe escaping, sorted map
+// keys, shortest float forms), without its reflection on every value. A page
+// of 1,000 readings of history spent half its CPU in encoding/json.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := gojson.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"error":"internal","message":"encoding response"}`, 500)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
 }

@@ -79,7 +79,7 @@ func logger() *slog.Logger {
 }
 
 func baseConfig(t *testing.T, dsn, topic string) server.Config {
-	return server.Config{Addr: "127.0.0.1:0", DB: dsn, DataDir: t.TempDir(), Secret: "suite-secret", OperatorToken: "suite-operator",
+	return server.Config{Addr: "127.0.0.1:0", DB: dsn, DataDir: t.TempDir(), Secret: "suite-secret-0123456789", OperatorToken: "suite-operator-0123456789",
 		Logger: logger(), Log: server.LogConfig{URL: cluster.URL(topic), Partitions: 4, Group: "writers-" + topic, MonitorEvery: 300 * time.Millisecond}}
 }
 
@@ -116,7 +116,7 @@ func reading(at time.Time, level float64) string {
 func upload(t *testing.T, base string, id uuid.UUID, body string) (int, string, http.Header) {
 	t.Helper()
 	req, _ := http.NewRequest("POST", base+"/v1/measurements", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+kettle.DeviceToken([]byte("suite-secret"), id))
+	req.Header.Set("Authorization", "Bearer "+kettle.DeviceToken([]byte("suite-secret-0123456789"), id))
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("upload: %v", err)
@@ -253,7 +253,7 @@ func TestAckAfterLog(t *testing.T) {
 	defer cancel()
 	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: mid.String()})
 	if ca, err := cl.Connect(ctx, &paho.Connect{ClientID: mid.String(), CleanStart: true, KeepAlive: 30,
-		UsernameFlag: true, Username: mid.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken([]byte("suite-secret"), mid))}); err != nil || ca.ReasonCode != 0 {
+		UsernameFlag: true, Username: mid.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken([]byte("suite-secret-0123456789"), mid))}); err != nil || ca.ReasonCode != 0 {
 		t.Fatalf("MQTT connect: %v %+v", err, ca)
 	}
 	defer cl.Disconnect(&paho.Disconnect{})

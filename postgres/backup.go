@@ -20,6 +20,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/internal/durable"
 	"github.com/kettlefleet/kettlefleet/internal/pgbin"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 // BackupInfo is what a backup archive holds.
@@ -54,7 +55,7 @@ func Backup(ctx context.Context, dsn, out string, progress func(done, total int6
 	// nothing behind, not even the directory it would have written to.
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact.DSN(dsn), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	tmp, err := durable.NewFile(out)
@@ -77,16 +78,16 @@ func Backup(ctx context.Context, dsn, out string, progress func(done, total int6
 		return conn.QueryRow(ctx, "SELECT coalesce(sum(measurements), 0)::int8, coalesce(sum(devices), 0)::int8 FROM totals").Scan(&info.Measurements, &info.Devices)
 	}()
 	if err != nil {
-		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact.DSN(dsn), err)
 	}
 	if info.Bytes, err = dumpTo(ctx, pgDump, dsn, snapshot, tmp, progress); err != nil {
 		os.Remove(tmp)
-		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("back up %s: %w", redact.DSN(dsn), err)
 	}
 	conn.Exec(ctx, "COMMIT")
 	if info.Tables, err = archiveTables(ctx, tmp); err != nil {
 		os.Remove(tmp)
-		return BackupInfo{}, fmt.Errorf("back up %s: the archive failed its check: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("back up %s: the archive failed its check: %w", redact.DSN(dsn), err)
 	}
 	if err := durable.Publish(tmp, out); err != nil {
 		return BackupInfo{}, fmt.Errorf("back up to %s: %w", out, err)
@@ -203,15 +204,15 @@ func Restore(ctx context.Context, from, dsn string) (BackupInfo, error) {
 	}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return BackupInfo{}, fmt.Errorf("restore to %s: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("restore to %s: %w", redact.DSN(dsn), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')").Scan(&n); err != nil {
-		return BackupInfo{}, fmt.Errorf("restore to %s: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("restore to %s: %w", redact.DSN(dsn), err)
 	}
 	if n > 0 {
-		return BackupInfo{}, fmt.Errorf("restore to %s: the database has %d tables; restore into an empty database (createdb NAME, then --db naming it), never over one servers may use", redact(dsn), n)
+		return BackupInfo{}, fmt.Errorf("restore to %s: the database has %d tables; restore into an empty database (createdb NAME, then --db naming it), never over one servers may use", redact.DSN(dsn), n)
 	}
 	arg, env := withoutPassword(dsn)
 	cmd := exec.CommandContext(ctx, pgRestore, "--exit-on-error", "--single-transaction", "--no-owner", "--no-password", "--dbname="+arg, from)
@@ -224,7 +225,7 @@ func Restore(ctx context.Context, from, dsn string) (BackupInfo, error) {
 		info.Bytes = st.Size()
 	}
 	if err := conn.QueryRow(ctx, "SELECT coalesce(sum(measurements), 0)::int8, coalesce(sum(devices), 0)::int8 FROM totals").Scan(&info.Measurements, &info.Devices); err != nil {
-		return BackupInfo{}, fmt.Errorf("restore to %s: read the totals: %w", redact(dsn), err)
+		return BackupInfo{}, fmt.Errorf("restore to %s: read the totals: %w", redact.DSN(dsn), err)
 	}
 	return info, nil
 }

@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"runtime"
 	"sort"
 	"strconv"
@@ -40,6 +39,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 var _ kettle.Store = (*Store)(nil)
@@ -162,7 +162,7 @@ type Store struct {
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = int32(max(8, 4*runtime.GOMAXPROCS(0)))
@@ -235,24 +235,24 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	// Migrate on a plain connection first: AfterConnect needs the schema.
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	err = migrate(ctx, conn)
 	conn.Close(context.Background())
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	s.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	if err := s.loadPartitions(ctx); err != nil {
 		s.pool.Close()
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	if err := s.ensureAhead(ctx); err != nil {
 		s.pool.Close()
-		return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	if opts.ReadDSN != "" {
 		params := map[string]string{"application_name": rp["application_name"], "timezone": "UTC"}
@@ -261,7 +261,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		}
 		if s.replica, err = openReplica(ctx, opts.ReadDSN, opts, params); err != nil {
 			s.pool.Close()
-			return nil, fmt.Errorf("open store %s: %w", redact(dsn), err)
+			return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 		}
 	}
 	s.stopCompact, s.compactDone = make(chan struct{}), make(chan struct{})
@@ -761,23 +761,6 @@ func unavailable(op string, err error) error {
 func isConnErr(err error) bool {
 	var ce *pgconn.ConnectError
 	return errors.As(err, &ce)
-}
-
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxx")
-			return u.String()
-		}
-	}
-	if i := strings.Index(dsn, "password="); i >= 0 {
-		end := strings.IndexByte(dsn[i:], ' ')
-		if end < 0 {
-			return dsn[:i] + "password=xxx"
-		}
-		return dsn[:i] + "password=xxx" + dsn[i+end:]
-	}
-	return dsn
 }
 
 // errSyncCut: the commit holds on the primary, but its wait for the

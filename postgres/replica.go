@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 // replica is the pool of Options.ReadDSN: reads that tolerate lag (device
@@ -40,7 +42,7 @@ const replicaLagQuery = `SELECT CASE
 func openReplica(ctx context.Context, dsn string, opts Options, params map[string]string) (*replica, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("read replica %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("read replica %s: %w", redact.DSN(dsn), err)
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
@@ -53,7 +55,7 @@ func openReplica(ctx context.Context, dsn string, opts Options, params map[strin
 	// skipped, not a reason not to start.
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("read replica %s: %w", redact(dsn), err)
+		return nil, fmt.Errorf("read replica %s: %w", redact.DSN(dsn), err)
 	}
 	r := &replica{pool: pool, maxLag: opts.MaxReadLag, stop: make(chan struct{}), done: make(chan struct{})}
 	r.lag.Store(lagUnknown)

@@ -87,6 +87,18 @@ func (s *Summary) WriteFile(path string) error {
 	return nil
 }
 
+// WriteJSON writes the summary's JSON to path; the error names the file.
+func (s *Summary) WriteJSON(path string) error {
+	b, err := s.JSON()
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // FromFile reads a results.json and writes its report to out; it returns
 // the summary (for its verdict).
 func FromFile(results, out string) (*Summary, error) {

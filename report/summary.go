@@ -8,8 +8,9 @@ package report
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
@@ -206,13 +207,56 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 	}
 	tl := &Timeline{Start: r.Start, T: se.T, CPUs: r.Params.GOMAXPROCS,
 		Requests: filled(n), Errors: filled(n), P99Ms: filled(n)}
-	get := func(m map[string][]Num, k string) []Num {
-		if m[k] == nil {
-			m[k] = filled(n)
-		}
-		return m[k]
+	if err := se.addSeconds(r.Seconds, tl); err != nil {
+		return nil, err
 	}
-	for i, sec := range r.Seconds {
+	for k, c := range r.Totals.ErrorsByKind {
+		if tl.ErrorKinds == nil {
+			tl.ErrorKinds = map[string]float64{}
+		}
+		tl.ErrorKinds[k] = float64(c)
+	}
+	tl.Kettles, tl.LagMs, tl.Late = se.Kettles, se.LagMs, se.Late
+	for _, e := range r.Totals.Endpoints {
+		tl.P99RunMs = math.Max(tl.P99RunMs, e.P99Ms)
+	}
+
+	// The simulator's own CPU, from its cumulative CPU seconds, when the
+	// sampler did not run.
+	simCPU := filled(n)
+	for i := 1; i < n; i++ {
+		simCPU[i] = Num((r.Seconds[i].CPUSeconds - r.Seconds[i-1].CPUSeconds) * 100)
+	}
+	if sys := r.System; sys != nil {
+		s.Roles, s.Missing = sys.Roles, sys.Missing
+		s.CPUs = sys.CPUs
+		tl.CPUs, tl.SameProcess, tl.Sampled, tl.MemTotalBytes = sys.CPUs, sys.SameProcess, true, float64(sys.MemTotalBytes)
+		heap, diskPeak := se.addSamples(r, sys.Samples)
+		tl.fromSystem(&se, heap, diskPeak)
+	}
+	if tl.SimCPU == nil && !tl.SameProcess {
+		tl.SimCPU = simCPU
+		if r.System == nil {
+			se.CPU["simulator (process)"] = simCPU
+		}
+	}
+	s.Series = se
+	return tl, nil
+}
+
+// col is series k of m, made (not measured: NaN) on first use.
+func (se *Series) col(m map[string][]Num, k string) []Num {
+	if m[k] == nil {
+		m[k] = filled(len(se.T))
+	}
+	return m[k]
+}
+
+// addSeconds fills the client's series from the run's seconds, and the
+// timeline's requests, errors and worst p99 per second.
+func (se *Series) addSeconds(secs []sim.Second, tl *Timeline) error {
+	n := len(secs)
+	for i, sec := range secs {
 		se.T[i] = sec.T
 		se.Kettles[i], se.InFlight[i], se.LagMs[i], se.Late[i] = Num(sec.Kettles), Num(sec.InFlight), Num(sec.MaxLagMs), Num(sec.LateStarts)
 		var req, errs int64
@@ -229,10 +273,10 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			es.Offered[i], es.Completed[i] = Num(e.Offered), Num(e.Requests)
 			req += e.Requests
 			for code, c := range e.Status {
-				addTo(get(se.Status, code), i, c)
+				addTo(se.col(se.Status, code), i, c)
 			}
 			for k, c := range e.Errors {
-				addTo(get(se.ErrorKind, k), i, c)
+				addTo(se.col(se.ErrorKind, k), i, c)
 				errs += c
 			}
 			if e.Histogram == "" || e.Requests == 0 {
@@ -240,7 +284,7 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			}
 			h, err := hdrhistogram.Decode([]byte(e.Histogram))
 			if err != nil {
-				return nil, fmt.Errorf("second %d %s: %w", sec.T, name, err)
+				return fmt.Errorf("second %d %s: %w", sec.T, name, err)
 			}
 			q := func(p float64) Num { return Num(float64(h.ValueAtQuantile(p)) / 1000) }
 			es.Latency["p50"][i], es.Latency["p95"][i], es.Latency["p99"][i], es.Latency["p99.9"][i] = q(50), q(95), q(99), q(99.9)
@@ -261,200 +305,206 @@ func (s *Summary) buildSeries(r *sim.Results) (*Timeline, error) {
 			}
 		}
 	}
-	for k, c := range r.Totals.ErrorsByKind {
-		if tl.ErrorKinds == nil {
-			tl.ErrorKinds = map[string]float64{}
-		}
-		tl.ErrorKinds[k] = float64(c)
-	}
-	tl.Kettles, tl.LagMs, tl.Late = se.Kettles, se.LagMs, se.Late
-	for _, e := range r.Totals.Endpoints {
-		tl.P99RunMs = math.Max(tl.P99RunMs, e.P99Ms)
-	}
+	return nil
+}
 
-	// The simulator's own CPU, from its cumulative CPU seconds, when the
-	// sampler did not run.
-	simCPU := filled(n)
-	for i := 1; i < n; i++ {
-		simCPU[i] = Num((r.Seconds[i].CPUSeconds - r.Seconds[i-1].CPUSeconds) * 100)
+// addSamples places the system samples on the run's seconds; it returns
+// the server's Go heap per second (for the verdict only, not charted) and
+// each disk's peak activity.
+func (se *Series) addSamples(r *sim.Results, samples []sysstat.Sample) (heap []Num, diskPeak map[string]float64) {
+	n := len(se.T)
+	heap, diskPeak = filled(n), map[string]float64{}
+	var prev *sysstat.Sample // the last scraped sample: PostgreSQL's counters become rates
+	for k := range samples {
+		smp := &samples[k]
+		// A sample covers the second before it: one taken after the
+		// run ended is (mostly) the audit or the shutdown, not the run.
+		if !r.End.IsZero() && smp.Time.After(r.End) {
+			continue
+		}
+		i := int(math.Round(smp.Time.Sub(r.Start).Seconds())) - 1 // second T covers (T-1, T]
+		if n > 0 && r.Seconds[0].T != 1 {
+			i = int(math.Round(smp.Time.Sub(r.Start).Seconds())) - r.Seconds[0].T
+		}
+		if i < 0 || i >= n {
+			continue
+		}
+		se.addMachine(i, smp, diskPeak)
+		if g := smp.Server; g != nil && g.Up {
+			se.addServer(i, smp, prev)
+			prev = smp
+			if g.HeapBytes != nil {
+				heap[i] = Num(*g.HeapBytes)
+			}
+		}
 	}
+	return heap, diskPeak
+}
 
-	sys := r.System
-	heap := filled(n) // the server's Go heap, for the verdict only (not charted)
-	if sys != nil {
-		s.Roles, s.Missing = sys.Roles, sys.Missing
-		s.CPUs = sys.CPUs
-		tl.CPUs, tl.SameProcess, tl.Sampled, tl.MemTotalBytes = sys.CPUs, sys.SameProcess, true, float64(sys.MemTotalBytes)
-		diskPeak := map[string]float64{}
-		var prev *sysstat.Sample // the last scraped sample: PostgreSQL's counters become rates
-		for k := range sys.Samples {
-			smp := &sys.Samples[k]
-			// A sample covers the second before it: one taken after the
-			// run ended is (mostly) the audit or the shutdown, not the run.
-			if !r.End.IsZero() && smp.Time.After(r.End) {
-				continue
-			}
-			i := int(math.Round(smp.Time.Sub(r.Start).Seconds())) - 1 // second T covers (T-1, T]
-			if n > 0 && r.Seconds[0].T != 1 {
-				i = int(math.Round(smp.Time.Sub(r.Start).Seconds())) - r.Seconds[0].T
-			}
-			if i < 0 || i >= n {
-				continue
-			}
-			for role, p := range smp.Procs {
-				get(se.CPU, role)[i] = Num(p.CPUPct)
-				get(se.RSSMiB, role)[i] = Num(float64(p.RSSBytes) / (1 << 20))
-			}
-			get(se.CPU, "machine")[i] = Num(smp.CPU.Busy())
-			var known float64
-			for _, p := range smp.Procs {
-				known += p.CPUPct
-			}
-			get(se.CPU, "other")[i] = Num(math.Max(0, smp.CPU.Busy()-known))
-			get(se.CPU, "iowait")[i] = Num(smp.CPU.Iowait)
-			get(se.RSSMiB, "available")[i] = Num(float64(smp.MemAvailableBytes) / (1 << 20))
-			se.RunQueue[i] = Num(smp.ProcsRunning)
-			for res, p := range smp.PSI {
-				if se.PSI == nil {
-					se.PSI = map[string][]Num{}
-				}
-				get(se.PSI, res)[i] = Num(p.SomePct)
-			}
-			for name, d := range smp.Disks {
-				get(se.DiskAwait, name)[i] = Num(d.AwaitMs)
-				get(se.DiskUtil, name)[i] = Num(d.UtilPct)
-				diskPeak[name] = math.Max(diskPeak[name], d.UtilPct+d.AwaitMs/1000+d.IOPS*1e-9)
-			}
-			if se.NetMiBps == nil {
-				se.NetMiBps = map[string][]Num{}
-			}
-			get(se.NetMiBps, "loopback")[i] = Num(smp.Net.LoopbackBps / (1 << 20))
-			get(se.NetMiBps, "total")[i] = Num(smp.Net.TotalBps / (1 << 20))
-			if g := smp.Server; g != nil && g.Up {
-				set := func(m map[string][]Num, k string, v *float64) {
-					if v != nil {
-						get(m, k)[i] = Num(*v)
-					}
-				}
-				set(se.Queue, "rows", g.QueueRows)
-				set(se.Queue, "capacity", g.QueueCapacityRows)
-				set(se.Queue, "rejected_per_s", g.RejectedPerS)
-				set(se.Queue, "commit_ms", g.CommitMeanMs)
-				set(se.Pool, "wait", g.PoolWaitSecPerS)
-				set(se.Pool, "acquired", g.PoolAcquiredConns)
-				set(se.Pool, "max", g.PoolMaxConns)
-				set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
-				set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
-				set(se.Pool, "pg_wal_segments_ready", g.PGWALSegmentsReady)
-				if prev != nil {
-					dt := smp.Time.Sub(prev.Time).Seconds()
-					perS := func(k string, cur, old *float64, scale float64) {
-						if cur != nil && old != nil && dt > 0 && *cur >= *old {
-							get(se.Pool, k)[i] = Num((*cur - *old) / dt / scale)
-						}
-					}
-					perS("pg_fpi_per_s", g.PGWALFullPageImages, prev.Server.PGWALFullPageImages, 1)
-					perS("pg_checkpoints_per_s", g.PGCheckpoints, prev.Server.PGCheckpoints, 1)
-					perS("pg_checkpoint_buffers_per_s", g.PGCheckpointBuffers, prev.Server.PGCheckpointBuffers, 1)
-					perS("pg_wal_mib_per_s", g.PGWALBytes, prev.Server.PGWALBytes, 1<<20)
-					if created, ok := segmentsCreated(prev.Server, g); ok && dt > 0 {
-						get(se.Pool, "pg_wal_segments_created_per_s")[i] = Num(created / dt)
-					}
-				}
-				prev = smp
-				if g.HeapBytes != nil {
-					heap[i] = Num(*g.HeapBytes)
-				}
-				if g.HeapLiveBytes != nil {
-					get(se.RSSMiB, HeapLive)[i] = Num(*g.HeapLiveBytes / (1 << 20))
-				}
-			}
-		}
-		// The disk the verdict watches: the busiest one.
-		var names []string
-		for name := range diskPeak {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			if tl.Disk == "" || diskPeak[name] > diskPeak[tl.Disk] {
-				tl.Disk = name
-			}
-		}
-		tl.DiskAwaitMs, tl.DiskUtil = se.DiskAwait[tl.Disk], se.DiskUtil[tl.Disk]
-		tl.ServerCPU, tl.PostgresCPU, tl.MachineCPU = se.CPU[sysstat.RoleServer], se.CPU[sysstat.RolePostgres], se.CPU["machine"]
-		tl.SimCPU = se.CPU[sysstat.RoleSimulator]
-		tl.RunQueue = se.RunQueue
-		mb := func(xs []Num) []Num {
-			if xs == nil {
-				return nil
-			}
-			out := make([]Num, len(xs))
-			for i, x := range xs {
-				out[i] = x * (1 << 20)
-			}
-			return out
-		}
-		tl.ServerRSS, tl.PostgresRSS, tl.MemAvailable = mb(se.RSSMiB[sysstat.RoleServer]), mb(se.RSSMiB[sysstat.RolePostgres]), mb(se.RSSMiB["available"])
-		tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
-		tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
-		tl.MergeBusy = se.Queue["merge_s_per_s"]
-		tl.FPIPerS, tl.WALMiBPerS, tl.CheckpointsPerS = se.Pool["pg_fpi_per_s"], se.Pool["pg_wal_mib_per_s"], se.Pool["pg_checkpoints_per_s"]
-		tl.WALSegmentsPerS, tl.WALSegmentsReady = se.Pool["pg_wal_segments_created_per_s"], se.Pool["pg_wal_segments_ready"]
-		tl.CheckpointBufPerS = se.Pool["pg_checkpoint_buffers_per_s"]
-		if !allNaN(heap) {
-			tl.ServerHeap = heap
-		}
-		tl.PoolWait, tl.PoolAcquired, tl.PoolMax = se.Pool["wait"], se.Pool["acquired"], se.Pool["max"]
+// addMachine sets second i of the processes' and the machine's series
+// from smp, and raises each disk's peak activity.
+func (se *Series) addMachine(i int, smp *sysstat.Sample, diskPeak map[string]float64) {
+	for role, p := range smp.Procs {
+		se.col(se.CPU, role)[i] = Num(p.CPUPct)
+		se.col(se.RSSMiB, role)[i] = Num(float64(p.RSSBytes) / (1 << 20))
 	}
-	if tl.SimCPU == nil && !tl.SameProcess {
-		tl.SimCPU = simCPU
-		if sys == nil {
-			se.CPU["simulator (process)"] = simCPU
+	se.col(se.CPU, "machine")[i] = Num(smp.CPU.Busy())
+	var known float64
+	for _, p := range smp.Procs {
+		known += p.CPUPct
+	}
+	se.col(se.CPU, "other")[i] = Num(math.Max(0, smp.CPU.Busy()-known))
+	se.col(se.CPU, "iowait")[i] = Num(smp.CPU.Iowait)
+	se.col(se.RSSMiB, "available")[i] = Num(float64(smp.MemAvailableBytes) / (1 << 20))
+	se.RunQueue[i] = Num(smp.ProcsRunning)
+	for res, p := range smp.PSI {
+		if se.PSI == nil {
+			se.PSI = map[string][]Num{}
+		}
+		se.col(se.PSI, res)[i] = Num(p.SomePct)
+	}
+	for name, d := range smp.Disks {
+		se.col(se.DiskAwait, name)[i] = Num(d.AwaitMs)
+		se.col(se.DiskUtil, name)[i] = Num(d.UtilPct)
+		diskPeak[name] = math.Max(diskPeak[name], d.UtilPct+d.AwaitMs/1000+d.IOPS*1e-9)
+	}
+	if se.NetMiBps == nil {
+		se.NetMiBps = map[string][]Num{}
+	}
+	se.col(se.NetMiBps, "loopback")[i] = Num(smp.Net.LoopbackBps / (1 << 20))
+	se.col(se.NetMiBps, "total")[i] = Num(smp.Net.TotalBps / (1 << 20))
+}
+
+// addServer sets second i of the server's scraped series from smp; its
+// counters become rates against prev, the last scraped sample (nil: none).
+func (se *Series) addServer(i int, smp, prev *sysstat.Sample) {
+	g := smp.Server
+	set := func(m map[string][]Num, k string, v *float64) {
+		if v != nil {
+			se.col(m, k)[i] = Num(*v)
 		}
 	}
-	s.Series = se
-	return tl, nil
+	set(se.Queue, "rows", g.QueueRows)
+	set(se.Queue, "capacity", g.QueueCapacityRows)
+	set(se.Queue, "rejected_per_s", g.RejectedPerS)
+	set(se.Queue, "commit_ms", g.CommitMeanMs)
+	set(se.Pool, "wait", g.PoolWaitSecPerS)
+	set(se.Pool, "acquired", g.PoolAcquiredConns)
+	set(se.Pool, "max", g.PoolMaxConns)
+	set(se.Pool, "sqlite_busy_per_s", g.SQLiteBusyPerS)
+	set(se.Queue, "merge_s_per_s", g.SQLiteMergeSecPerS)
+	set(se.Pool, "pg_wal_segments_ready", g.PGWALSegmentsReady)
+	if prev != nil {
+		dt := smp.Time.Sub(prev.Time).Seconds()
+		perS := func(k string, cur, old *float64, scale float64) {
+			if cur != nil && old != nil && dt > 0 && *cur >= *old {
+				se.col(se.Pool, k)[i] = Num((*cur - *old) / dt / scale)
+			}
+		}
+		perS("pg_fpi_per_s", g.PGWALFullPageImages, prev.Server.PGWALFullPageImages, 1)
+		perS("pg_checkpoints_per_s", g.PGCheckpoints, prev.Server.PGCheckpoints, 1)
+		perS("pg_checkpoint_buffers_per_s", g.PGCheckpointBuffers, prev.Server.PGCheckpointBuffers, 1)
+		perS("pg_wal_mib_per_s", g.PGWALBytes, prev.Server.PGWALBytes, 1<<20)
+		if created, ok := segmentsCreated(prev.Server, g); ok && dt > 0 {
+			se.col(se.Pool, "pg_wal_segments_created_per_s")[i] = Num(created / dt)
+		}
+	}
+	if g.HeapLiveBytes != nil {
+		se.col(se.RSSMiB, HeapLive)[i] = Num(*g.HeapLiveBytes / (1 << 20))
+	}
+}
+
+// fromSystem takes the verdict's system series from se: the busiest disk,
+// CPU, memory (in bytes), the queue, the pool and PostgreSQL's WAL.
+func (tl *Timeline) fromSystem(se *Series, heap []Num, diskPeak map[string]float64) {
+	for _, name := range slices.Sorted(maps.Keys(diskPeak)) {
+		if tl.Disk == "" || diskPeak[name] > diskPeak[tl.Disk] {
+			tl.Disk = name
+		}
+	}
+	tl.DiskAwaitMs, tl.DiskUtil = se.DiskAwait[tl.Disk], se.DiskUtil[tl.Disk]
+	tl.ServerCPU, tl.PostgresCPU, tl.MachineCPU = se.CPU[sysstat.RoleServer], se.CPU[sysstat.RolePostgres], se.CPU["machine"]
+	tl.SimCPU = se.CPU[sysstat.RoleSimulator]
+	tl.RunQueue = se.RunQueue
+	mb := func(xs []Num) []Num {
+		if xs == nil {
+			return nil
+		}
+		out := make([]Num, len(xs))
+		for i, x := range xs {
+			out[i] = x * (1 << 20)
+		}
+		return out
+	}
+	tl.ServerRSS, tl.PostgresRSS, tl.MemAvailable = mb(se.RSSMiB[sysstat.RoleServer]), mb(se.RSSMiB[sysstat.RolePostgres]), mb(se.RSSMiB["available"])
+	tl.ServerHeapLive = mb(se.RSSMiB[HeapLive])
+	tl.QueueRows, tl.QueueCap, tl.RejectedPerS, tl.CommitMs = se.Queue["rows"], se.Queue["capacity"], se.Queue["rejected_per_s"], se.Queue["commit_ms"]
+	tl.MergeBusy = se.Queue["merge_s_per_s"]
+	tl.FPIPerS, tl.WALMiBPerS, tl.CheckpointsPerS = se.Pool["pg_fpi_per_s"], se.Pool["pg_wal_mib_per_s"], se.Pool["pg_checkpoints_per_s"]
+	tl.WALSegmentsPerS, tl.WALSegmentsReady = se.Pool["pg_wal_segments_created_per_s"], se.Pool["pg_wal_segments_ready"]
+	tl.CheckpointBufPerS = se.Pool["pg_checkpoint_buffers_per_s"]
+	if !allNaN(heap) {
+		tl.ServerHeap = heap
+	}
+	tl.PoolWait, tl.PoolAcquired, tl.PoolMax = se.Pool["wait"], se.Pool["acquired"], se.Pool["max"]
 }
 
 // useTable is the USE method, one row per resource.
 func useTable(tl *Timeline, s *Summary) []UseRow {
-	total := 100 * float64(max(tl.CPUs, 1))
-	n := len(tl.T)
-	satAt := func(cond func(int) bool) int {
-		if i := onset(n, cond); i >= 0 {
-			return tl.T[i]
-		}
-		return 0
-	}
-	na := "not sampled"
-	row := func(r UseRow) UseRow {
-		r.Verdict = s.Verdict.Resource != "" && r.Resource == s.Verdict.Resource
-		return r
-	}
-	var rows []UseRow
-	cpuRow := func(name string, xs []Num, sat string) UseRow {
-		if allNaN(xs) {
-			return row(UseRow{Resource: name, Utilisation: na, Saturation: "—", Errors: "—"})
-		}
-		return row(UseRow{Resource: name,
-			Utilisation: fmt.Sprintf("peak %s, mean %s of %s", pct(peak(xs)), pct(mean(xs, 0, n)), pct(total)),
-			Saturation:  sat, Errors: "—",
-			Saturated: satAt(func(i int) bool { return at(xs, i) >= cpuSatFrac*total })})
-	}
+	u := &use{tl: tl, s: s, n: len(tl.T), total: 100 * float64(max(tl.CPUs, 1))}
 	rq := "run queue peak " + numStr(peak(tl.RunQueue))
 	if p := s.Series.PSI["cpu"]; p != nil {
 		rq += ", CPU pressure (PSI some) peak " + pct(peak(p))
 	}
-	srvName := "server CPU"
-	if tl.SameProcess {
-		srvName = "server CPU"
+	rows := []UseRow{
+		u.cpu("server CPU", tl.ServerCPU, rq),
+		u.cpu("database CPU", tl.PostgresCPU, "pool wait: see DB pool"),
+		u.cpu("machine CPU", tl.MachineCPU, rq),
+		u.memory(), u.disk(), u.queue(), u.pool(),
 	}
-	rows = append(rows, cpuRow(srvName, tl.ServerCPU, rq))
-	rows = append(rows, cpuRow("database CPU", tl.PostgresCPU, "pool wait: see DB pool"))
-	rows = append(rows, cpuRow("machine CPU", tl.MachineCPU, rq))
-	// Memory.
-	mem := UseRow{Resource: "memory", Utilisation: na, Saturation: "—", Errors: "—"}
+	if !allNaN(tl.WALMiBPerS) {
+		rows = append(rows, u.wal())
+	}
+	return append(rows, u.simulator())
+}
+
+// use builds the USE table's rows from the timeline and the summary.
+type use struct {
+	tl    *Timeline
+	s     *Summary
+	n     int
+	total float64 // the machine's CPU, % (100 a core)
+}
+
+const notSampled = "not sampled"
+
+// satAt is the second cond first holds from (0: never).
+func (u *use) satAt(cond func(int) bool) int {
+	if i := onset(u.n, cond); i >= 0 {
+		return u.tl.T[i]
+	}
+	return 0
+}
+
+// row marks r as the verdict's resource when it is.
+func (u *use) row(r UseRow) UseRow {
+	r.Verdict = u.s.Verdict.Resource != "" && r.Resource == u.s.Verdict.Resource
+	return r
+}
+
+func (u *use) cpu(name string, xs []Num, sat string) UseRow {
+	if allNaN(xs) {
+		return u.row(UseRow{Resource: name, Utilisation: notSampled, Saturation: "—", Errors: "—"})
+	}
+	return u.row(UseRow{Resource: name,
+		Utilisation: fmt.Sprintf("peak %s, mean %s of %s", pct(peak(xs)), pct(mean(xs, 0, u.n)), pct(u.total)),
+		Saturation:  sat, Errors: "—",
+		Saturated: u.satAt(func(i int) bool { return at(xs, i) >= cpuSatFrac*u.total })})
+}
+
+func (u *use) memory() UseRow {
+	tl, s := u.tl, u.s
+	mem := UseRow{Resource: "memory", Utilisation: notSampled, Saturation: "—", Errors: "—"}
 	if tl.Sampled {
 		pg := ""
 		if !allNaN(tl.PostgresRSS) {
@@ -473,23 +523,29 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 			mem.Saturated = s.Verdict.T
 		}
 	}
-	mem.Resource = "memory"
-	rows = append(rows, row(mem))
+	mem = u.row(mem)
 	if s.Verdict.Resource == "server memory" {
-		rows[len(rows)-1].Verdict = true
+		mem.Verdict = true
 	}
-	// Disk.
-	disk := UseRow{Resource: "disk", Utilisation: na, Saturation: "—", Errors: "—"}
+	return mem
+}
+
+func (u *use) disk() UseRow {
+	tl := u.tl
+	disk := UseRow{Resource: "disk", Utilisation: notSampled, Saturation: "—", Errors: "—"}
 	if tl.Disk != "" {
 		disk.Utilisation = fmt.Sprintf("%s busy peak %s", tl.Disk, pct(peak(tl.DiskUtil)))
 		disk.Saturation = fmt.Sprintf("await peak %.1f ms", peak(tl.DiskAwaitMs))
-		if p := s.Series.PSI["io"]; p != nil {
+		if p := u.s.Series.PSI["io"]; p != nil {
 			disk.Saturation += ", I/O pressure (PSI some) peak " + pct(peak(p))
 		}
-		disk.Saturated = satAt(func(i int) bool { return at(tl.DiskAwaitMs, i) >= diskAwaitSat || at(tl.DiskUtil, i) >= diskUtilSat })
+		disk.Saturated = u.satAt(func(i int) bool { return at(tl.DiskAwaitMs, i) >= diskAwaitSat || at(tl.DiskUtil, i) >= diskUtilSat })
 	}
-	rows = append(rows, row(disk))
-	// Ingest queue.
+	return u.row(disk)
+}
+
+func (u *use) queue() UseRow {
+	tl := u.tl
 	q := UseRow{Resource: "ingest queue", Utilisation: "not scraped (no server /metrics)", Saturation: "—", Errors: "—"}
 	if !allNaN(tl.QueueCap) {
 		q.Utilisation = fmt.Sprintf("peak %.0f of %.0f rows (%s)", peak(tl.QueueRows), peak(tl.QueueCap), pct(100*peak(tl.QueueRows)/peak(tl.QueueCap)))
@@ -497,17 +553,21 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 		if c := peak(tl.CommitMs); !math.IsNaN(c) {
 			q.Errors = fmt.Sprintf("commit time peak %.0f ms", c)
 		}
-		q.Saturated = satAt(func(i int) bool {
+		q.Saturated = u.satAt(func(i int) bool {
 			return (at(tl.QueueCap, i) > 0 && at(tl.QueueRows, i) >= queueSatFrac*at(tl.QueueCap, i)) || at(tl.RejectedPerS, i) > 0
 		})
 	}
-	rows = append(rows, row(q))
-	// Pool.
+	return u.row(q)
+}
+
+// pool is PostgreSQL's connection pool, or SQLite's one writer.
+func (u *use) pool() UseRow {
+	tl, s := u.tl, u.s
 	p := UseRow{Resource: "DB pool", Utilisation: "no pool (SQLite store, or not scraped)", Saturation: "—", Errors: "—"}
 	if !allNaN(tl.PoolMax) {
 		p.Utilisation = fmt.Sprintf("peak %.0f of %.0f connections in use", peak(tl.PoolAcquired), peak(tl.PoolMax))
 		p.Saturation = fmt.Sprintf("acquire wait peak %.2f s/s (requests waiting)", nz(peak(tl.PoolWait)))
-		p.Saturated = satAt(func(i int) bool { return at(tl.PoolWait, i) >= poolWaitSat })
+		p.Saturated = u.satAt(func(i int) bool { return at(tl.PoolWait, i) >= poolWaitSat })
 	} else if b := s.Series.Pool["sqlite_busy_per_s"]; b != nil {
 		p.Saturation = fmt.Sprintf("SQLite busy retries peak %.0f/s", nz(peak(b)))
 		if !allNaN(tl.MergeBusy) {
@@ -518,24 +578,29 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 			p.Saturated = s.Verdict.T
 		}
 	}
-	rows = append(rows, row(p))
-	// PostgreSQL's WAL and checkpoints.
-	if !allNaN(tl.WALMiBPerS) {
-		cps := sumOf(tl.CheckpointsPerS)
-		w := UseRow{Resource: "PostgreSQL WAL",
-			Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
-			Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s begun", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
-			Errors:      "—"}
-		if !allNaN(tl.WALSegmentsPerS) {
-			w.Saturation += fmt.Sprintf("; %s created (segment files ready: %.0f to %.0f)", count(int64(math.Round(sumOf(tl.WALSegmentsPerS))), "new WAL segment file"),
-				nz(lowest(tl.WALSegmentsReady)), nz(peak(tl.WALSegmentsReady)))
-		}
-		if s.Verdict.Class == ClassCheckpoint || s.Verdict.Class == ClassWALSegment {
-			w.Saturated = s.Verdict.T
-		}
-		rows = append(rows, row(w))
+	return u.row(p)
+}
+
+// wal is PostgreSQL's WAL and checkpoints.
+func (u *use) wal() UseRow {
+	tl, s := u.tl, u.s
+	cps := sumOf(tl.CheckpointsPerS)
+	w := UseRow{Resource: "PostgreSQL WAL",
+		Utilisation: fmt.Sprintf("WAL written: peak %.1f MiB/s, mean %.1f", peak(tl.WALMiBPerS), mean(tl.WALMiBPerS, 0, len(tl.WALMiBPerS))),
+		Saturation:  fmt.Sprintf("full-page images: peak %.0f/s, median %.0f/s; %s begun", nz(peak(tl.FPIPerS)), nz(medianOf(tl.FPIPerS)), count(int64(math.Round(cps)), "checkpoint")),
+		Errors:      "—"}
+	if !allNaN(tl.WALSegmentsPerS) {
+		w.Saturation += fmt.Sprintf("; %s created (segment files ready: %.0f to %.0f)", count(int64(math.Round(sumOf(tl.WALSegmentsPerS))), "new WAL segment file"),
+			nz(lowest(tl.WALSegmentsReady)), nz(peak(tl.WALSegmentsReady)))
 	}
-	// Simulator.
+	if s.Verdict.Class == ClassCheckpoint || s.Verdict.Class == ClassWALSegment {
+		w.Saturated = s.Verdict.T
+	}
+	return u.row(w)
+}
+
+func (u *use) simulator() UseRow {
+	tl, s := u.tl, u.s
 	sm := UseRow{Resource: "simulator", Saturation: fmt.Sprintf("lag peak %s, %d late starts", dur(s.Sim.MaxLagMs), s.Sim.LateStarts),
 		Errors: fmt.Sprintf("%d client-seen errors%s", s.Errors, kindsStr(s.ErrorsByKind))}
 	if tl.SameProcess {
@@ -543,9 +608,8 @@ func useTable(tl *Timeline, s *Summary) []UseRow {
 	} else {
 		sm.Utilisation = fmt.Sprintf("CPU peak %s, %.2f CPU-s per 10k kettles per minute", pct(peak(tl.SimCPU)), s.Sim.CPUPer10kPerMin)
 	}
-	sm.Saturated = satAt(func(i int) bool { return at(tl.LagMs, i) >= lagSatMs })
-	rows = append(rows, row(sm))
-	return rows
+	sm.Saturated = u.satAt(func(i int) bool { return at(tl.LagMs, i) >= lagSatMs })
+	return u.row(sm)
 }
 
 func neg(xs []Num) []Num {
@@ -574,13 +638,8 @@ func kindsStr(m map[string]int64) string {
 	if len(m) == 0 {
 		return ""
 	}
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
 	s := " ("
-	for i, k := range ks {
+	for i, k := range slices.Sorted(maps.Keys(m)) {
 		if i > 0 {
 			s += ", "
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/metrics"
 )
@@ -129,7 +130,7 @@ func StartWriter(ctx context.Context, cfg Config) (*Writer, error) {
 	}
 	w.http = &http.Server{Handler: mux, ReadHeaderTimeout: cfg.ReadHeaderTimeout}
 	go func() { w.done <- w.http.Serve(w.ln) }()
-	cfg.Logger.Info("kettle serve --role writer started", "addr", w.Addr(), "db", redactDSN(cfg.DB), "log", t.String(), "batch_rows", batch)
+	cfg.Logger.Info("kettle serve --role writer started", "addr", w.Addr(), "db", redact.DSN(cfg.DB), "log", t.String(), "batch_rows", batch)
 	return w, nil
 }
 
@@ -233,4 +234,4 @@ func (s *Server) closeLog() {
 }
 
 // DB is the store's DSN with any password hidden.
-func (w *Writer) DB() string { return redactDSN(w.cfg.DB) }
+func (w *Writer) DB() string { return redact.DSN(w.cfg.DB) }

@@ -28,9 +28,9 @@ import (
 // statistics agree.
 func TestTwoNodesOneDatabase(t *testing.T) {
 	dsn := pgtest.Start(t)
-	secret := "shared-secret"
+	secret := "shared-secret-0123456789"
 	mod := func(c *server.Config) {
-		c.Secret, c.OperatorToken = secret, "op"
+		c.Secret, c.OperatorToken = secret, "operator-token-test"
 		c.Ingest = fleet.Config{Refresh: 200 * time.Millisecond}
 	}
 	a, b := start(t, dsn, mod), start(t, dsn, mod)
@@ -61,17 +61,17 @@ func TestTwoNodesOneDatabase(t *testing.T) {
 		return c.Charge && c.Reason != "" && !contains(c.Reason, "no reading")
 	})
 	exp := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
-	if r := ca.do("PUT", "/v1/devices/"+id.String()+"/override", bearer("op"), fmt.Sprintf(`{"charge":false,"expires_at":%q}`, exp)); r.status != 200 {
+	if r := ca.do("PUT", "/v1/devices/"+id.String()+"/override", bearer("operator-token-test"), fmt.Sprintf(`{"charge":false,"expires_at":%q}`, exp)); r.status != 200 {
 		t.Fatalf("override on A: %d %s", r.status, r.body)
 	}
 	eventually("node A's override", func(c wire.CommandJSON) bool { return !c.Charge && contains(c.Reason, "override") })
-	if r := ca.do("DELETE", "/v1/devices/"+id.String()+"/override", bearer("op"), ""); r.status != 204 {
+	if r := ca.do("DELETE", "/v1/devices/"+id.String()+"/override", bearer("operator-token-test"), ""); r.status != 204 {
 		t.Fatalf("clear on A: %d", r.status)
 	}
 	eventually("the override cleared on A", func(c wire.CommandJSON) bool { return c.Charge })
 	var sa, sb httpapi.StatsJSON
-	ca.do("GET", "/v1/statistics", bearer("op"), "").json(t, &sa)
-	cb.do("GET", "/v1/statistics", bearer("op"), "").json(t, &sb)
+	ca.do("GET", "/v1/statistics", bearer("operator-token-test"), "").json(t, &sa)
+	cb.do("GET", "/v1/statistics", bearer("operator-token-test"), "").json(t, &sb)
 	ja, _ := json.Marshal(sa)
 	jb, _ := json.Marshal(sb)
 	if sa.MeasurementCount != 1 || string(ja) != string(jb) {
@@ -90,9 +90,9 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // however often or seldom either beats.
 func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	dsn := pgtest.Start(t)
-	const secret, every = "shared-secret", 100 * time.Millisecond
+	const secret, every = "shared-secret-0123456789", 100 * time.Millisecond
 	a := start(t, dsn, func(c *server.Config) {
-		c.Secret, c.OperatorToken = secret, "op"
+		c.Secret, c.OperatorToken = secret, "operator-token-test"
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
@@ -206,7 +206,7 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 	dsn := pgtest.Start(t)
 	const every = 100 * time.Millisecond
 	a := start(t, dsn, func(c *server.Config) {
-		c.Secret, c.OperatorToken = "s", "op"
+		c.Secret, c.OperatorToken = "nodes-secret-0123456789", "nodes-operator-0123456789"
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }

@@ -38,11 +38,11 @@ func TestPrune(t *testing.T) {
 	forEachStore(t, func(t *testing.T, dsn string) {
 		clock := &skewedClock{}
 		srv := start(t, dsn, func(c *server.Config) {
-			c.OperatorToken, c.Now = "op", clock.now
+			c.OperatorToken, c.Now = "operator-token-test", clock.now
 			c.Ingest.MaxDevices = 5
 		})
 		c := newClient(t, srv)
-		op := bearer("op")
+		op := bearer("operator-token-test")
 		idle1, idle2, reporter := login(t, c), login(t, c), login(t, c)
 		var prov struct{ Devices []struct{ ID, Token string } }
 		if r := c.do("POST", "/v1/devices", op, `{"count":2}`); r.status != 201 {
@@ -144,7 +144,7 @@ func TestPruneOtherNode(t *testing.T) {
 	dsn := pgtest.Start(t)
 	clock := &skewedClock{}
 	mod := func(c *server.Config) {
-		c.Secret, c.OperatorToken, c.Now = "shared-secret", "op", clock.now
+		c.Secret, c.OperatorToken, c.Now = "shared-secret-0123456789", "operator-token-test", clock.now
 		c.Ingest = fleet.Config{Refresh: 100 * time.Millisecond}
 	}
 	a, b := start(t, dsn, mod), start(t, dsn, mod)
@@ -154,7 +154,7 @@ func TestPruneOtherNode(t *testing.T) {
 		ids = append(ids, login(t, cb))
 	}
 	kept := uuid.New() // a v1 kettle that reports through B
-	if r := cb.do("POST", "/v1/measurements", bearer(kettle.DeviceToken([]byte("shared-secret"), kept)), v1Body(clock.now().UTC(), 1, 2, 3, 4, 5, 6)); r.status != 200 {
+	if r := cb.do("POST", "/v1/measurements", bearer(kettle.DeviceToken([]byte("shared-secret-0123456789"), kept)), v1Body(clock.now().UTC(), 1, 2, 3, 4, 5, 6)); r.status != 200 {
 		t.Fatalf("upload: %d %s", r.status, r.body)
 	}
 	waitFor := func(what string, ok func() bool) {
@@ -168,7 +168,7 @@ func TestPruneOtherNode(t *testing.T) {
 	waitFor("node A sees B's 4 devices", func() bool { return metric(t, ca, "kettle_devices_registered") == 4 })
 	clock.forward(time.Hour)
 	var got pruneAnswer
-	if r := ca.do("POST", "/v1/devices/prune", bearer("op"), `{"older_than":"30m"}`); r.status != 200 {
+	if r := ca.do("POST", "/v1/devices/prune", bearer("operator-token-test"), `{"older_than":"30m"}`); r.status != 200 {
 		t.Fatalf("prune on A: %d %s", r.status, r.body)
 	} else if r.json(t, &got); got.Removed != 3 || got.DevicesRegistered != 1 {
 		t.Fatalf("prune on A: %+v; want 3 removed, 1 left", got)
@@ -180,7 +180,7 @@ func TestPruneOtherNode(t *testing.T) {
 	if r := cb.do("POST", "/measurement", cookie(ids[0]), v0Body(clock.now().UTC(), 50, 100, 1, 20, 60, 500)); r.status != 401 {
 		t.Errorf("a pruned kettle's reading on node B: %d %s; want 401", r.status, r.body)
 	}
-	if r := cb.do("GET", "/v1/command", bearer(kettle.DeviceToken([]byte("shared-secret"), kept)), ""); r.status != 200 {
+	if r := cb.do("GET", "/v1/command", bearer(kettle.DeviceToken([]byte("shared-secret-0123456789"), kept)), ""); r.status != 200 {
 		t.Errorf("the kettle that reported, on node B: %d", r.status)
 	}
 }

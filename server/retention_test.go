@@ -21,7 +21,7 @@ func TestRetention(t *testing.T) { forEachStore(t, testRetention) }
 
 func testRetention(t *testing.T, dsn string) {
 	dir := t.TempDir()
-	base := func(c *server.Config) { c.DataDir, c.Secret, c.OperatorToken = dir, "s", "op" }
+	base := func(c *server.Config) { c.DataDir, c.Secret, c.OperatorToken = dir, "device-secret-test", "operator-token-test" }
 	now := time.Now().UTC()
 	const keep = 30 * 24 * time.Hour
 	before := kettle.ExpireBefore(now, keep)
@@ -32,8 +32,8 @@ func testRetention(t *testing.T, dsn string) {
 		kept2 = now.Add(-time.Hour)
 	)
 	a, b := uuid.New(), uuid.New()
-	tokA, tokB := bearer(kettle.DeviceToken([]byte("s"), a)), bearer(kettle.DeviceToken([]byte("s"), b))
-	op := bearer("op")
+	tokA, tokB := bearer(kettle.DeviceToken([]byte("device-secret-test"), a)), bearer(kettle.DeviceToken([]byte("device-secret-test"), b))
+	op := bearer("operator-token-test")
 	batch := func(ts ...time.Time) string {
 		parts := make([]string, len(ts))
 		for i, x := range ts {

@@ -29,27 +29,27 @@ import (
 func TestCredentialRotation(t *testing.T) {
 	var log syncbuf.Buffer
 	srv := start(t, "sqlite:"+t.TempDir()+"/k.db", func(c *server.Config) {
-		c.OperatorToken, c.PreviousOperatorToken = "op-new", "op-old"
-		c.Secret, c.PreviousSecret = "sec-new", "sec-old"
+		c.OperatorToken, c.PreviousOperatorToken = "op-new-0123456789", "op-old-0123456789"
+		c.Secret, c.PreviousSecret = "sec-new-0123456789", "sec-old-0123456789"
 		c.MQTT.Addr = "127.0.0.1:0"
 		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	})
 	c := newClient(t, srv)
-	for tok, want := range map[string]int{"op-new": 200, "op-old": 200, "op-other": 401} {
+	for tok, want := range map[string]int{"op-new-0123456789": 200, "op-old-0123456789": 200, "op-other": 401} {
 		if r := c.do("GET", "/v1/devices", bearer(tok), ""); r.status != want {
 			t.Errorf("GET /v1/devices with operator token %s: %d, want %d (%s)", tok, r.status, want, r.body)
 		}
 	}
 	old, cur := uuid.New(), uuid.New()
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Second)
-	oldTok := kettle.DeviceToken([]byte("sec-old"), old)
+	oldTok := kettle.DeviceToken([]byte("sec-old-0123456789"), old)
 	for i, tc := range []struct {
 		tok  string
 		want int
 	}{
 		{oldTok, 200},
 		{oldTok, 200}, // from the token cache this time
-		{kettle.DeviceToken([]byte("sec-new"), cur), 200},
+		{kettle.DeviceToken([]byte("sec-new-0123456789"), cur), 200},
 		{kettle.DeviceToken([]byte("sec-third"), uuid.New()), 401},
 	} {
 		if r := c.do("POST", "/v1/measurements", bearer(tc.tok), v1Body(ts.Add(time.Duration(i)*time.Second), 5, 10, 1, 20, 70, 500)); r.status != tc.want {
@@ -63,11 +63,11 @@ func TestCredentialRotation(t *testing.T) {
 		t.Errorf("an old-secret device token on an operator endpoint: %d, want 403 (%s)", r.status, r.body)
 	}
 	var created struct{ Devices []struct{ ID, Token string } }
-	c.do("POST", "/v1/devices", bearer("op-new"), `{"count":1}`).json(t, &created)
+	c.do("POST", "/v1/devices", bearer("op-new-0123456789"), `{"count":1}`).json(t, &created)
 	if len(created.Devices) != 1 {
 		t.Fatalf("POST /v1/devices: %+v", created)
 	}
-	if _, ok := kettle.VerifyDeviceToken([]byte("sec-new"), created.Devices[0].Token); !ok {
+	if _, ok := kettle.VerifyDeviceToken([]byte("sec-new-0123456789"), created.Devices[0].Token); !ok {
 		t.Errorf("a new device's token is not of the new secret: %s", created.Devices[0].Token)
 	}
 
@@ -78,7 +78,7 @@ func TestCredentialRotation(t *testing.T) {
 	}
 
 	// The dashboard's own route (not the API's: not in openapi.json).
-	res, err := http.Post(srv.URL()+"/session", "application/json", strings.NewReader(`{"token":"op-old"}`))
+	res, err := http.Post(srv.URL()+"/session", "application/json", strings.NewReader(`{"token":"op-old-0123456789"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,8 +102,8 @@ func TestCredentialRotation(t *testing.T) {
 	}
 
 	for _, c := range []server.Config{
-		{OperatorToken: "same", PreviousOperatorToken: "same"},
-		{Secret: "same", PreviousSecret: "same"},
+		{OperatorToken: "same-token-0123456789", PreviousOperatorToken: "same-token-0123456789"},
+		{Secret: "same-token-0123456789", PreviousSecret: "same-token-0123456789"},
 	} {
 		c.Addr, c.DB, c.DataDir, c.Logger = "127.0.0.1:0", "sqlite:"+t.TempDir()+"/k.db", t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil))
 		if s, err := server.Start(context.Background(), c); err == nil || !strings.Contains(err.Error(), "-previous is the") {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net"
@@ -29,7 +30,9 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/internal/durable"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/metrics"
@@ -85,6 +88,13 @@ type Config struct {
 	Shed           ShedPolicy
 	ShedRetryAfter time.Duration // 0: 10 s
 
+	// PublicURL is where operators reach this node through the balancer
+	// (--public-url); https:// makes the dashboard's cookie Secure even
+	// when the balancer speaks plain HTTP to the node.
+	PublicURL string
+	// TrustedProxies are the balancers whose X-Forwarded-For names the
+	// client (--trusted-proxies); empty: the peer is the client.
+	TrustedProxies TrustedProxies
 	// AccessLogSample is the fraction of successful requests logged; failed
 	// and slow ones are all logged (0 = no access log, 1 = all requests).
 	AccessLogSample float64
@@ -230,11 +240,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.secret, s.secFile = []byte(sec), secFile
-	if cfg.PreviousOperatorToken != "" && cfg.PreviousOperatorToken == s.opToken {
-		return nil, fmt.Errorf("--operator-token-previous is the operator token in force: to rotate, pass the new token as --operator-token and the old one as --operator-token-previous")
-	}
-	if cfg.PreviousSecret != "" && cfg.PreviousSecret == sec {
-		return nil, fmt.Errorf("--secret-previous is the secret in force: to rotate, pass the new secret as --secret and the old one as --secret-previous")
+	if err := errors.Join(credentialErrs(s.opToken, cfg.PreviousOperatorToken, sec, cfg.PreviousSecret)...); err != nil {
+		return nil, err
 	}
 	s.previousLog.Every = time.Minute
 	if cfg.PreviousOperatorToken != "" {
@@ -294,7 +301,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.store.Close()
 		return nil, err
 	}
-	s.web = web.New(web.Config{OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
+	s.web = web.New(web.Config{SecureCookie: strings.HasPrefix(cfg.PublicURL, "https://"), OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
 	if cfg.TLSCert != "" || cfg.TLSKey != "" {
 		if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
 			s.svc.Close()
@@ -364,7 +371,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ln = tls.NewListener(s.ln, s.ln.tls)
 	}
 	s.http = &http.Server{
-		Handler:           s.metrics.Middleware(accessLog(s.notReadyWhileDraining(s.admit.count(s.api)), s.log, cfg.AccessLogSample, time.Now)),
+		Handler:           cfg.TrustedProxies.forwarded(s.metrics.Middleware(accessLog(s.notReadyWhileDraining(s.admit.count(s.api)), s.log, cfg.AccessLogSample, time.Now))),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
@@ -374,7 +381,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ErrorLog:          log.New(httpErrorLog{s.log, &s.handshakeErrors}, "", 0),
 	}
 	go func() { s.serveErr <- s.http.Serve(ln) }()
-	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redactDSN(cfg.DB), "devices", s.svc.DeviceCount(),
+	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redact.DSN(cfg.DB), "devices", s.svc.DeviceCount(),
 		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
 		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "login_rate_per_source", s.svc.Config().LoginSourceRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
 		"operator_token_file", s.tokFile, "secret_file", s.secFile, "log", cfg.Log.URL)
@@ -568,28 +575,38 @@ func errString(err error) string {
 }
 
 // secretValue returns v if set, else the content of file, generating a
-// random one there (0600) at first start.
+// random one there (0600, written whole or not at all) at first start. A
+// file that exists but is empty or unreadable stops the start: replacing
+// it would invalidate every token derived from the secret in the field.
 func secretValue(v, file string) (string, string, error) {
 	if v != "" {
 		return v, "", nil
 	}
-	b, err := os.ReadFile(file)
-	if err == nil {
-		if t := strings.TrimSpace(string(b)); t != "" {
+	for {
+		b, err := os.ReadFile(file)
+		if err == nil {
+			if t := strings.TrimSpace(string(b)); t != "" {
+				return t, file, nil
+			}
+			return "", "", fmt.Errorf("%s is empty: restore it from a backup (every token made from it depends on it), or remove it to generate a new one", file)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", "", fmt.Errorf("read %s: %w (fix its permissions; a new secret would invalidate every token made from the old one)", file, err)
+		}
+		buf := make([]byte, 32)
+		if _, err := rand.Read(buf); err != nil {
+			return "", "", err
+		}
+		t := hex.EncodeToString(buf)
+		err = durable.CreateSecret(file, []byte(t+"\n"))
+		if err == nil {
 			return t, file, nil
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", "", fmt.Errorf("read %s: %w", file, err)
+		if !errors.Is(err, fs.ErrExist) {
+			return "", "", fmt.Errorf("write %s: %w", file, err)
+		}
+		// Another node sharing the data directory wrote it first: read theirs.
 	}
-	buf := make([]byte, 32)
-	if _, err := rand.Read(buf); err != nil {
-		return "", "", err
-	}
-	t := hex.EncodeToString(buf)
-	if err := os.WriteFile(file, []byte(t+"\n"), 0o600); err != nil {
-		return "", "", fmt.Errorf("write %s: %w", file, err)
-	}
-	return t, file, nil
 }
 
 // ReadSecret reads a generated secret file of a data dir (for kettle token).
@@ -599,16 +616,4 @@ func ReadSecret(dataDir, name string) (string, error) {
 		return "", fmt.Errorf("read %s (start kettle serve once with this --data-dir, or pass the value): %w", filepath.Join(dataDir, name), err)
 	}
 	return strings.TrimSpace(string(b)), nil
-}
-
-func redactDSN(dsn string) string {
-	if i := strings.Index(dsn, "://"); i >= 0 {
-		if at := strings.LastIndex(dsn, "@"); at > i {
-			rest := dsn[i+3 : at]
-			if c := strings.Index(rest, ":"); c >= 0 {
-				return dsn[:i+3] + rest[:c] + ":***" + dsn[at:]
-			}
-		}
-	}
-	return dsn
 }

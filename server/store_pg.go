@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/postgres"
 )
@@ -13,7 +14,7 @@ import (
 func openPostgres(ctx context.Context, dsn string, opts StoreOptions, log *slog.Logger) (kettle.Store, error) {
 	st, err := postgres.Open(ctx, dsn, postgres.Options{MaxConns: int32(opts.PoolSize), StatementTimeout: opts.StatementTimeout, ReadDSN: opts.ReadDSN, MaxReadLag: opts.MaxReadLag})
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", redactDSN(dsn), err)
+		return nil, fmt.Errorf("open store %s: %w", redact.DSN(dsn), err)
 	}
 	// Say once whether /metrics can show the WAL segment files (the
 	// statistics connection opens here, not at the first scrape).

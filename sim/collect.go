@@ -63,28 +63,14 @@ func (s *Swarm) collect(res *Results, stop <-chan struct{}) {
 func (s *Swarm) totals(res *Results) {
 	t := Totals{Endpoints: map[string]*EndpointTotal{}, ErrorsByKind: map[string]int64{}}
 	t.WallSeconds = res.End.Sub(res.Start).Seconds()
-	// Steady state starts when the last kettle hatched.
-	steadyFrom := 0
-	if s.cfg.HatchRate > 0 {
-		steadyFrom = int(float64(s.cfg.Devices)/s.cfg.HatchRate) + 1
-	}
-	if steadyFrom >= len(res.Seconds)-1 {
-		steadyFrom = 0
-	}
+	steadyFrom := s.cfg.steadyFrom(len(res.Seconds))
 	s.st.mu.Lock()
 	for i, e := range s.st.ep {
 		if !s.st.use[i] {
 			continue
 		}
-		enc, _ := e.total.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		et := &EndpointTotal{
-			Requests: e.tReq, Errors: e.tErrs,
-			P50Ms:     float64(e.total.ValueAtQuantile(50)) / 1000,
-			P99Ms:     float64(e.total.ValueAtQuantile(99)) / 1000,
-			P999Ms:    float64(e.total.ValueAtQuantile(99.9)) / 1000,
-			MaxMs:     float64(e.total.Max()) / 1000,
-			Histogram: string(enc),
-		}
+		et := &EndpointTotal{Requests: e.tReq, Errors: e.tErrs}
+		et.setLatency(e.total)
 		for _, sec := range res.Seconds {
 			if es := sec.Endpoints[epNames[i]]; es != nil {
 				et.Offered += es.Offered
@@ -127,8 +113,37 @@ func (s *Swarm) totals(res *Results) {
 	t.ConnsLost = s.st.mqttLost.Load()
 	t.CPUSeconds = cpuSeconds() - s.cpuStart
 	t.MaxRSSBytes = maxRSS()
+	t.setCPURates(res.Seconds)
+	res.Totals = t
+}
+
+// steadyFrom is the index of the run's first steady second: the one after
+// the last kettle hatched (0 when that leaves fewer than two seconds).
+func (c *Config) steadyFrom(seconds int) int {
+	from := 0
+	if c.HatchRate > 0 {
+		from = int(float64(c.Devices)/c.HatchRate) + 1
+	}
+	if from >= seconds-1 {
+		return 0
+	}
+	return from
+}
+
+// setLatency sets an endpoint's percentiles and histogram from h (µs).
+func (et *EndpointTotal) setLatency(h *hdrhistogram.Histogram) {
+	et.P50Ms = float64(h.ValueAtQuantile(50)) / 1000
+	et.P99Ms = float64(h.ValueAtQuantile(99)) / 1000
+	et.P999Ms = float64(h.ValueAtQuantile(99.9)) / 1000
+	et.MaxMs = float64(h.Max()) / 1000
+	enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+	et.Histogram = string(enc)
+}
+
+// setCPURates divides the run's CPU by its kettle-minutes and requests.
+func (t *Totals) setCPURates(secs []Second) {
 	var kettleSeconds float64
-	for _, sec := range res.Seconds {
+	for _, sec := range secs {
 		kettleSeconds += float64(sec.Kettles)
 	}
 	if kettleSeconds > 0 {
@@ -137,5 +152,4 @@ func (s *Swarm) totals(res *Results) {
 	if t.Requests > 0 {
 		t.CPUMicrosPerRequest = t.CPUSeconds / float64(t.Requests) * 1e6
 	}
-	res.Totals = t
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
@@ -247,4 +248,13 @@ func ClientTLS(caPEM []byte, resume bool) (*tls.Config, error) {
 		c.ClientSessionCache = tls.NewLRUClientSessionCache(64)
 	}
 	return c, nil
+}
+
+// params is what Results.Params says of the configuration itself; the
+// swarm and the lab add what their run chose (connections, TLS, protocol).
+func (c *Config) params() Params {
+	return Params{Target: c.Target, API: c.API, Devices: c.Devices, IntervalS: c.Interval.Seconds(),
+		JitterS: c.Jitter.Seconds(), HatchRate: c.HatchRate, DurationS: c.Duration.Seconds(), Batch: c.Batch,
+		TimeoutS: c.Timeout.Seconds(), Seed: c.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		SLOP99Ms: float64(c.SLOP99) / 1e6, MaxErrorRate: max(c.MaxErrorRate, 0)}
 }

@@ -85,6 +85,10 @@ func newRawConn(rc syscall.RawConn) *rawConn {
 		op.n = n
 		return true
 	}
+	// The write loop is mqttapi's writeNow's (poll_linux.go) but for
+	// EAGAIN: here it returns false, so that RawConn.Write waits in the
+	// runtime's poller for the socket to drain; mqttapi's returns true and
+	// hands the rest to a write under a deadline.
 	r.wr.f = func(fd uintptr) bool {
 		op := &r.wr
 		for op.n < len(op.b) {

@@ -5,15 +5,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
-	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,12 @@ type LabConfig struct {
 	// SetupTimeout bounds the workers' setup (provisioning) (0: 2 min + 1 s
 	// per 1,000 kettles).
 	SetupTimeout time.Duration
+	// WorkerTLS, when set, is the control channel's client side: the
+	// workers serve TLS (kettle swarm worker --tls-cert) and are verified
+	// against its roots (--worker-ca); with a client certificate, the
+	// workers may require it (--client-ca). Nil: plain HTTP, allowed only
+	// to workers on loopback, since plans carry the device secret.
+	WorkerTLS *tls.Config
 }
 
 // WorkerResult is one lab worker's part in a run.
@@ -48,13 +55,13 @@ type WorkerResult struct {
 	Devices int `json:"devices"`
 	// State is "done", or "lost" (stopped answering, or failed): its
 	// seconds up to LastT are merged, its readings are not audited.
-	State      string  `json:"state"`
-	LastT      int     `json:"last_t"`
-	Error      string  `json:"error,omitempty"`
-	Requests   int64   `json:"requests"`
-	Errors     int64   `json:"errors"`
-	Acked      int64   `json:"acked"`
-	CPUSeconds float64 `json:"cpu_seconds"`
+	State      WorkerState `json:"state"`
+	LastT      int         `json:"last_t"`
+	Error      string      `json:"error,omitempty"`
+	Requests   int64       `json:"requests"`
+	Errors     int64       `json:"errors"`
+	Acked      int64       `json:"acked"`
+	CPUSeconds float64     `json:"cpu_seconds"`
 	// CPUMicrosPerRequest and MaxRSSBytes are the worker process's own.
 	CPUMicrosPerRequest float64 `json:"cpu_us_per_request"`
 	MaxRSSBytes         int64   `json:"max_rss_bytes"`
@@ -77,7 +84,7 @@ type labWorker struct {
 	seconds  []Second
 	lastT    int
 	lastOK   time.Time
-	state    string
+	state    WorkerState
 	err      string
 	res      *Results
 	acked    []DeviceAcked
@@ -86,8 +93,9 @@ type labWorker struct {
 }
 
 type labClient struct {
-	token string
-	c     *http.Client
+	token  string
+	scheme string // http, or https with LabConfig.WorkerTLS
+	c      *http.Client
 }
 
 // do sends one control request and decodes a 2xx JSON answer into out.
@@ -102,7 +110,7 @@ func (lc *labClient) do(ctx context.Context, timeout time.Duration, method, addr
 		}
 		body = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, lc.scheme+"://"+addr+path, body)
 	if err != nil {
 		return err
 	}
@@ -133,7 +141,7 @@ func (lc *labClient) do(ctx context.Context, timeout time.Duration, method, addr
 func (lc *labClient) acked(ctx context.Context, addr, run string, max int) ([]DeviceAcked, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+pathAcked+"?run="+url.QueryEscape(run), nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", lc.scheme+"://"+addr+pathAcked+"?run="+url.QueryEscape(run), nil)
 	req.Header.Set("Authorization", "Bearer "+lc.token)
 	resp, err := lc.c.Do(req)
 	if err != nil {
@@ -171,26 +179,75 @@ func (lc *labClient) acked(ctx context.Context, addr, run string, max int) ([]De
 // shard's acknowledged readings. A worker that stops answering is marked
 // lost and the run goes on without it; its seconds so far stay merged.
 func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
+	if err := lc.check(); err != nil {
+		return nil, err
+	}
+	cfg := &lc.Config
+	id := make([]byte, 8)
+	_, _ = rand.Read(id)
+	l := &lab{lc: &lc, cfg: cfg, runID: hex.EncodeToString(id),
+		cl: &labClient{token: lc.Token, scheme: "http", c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute, TLSClientConfig: lc.WorkerTLS}}}}
+	if lc.WorkerTLS != nil {
+		l.cl.scheme = "https"
+	}
+	defer l.cl.c.CloseIdleConnections()
+	l.ws = make([]*labWorker, len(lc.Workers))
+	for i, p := range shardPlans(&lc, l.runID) {
+		l.ws[i] = &labWorker{addr: lc.Workers[i], plan: p, state: stateSetup}
+	}
+
+	if err := l.setup(ctx); err != nil {
+		return nil, err
+	}
+	start, err := l.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.follow(ctx, start)
+	wctx := context.WithoutCancel(ctx)
+	l.fetch(wctx)
+	res := mergeLab(l.ws, cfg, start, time.Now())
+	res.Params.Target = strings.Join(lc.Targets, ",")
+	if cfg.Protocol == ProtocolMQTT {
+		res.Params.MQTTTarget = strings.Join(lc.MQTTTargets, ",")
+	}
+	if !cfg.NoAudit && cfg.Operator != "" {
+		if err := l.audit(wctx, res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// check validates the lab's configuration and fills its defaults.
+func (lc *LabConfig) check() error {
 	cfg := &lc.Config
 	if errs := cfg.Validate(); len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return errors.Join(errs...)
 	}
 	cfg.defaults()
 	if len(lc.Workers) == 0 {
-		return nil, errors.New("--workers: want at least one HOST:PORT")
+		return errors.New("--workers: want at least one HOST:PORT")
 	}
 	if len(lc.Token) < MinWorkerToken {
-		return nil, fmt.Errorf("--worker-token: want the workers' --token (at least %d characters)", MinWorkerToken)
+		return fmt.Errorf("--worker-token: want the workers' --token (at least %d characters)", MinWorkerToken)
+	}
+	if lc.WorkerTLS == nil {
+		for _, w := range lc.Workers {
+			if LoopbackSource(w) == nil {
+				return fmt.Errorf("--workers %s is not on loopback: give --worker-ca (the PEM the workers' --tls-cert is signed with), so that the control channel, which carries the device secret, is TLS", w)
+			}
+		}
 	}
 	if cfg.Devices < len(lc.Workers) {
-		return nil, fmt.Errorf("--devices %d: want at least one kettle per worker (%d workers)", cfg.Devices, len(lc.Workers))
+		return fmt.Errorf("--devices %d: want at least one kettle per worker (%d workers)", cfg.Devices, len(lc.Workers))
 	}
 	if len(lc.Targets) == 0 {
 		lc.Targets = []string{cfg.Target}
 	}
 	for _, t := range lc.Targets {
 		if _, err := CheckTarget(t, cfg.AllowHosts); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.Protocol == ProtocolMQTT && len(lc.MQTTTargets) == 0 {
@@ -202,52 +259,62 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 	if lc.SetupTimeout <= 0 {
 		lc.SetupTimeout = 2*time.Minute + time.Duration(cfg.Devices/1000)*time.Second
 	}
-	id := make([]byte, 8)
-	_, _ = rand.Read(id)
-	runID := hex.EncodeToString(id)
-	cl := &labClient{token: lc.Token, c: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, ResponseHeaderTimeout: 10 * time.Minute}}}
-	defer cl.c.CloseIdleConnections()
+	return nil
+}
 
-	ws := make([]*labWorker, len(lc.Workers))
-	for i, p := range shardPlans(&lc, runID) {
-		ws[i] = &labWorker{addr: lc.Workers[i], plan: p, state: stateSetup}
-	}
-	all := func(f func(w *labWorker)) {
-		var wg sync.WaitGroup
-		for _, w := range ws {
-			wg.Go(func() { f(w) })
-		}
-		wg.Wait()
-	}
-	stopAll := func() {
-		all(func(w *labWorker) {
-			_ = cl.do(context.WithoutCancel(ctx), 5*time.Second, "POST", w.addr, pathStop+"?run="+runID, nil, nil)
-		})
-	}
+// lab is one run of RunLab: the controller and its workers.
+type lab struct {
+	lc    *LabConfig
+	cfg   *Config
+	runID string
+	cl    *labClient
+	ws    []*labWorker
+	mu    sync.Mutex // the workers' fields while all runs
+}
 
-	// Plans out; every worker sets up; one common start.
+// all runs f on every worker at once and waits for them.
+func (l *lab) all(f func(w *labWorker)) {
+	var wg sync.WaitGroup
+	for _, w := range l.ws {
+		wg.Go(func() { f(w) })
+	}
+	wg.Wait()
+}
+
+// each sends one control request to every worker; the errors, joined.
+func (l *lab) each(ctx context.Context, timeout time.Duration, method, path string, in func(w *labWorker) any) error {
 	var errs []error
-	var mu sync.Mutex
-	all(func(w *labWorker) {
-		if err := cl.do(ctx, 30*time.Second, "POST", w.addr, pathRun, w.plan, nil); err != nil {
-			mu.Lock()
+	l.all(func(w *labWorker) {
+		if err := l.cl.do(ctx, timeout, method, w.addr, path, in(w), nil); err != nil {
+			l.mu.Lock()
 			errs = append(errs, err)
-			mu.Unlock()
+			l.mu.Unlock()
 		}
 	})
-	if len(errs) > 0 {
-		stopAll()
-		return nil, errors.Join(errs...)
+	return errors.Join(errs...)
+}
+
+// stopAll asks every worker to stop the run (even when ctx is done).
+func (l *lab) stopAll(ctx context.Context) {
+	_ = l.each(context.WithoutCancel(ctx), 5*time.Second, "POST", pathStop+"?run="+l.runID, func(*labWorker) any { return nil })
+}
+
+// setup sends each worker its plan and waits until every one is ready
+// (provisioned); any failure, or LabConfig.SetupTimeout, stops them all.
+func (l *lab) setup(ctx context.Context) error {
+	if err := l.each(ctx, 30*time.Second, "POST", pathRun, func(w *labWorker) any { return w.plan }); err != nil {
+		l.stopAll(ctx)
+		return err
 	}
-	fmt.Fprintf(cfg.Log, "lab: run %s: %d kettles over %d workers (%s)\n", runID, cfg.Devices, len(ws), shardText(ws))
-	setupEnd := time.Now().Add(lc.SetupTimeout)
+	fmt.Fprintf(l.cfg.Log, "lab: run %s: %d kettles over %d workers (%s)\n", l.runID, l.cfg.Devices, len(l.ws), shardText(l.ws))
+	setupEnd := time.Now().Add(l.lc.SetupTimeout)
 	for {
 		ready, failed := 0, []error(nil)
-		all(func(w *labWorker) {
+		l.all(func(w *labWorker) {
 			var st WorkerStatus
-			err := cl.do(ctx, 5*time.Second, "GET", w.addr, pathStatus+"?run="+runID, nil, &st)
-			mu.Lock()
-			defer mu.Unlock()
+			err := l.cl.do(ctx, 5*time.Second, "GET", w.addr, pathStatus+"?run="+l.runID, nil, &st)
+			l.mu.Lock()
+			defer l.mu.Unlock()
 			switch {
 			case err != nil:
 				failed = append(failed, err)
@@ -259,169 +326,162 @@ func RunLab(ctx context.Context, lc LabConfig) (*Results, error) {
 			}
 		})
 		if len(failed) > 0 {
-			stopAll()
-			return nil, fmt.Errorf("lab setup: %w", errors.Join(failed...))
+			l.stopAll(ctx)
+			return fmt.Errorf("lab setup: %w", errors.Join(failed...))
 		}
-		if ready == len(ws) {
-			break
+		if ready == len(l.ws) {
+			return nil
 		}
 		if time.Now().After(setupEnd) || ctx.Err() != nil {
-			stopAll()
-			return nil, fmt.Errorf("lab setup: %d of %d workers ready after %s", ready, len(ws), lc.SetupTimeout)
+			l.stopAll(ctx)
+			return fmt.Errorf("lab setup: %d of %d workers ready after %s", ready, len(l.ws), l.lc.SetupTimeout)
 		}
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
+}
+
+// start gives every worker one common start, a second from now.
+func (l *lab) start(ctx context.Context) (time.Time, error) {
 	start := time.Now().Add(time.Second).Truncate(time.Millisecond)
-	all(func(w *labWorker) {
-		if err := cl.do(ctx, 5*time.Second, "POST", w.addr, pathStart+"?run="+runID, map[string]time.Time{"at": start}, nil); err != nil {
-			mu.Lock()
-			errs = append(errs, err)
-			mu.Unlock()
-		}
-	})
-	if len(errs) > 0 {
-		stopAll()
-		return nil, fmt.Errorf("lab start: %w", errors.Join(errs...))
+	at := map[string]time.Time{"at": start}
+	if err := l.each(ctx, 5*time.Second, "POST", pathStart+"?run="+l.runID, func(*labWorker) any { return at }); err != nil {
+		l.stopAll(ctx)
+		return start, fmt.Errorf("lab start: %w", err)
 	}
-	for _, w := range ws {
+	for _, w := range l.ws {
 		w.state, w.lastOK = stateRunning, time.Now()
 	}
-	fmt.Fprintf(cfg.Log, "lab: common start %s\n", start.UTC().Format(time.RFC3339Nano))
+	fmt.Fprintf(l.cfg.Log, "lab: common start %s\n", start.UTC().Format(time.RFC3339Nano))
+	return start, nil
+}
 
-	// Follow the run: each worker's new seconds, once a second.
+// follow collects each worker's new seconds, once a second, until every
+// worker is done or lost. An interrupted run (ctx) is followed to its end
+// too: the workers are told to stop, and the run ends with what they did.
+func (l *lab) follow(ctx context.Context, start time.Time) {
+	cfg := l.cfg
 	end := start.Add(cfg.Duration + 2*cfg.Timeout + 30*time.Second)
 	lastProgress := time.Now()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	interrupted := false
 	for {
-		all(func(w *labWorker) {
-			if w.state != stateRunning {
-				return
-			}
-			var st WorkerStatus
-			// Not ctx: an interrupted run is followed to its end too.
-			err := cl.do(context.WithoutCancel(ctx), 3*time.Second, "GET", w.addr, pathStatus+"?run="+runID+"&after="+strconv.Itoa(w.lastT), nil, &st)
-			mu.Lock()
-			defer mu.Unlock()
-			now := time.Now()
-			switch {
-			case err != nil:
-				if now.Sub(w.lastOK) > lc.LostAfter {
-					w.state, w.err = "lost", fmt.Sprintf("no answer for %s: %v", now.Sub(w.lastOK).Round(time.Second), err)
-				}
-				return
-			case st.State == stateFailed:
-				w.state, w.err = "lost", "failed: "+st.Error
-			case st.State == stateDone:
-				w.state = stateDone
-			}
-			w.lastOK = now
-			w.cpu, w.rss = st.CPUSeconds, float64(st.RSSBytes)
-			for _, s := range st.Seconds {
-				if s.T > w.lastT {
-					w.seconds = append(w.seconds, s)
-					w.lastT = s.T
-				}
-			}
-		})
-		for _, w := range ws {
-			if w.state == "lost" && w.err != "" {
+		l.all(func(w *labWorker) { l.status(ctx, w) })
+		running := 0
+		for _, w := range l.ws {
+			if w.state == stateLost && w.err != "" {
 				fmt.Fprintf(cfg.Log, "lab: worker %s lost at t=%ds (%d kettles from #%d every %d): %s\n", w.addr, w.lastT, w.plan.Devices, w.plan.First, w.plan.Stride, w.err)
 				w.err = "lost at t=" + strconv.Itoa(w.lastT) + "s: " + w.err
-				w.state = "lost-reported"
+				w.state = stateLostReported
 			}
-		}
-		running := 0
-		for _, w := range ws {
 			if w.state == stateRunning {
 				running++
 			}
 		}
 		if cfg.Progress != nil && time.Since(lastProgress) >= cfg.ProgressEvery-100*time.Millisecond {
-			fmt.Fprintln(cfg.Progress, labProgress(ws, time.Since(start)))
+			fmt.Fprintln(cfg.Progress, labProgress(l.ws, time.Since(start)))
 			lastProgress = time.Now()
 		}
 		if running == 0 {
-			break
+			return
 		}
 		if time.Now().After(end) {
-			for _, w := range ws {
+			for _, w := range l.ws {
 				if w.state == stateRunning {
-					w.state, w.err = "lost-reported", fmt.Sprintf("lost at t=%ds: not done %s after the run's end", w.lastT, end.Sub(start.Add(cfg.Duration)).Round(time.Second))
+					w.state, w.err = stateLostReported, fmt.Sprintf("lost at t=%ds: not done %s after the run's end", w.lastT, end.Sub(start.Add(cfg.Duration)).Round(time.Second))
 				}
 			}
-			break
+			return
 		}
 		if !interrupted && ctx.Err() != nil {
-			// The operator interrupted: the workers stop, the run still
-			// ends with what they did.
 			interrupted = true
-			all(func(w *labWorker) {
-				_ = cl.do(context.WithoutCancel(ctx), 5*time.Second, "POST", w.addr, pathStop+"?run="+runID, nil, nil)
-			})
+			l.stopAll(ctx)
 		}
 		select {
 		case <-tick.C:
 		case <-time.After(2 * time.Second):
 		}
 	}
-	wctx := context.WithoutCancel(ctx)
-	all(func(w *labWorker) {
+}
+
+// status asks a running worker for its seconds since the last it sent; one
+// that does not answer for LabConfig.LostAfter, or failed, is lost.
+func (l *lab) status(ctx context.Context, w *labWorker) {
+	if w.state != stateRunning {
+		return
+	}
+	var st WorkerStatus
+	// Not ctx: an interrupted run is followed to its end too.
+	err := l.cl.do(context.WithoutCancel(ctx), 3*time.Second, "GET", w.addr, pathStatus+"?run="+l.runID+"&after="+strconv.Itoa(w.lastT), nil, &st)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	switch {
+	case err != nil:
+		if now.Sub(w.lastOK) > l.lc.LostAfter {
+			w.state, w.err = stateLost, fmt.Sprintf("no answer for %s: %v", now.Sub(w.lastOK).Round(time.Second), err)
+		}
+		return
+	case st.State == stateFailed:
+		w.state, w.err = stateLost, "failed: "+st.Error
+	case st.State == stateDone:
+		w.state = stateDone
+	}
+	w.lastOK = now
+	w.cpu, w.rss = st.CPUSeconds, float64(st.RSSBytes)
+	for _, s := range st.Seconds {
+		if s.T > w.lastT {
+			w.seconds = append(w.seconds, s)
+			w.lastT = s.T
+		}
+	}
+}
+
+// fetch takes each finished worker's results and acknowledged readings; a
+// worker whose result cannot be fetched is lost.
+func (l *lab) fetch(ctx context.Context) {
+	l.all(func(w *labWorker) {
 		if w.state != stateDone {
 			return
 		}
 		var res Results
-		err := cl.do(wctx, 10*time.Minute, "GET", w.addr, pathResult+"?run="+runID, nil, &res)
+		err := l.cl.do(ctx, 10*time.Minute, "GET", w.addr, pathResult+"?run="+l.runID, nil, &res)
 		var acked []DeviceAcked
 		if err == nil {
-			acked, err = cl.acked(wctx, w.addr, runID, w.plan.Devices)
+			acked, err = l.cl.acked(ctx, w.addr, l.runID, w.plan.Devices)
 		}
-		mu.Lock()
-		defer mu.Unlock()
+		l.mu.Lock()
+		defer l.mu.Unlock()
 		if err != nil {
-			w.state, w.err = "lost-reported", fmt.Sprintf("lost after t=%ds: its result could not be fetched: %v", w.lastT, err)
+			w.state, w.err = stateLostReported, fmt.Sprintf("lost after t=%ds: its result could not be fetched: %v", w.lastT, err)
 			return
 		}
 		w.res, w.acked = &res, acked
 		w.seconds = res.Seconds
 	})
-	res := mergeLab(ws, cfg, start, time.Now())
-	res.Params.Target = strings.Join(lc.Targets, ",")
-	if cfg.Protocol == ProtocolMQTT {
-		res.Params.MQTTTarget = strings.Join(lc.MQTTTargets, ",")
-	}
+}
 
-	if !cfg.NoAudit && cfg.Operator != "" {
-		actx, cancel := context.WithTimeout(wctx, 10*time.Minute)
-		defer cancel()
-		total := &Audit{}
-		t0 := time.Now()
-		for i, w := range ws {
-			if w.res == nil {
-				continue
-			}
-			a, err := AuditAcked(actx, cfg.Target, cfg.Operator, cfg.TLS, w.acked)
-			if err != nil {
-				return res, fmt.Errorf("audit of worker %s's shard: %w", w.addr, err)
-			}
-			res.Workers[i].Audit = a
-			total.Devices += a.Devices
-			total.Acked += a.Acked
-			total.Stored += a.Stored
-			total.Lost += a.Lost
-			total.Duplicated += a.Duplicated
-			total.Unacked += a.Unacked
-			for _, e := range a.Examples {
-				if len(total.Examples) < 10 {
-					total.Examples = append(total.Examples, e)
-				}
-			}
+// audit audits each finished worker's shard against the store and sums
+// them into res.Audit (each shard's part in its worker's result).
+func (l *lab) audit(ctx context.Context, res *Results) error {
+	actx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	total := &Audit{}
+	t0 := time.Now()
+	for i, w := range l.ws {
+		if w.res == nil {
+			continue
 		}
-		total.Seconds = time.Since(t0).Seconds()
-		res.Audit = total
+		a, err := AuditAcked(actx, l.cfg.Target, l.cfg.Operator, l.cfg.TLS, w.acked)
+		if err != nil {
+			return fmt.Errorf("audit of worker %s's shard: %w", w.addr, err)
+		}
+		res.Workers[i].Audit = a
+		total.add(a)
 	}
-	return res, nil
+	total.Seconds = time.Since(t0).Seconds()
+	res.Audit = total
+	return nil
 }
 
 // shardPlans splits the fleet: worker i runs kettles i, i+W, i+2W, … of
@@ -439,7 +499,18 @@ func shardPlans(lc *LabConfig, runID string) []Plan {
 		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
 			First: i, Stride: w, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
 			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
-			Timeout: cfg.Timeout, Seed: cfg.Seed, Secret: cfg.Secret, Operator: cfg.Operator}
+			Timeout: cfg.Timeout, Seed: cfg.Seed}
+		// Each secret goes only where it is used: the device secret to
+		// workers that derive v1 tokens (HTTP v1, MQTT passwords), the
+		// operator token only when there is no secret and they provision
+		// through POST /v1/devices. The audit is the controller's.
+		if cfg.API == "v1" || cfg.Protocol == ProtocolMQTT {
+			if len(cfg.Secret) > 0 {
+				p.Secret = cfg.Secret
+			} else {
+				p.Operator = cfg.Operator
+			}
+		}
 		if cfg.Conns > 0 {
 			p.Conns = max(1, cfg.Conns*n/cfg.Devices)
 		}
@@ -492,12 +563,7 @@ func labProgress(ws []*labWorker, elapsed time.Duration) string {
 	}
 	m := mergeSecond(t, secs)
 	fmt.Fprintf(&b, "[%4.0fs] lab t=%ds kettles %d", elapsed.Seconds(), t, m.Kettles)
-	names := make([]string, 0, len(m.Endpoints))
-	for n := range m.Endpoints {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(m.Endpoints)) {
 		e := m.Endpoints[n]
 		p99 := int64(0)
 		if h, err := hdrhistogram.Decode([]byte(e.Histogram)); err == nil {
@@ -515,7 +581,7 @@ func labProgress(ws []*labWorker, elapsed time.Duration) string {
 		if n := len(w.seconds); n > 0 {
 			lag = w.seconds[n-1].MaxLagMs
 		}
-		fmt.Fprintf(&b, " %s %s cpu %.1fs rss %dMiB lag %.0fms;", w.addr, strings.TrimSuffix(w.state, "-reported"), w.cpu, int64(w.rss)>>20, lag)
+		fmt.Fprintf(&b, " %s %s cpu %.1fs rss %dMiB lag %.0fms;", w.addr, strings.TrimSuffix(string(w.state), "-reported"), w.cpu, int64(w.rss)>>20, lag)
 	}
 	return b.String()
 }
@@ -577,14 +643,52 @@ func addCounts(dst, src map[string]int64) map[string]int64 {
 
 // mergeLab builds the fleet's Results from its workers'.
 func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
-	res := &Results{Schema: SchemaVersion, Start: start, End: end}
+	res := &Results{Schema: SchemaVersion, Start: start, End: end, Seconds: mergeSeconds(ws)}
+	tot := mergeTotals(res.Seconds, cfg.steadyFrom(len(res.Seconds)))
+	tot.WallSeconds = end.Sub(start).Seconds()
+	params := cfg.params()
+	if len(ws) > 0 && strings.HasPrefix(ws[0].plan.Target, "https:") {
+		params.TLS, params.TLSResume = true, ws[0].plan.TLSResume
+	}
+	if cfg.Protocol == ProtocolMQTT {
+		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
+	}
+	for i, w := range ws {
+		wr := w.result()
+		if r := w.res; r != nil {
+			t := r.Totals
+			tot.Unacked += t.Unacked
+			tot.DuplicatesReported += t.DuplicatesReported
+			tot.PollsDeferred += t.PollsDeferred
+			tot.Dials += t.Dials
+			tot.TLSHandshakes += t.TLSHandshakes
+			tot.TLSResumed += t.TLSResumed
+			tot.ConnsLost += t.ConnsLost
+			if i == 0 || params.ConnMode == "" {
+				params.ConnMode, params.Provisioning, params.SourceIPs = r.Params.ConnMode, r.Params.Provisioning, r.Params.SourceIPs
+			}
+			params.Conns += r.Params.Conns
+			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
+		}
+		tot.MaxRSSBytes += wr.MaxRSSBytes
+		tot.CPUSeconds += wr.CPUSeconds
+		res.Workers = append(res.Workers, wr)
+	}
+	tot.setCPURates(res.Seconds)
+	res.Params = params
+	res.Totals = tot
+	return res
+}
+
+// mergeSeconds merges the workers' seconds of each T, each worker's part
+// kept beside (a worker's T are strictly increasing).
+func mergeSeconds(ws []*labWorker) []Second {
 	maxT := 0
 	for _, w := range ws {
 		if n := len(w.seconds); n > 0 {
 			maxT = max(maxT, w.seconds[n-1].T)
 		}
 	}
-	// Per T, each worker's second (a worker's T are strictly increasing).
 	byT := make([][]Second, maxT+1)
 	wsec := make([][]WorkerSecond, maxT+1)
 	for t := range wsec {
@@ -600,27 +704,25 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 			wsec[s.T][i] = WorkerSecond{Requests: req, CPUSeconds: s.CPUSeconds, RSSBytes: s.RSSBytes, MaxLagMs: s.MaxLagMs}
 		}
 	}
+	var out []Second
 	for t := 1; t <= maxT; t++ {
 		if len(byT[t]) == 0 {
 			continue
 		}
 		s := mergeSecond(t, byT[t])
 		s.Workers = wsec[t]
-		res.Seconds = append(res.Seconds, s)
+		out = append(out, s)
 	}
+	return out
+}
 
-	// Totals: latency from the merged histograms, counts summed.
+// mergeTotals is the totals of merged seconds: latency from the merged
+// histograms, counts summed, the rate over the steady seconds (from
+// steadyFrom on).
+func mergeTotals(secs []Second, steadyFrom int) Totals {
 	tot := Totals{Endpoints: map[string]*EndpointTotal{}, ErrorsByKind: map[string]int64{}}
-	tot.WallSeconds = end.Sub(start).Seconds()
-	steadyFrom := 0
-	if cfg.HatchRate > 0 {
-		steadyFrom = int(float64(cfg.Devices)/cfg.HatchRate) + 1
-	}
-	if steadyFrom >= len(res.Seconds)-1 {
-		steadyFrom = 0
-	}
 	hists := map[string]*hdrhistogram.Histogram{}
-	for j, s := range res.Seconds {
+	for j, s := range secs {
 		for name, e := range s.Endpoints {
 			et := tot.Endpoints[name]
 			if et == nil {
@@ -649,15 +751,9 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 		tot.MaxLagMs = max(tot.MaxLagMs, s.MaxLagMs)
 	}
 	for name, et := range tot.Endpoints {
-		h := hists[name]
-		et.P50Ms = float64(h.ValueAtQuantile(50)) / 1000
-		et.P99Ms = float64(h.ValueAtQuantile(99)) / 1000
-		et.P999Ms = float64(h.ValueAtQuantile(99.9)) / 1000
-		et.MaxMs = float64(h.Max()) / 1000
-		enc, _ := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		et.Histogram = string(enc)
-		if secs := len(res.Seconds) - steadyFrom; secs > 0 {
-			et.PerSecond /= float64(secs)
+		et.setLatency(hists[name])
+		if n := len(secs) - steadyFrom; n > 0 {
+			et.PerSecond /= float64(n)
 		}
 		tot.Requests += et.Requests
 		tot.Errors += et.Errors
@@ -665,73 +761,38 @@ func mergeLab(ws []*labWorker, cfg *Config, start, end time.Time) *Results {
 	if tot.Requests > 0 {
 		tot.ErrorRate = float64(tot.Errors) / float64(tot.Requests)
 	}
+	return tot
+}
 
-	params := Params{Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
-		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(), Batch: cfg.Batch,
-		TimeoutS: cfg.Timeout.Seconds(), Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
-		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0)}
-	if len(ws) > 0 && strings.HasPrefix(ws[0].plan.Target, "https:") {
-		params.TLS, params.TLSResume = true, ws[0].plan.TLSResume
-	}
-	if cfg.Protocol == ProtocolMQTT {
-		params.Protocol, params.MQTTInflight = cfg.Protocol, cfg.MQTTInflight
-	}
-	for i, w := range ws {
-		wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
-		for _, s := range w.seconds {
-			for _, e := range s.Endpoints {
-				wr.Requests += e.Requests
-				for _, v := range e.Errors {
-					wr.Errors += v
-				}
+// result is the worker's line of the merged Results: its counts from its
+// seconds; its cost from its own totals, or, lost, as far as its seconds
+// tell, from when it was ready.
+func (w *labWorker) result() WorkerResult {
+	wr := WorkerResult{Addr: w.addr, First: w.plan.First, Stride: w.plan.Stride, Devices: w.plan.Devices, State: stateDone, LastT: w.lastT, Error: w.err}
+	for _, s := range w.seconds {
+		for _, e := range s.Endpoints {
+			wr.Requests += e.Requests
+			for _, v := range e.Errors {
+				wr.Errors += v
 			}
-			wr.Acked += s.Acked
-			wr.MaxLagMs = max(wr.MaxLagMs, s.MaxLagMs)
-			wr.MaxRSSBytes = max(wr.MaxRSSBytes, s.RSSBytes)
 		}
-		if r := w.res; r != nil {
-			t := r.Totals
-			wr.CPUSeconds, wr.MaxRSSBytes, wr.CPUMicrosPerRequest = t.CPUSeconds, t.MaxRSSBytes, t.CPUMicrosPerRequest
-			tot.Unacked += t.Unacked
-			tot.DuplicatesReported += t.DuplicatesReported
-			tot.PollsDeferred += t.PollsDeferred
-			tot.Dials += t.Dials
-			tot.TLSHandshakes += t.TLSHandshakes
-			tot.TLSResumed += t.TLSResumed
-			tot.ConnsLost += t.ConnsLost
-			tot.MaxRSSBytes += t.MaxRSSBytes
-			if i == 0 || params.ConnMode == "" {
-				params.ConnMode, params.Provisioning, params.SourceIPs = r.Params.ConnMode, r.Params.Provisioning, r.Params.SourceIPs
-			}
-			params.Conns += r.Params.Conns
-			params.SourceAddrs = append(params.SourceAddrs, r.Params.SourceAddrs...)
-		} else {
-			wr.State = "lost"
-			// Its CPU as far as its seconds tell, from when it was ready.
-			if n := len(w.seconds); n > 0 {
-				wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
-			}
-			if wr.Requests > 0 {
-				wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
-			}
-			tot.MaxRSSBytes += wr.MaxRSSBytes
-		}
-		tot.CPUSeconds += wr.CPUSeconds
-		res.Workers = append(res.Workers, wr)
+		wr.Acked += s.Acked
+		wr.MaxLagMs = max(wr.MaxLagMs, s.MaxLagMs)
+		wr.MaxRSSBytes = max(wr.MaxRSSBytes, s.RSSBytes)
 	}
-	var kettleSeconds float64
-	for _, s := range res.Seconds {
-		kettleSeconds += float64(s.Kettles)
+	if r := w.res; r != nil {
+		t := r.Totals
+		wr.CPUSeconds, wr.MaxRSSBytes, wr.CPUMicrosPerRequest = t.CPUSeconds, t.MaxRSSBytes, t.CPUMicrosPerRequest
+		return wr
 	}
-	if kettleSeconds > 0 {
-		tot.CPUPer10kKettlesPerMin = tot.CPUSeconds / (kettleSeconds / 60 / 10000)
+	wr.State = stateLost
+	if n := len(w.seconds); n > 0 {
+		wr.CPUSeconds = max(0, w.seconds[n-1].CPUSeconds-w.cpuReady)
 	}
-	if tot.Requests > 0 {
-		tot.CPUMicrosPerRequest = tot.CPUSeconds / float64(tot.Requests) * 1e6
+	if wr.Requests > 0 {
+		wr.CPUMicrosPerRequest = wr.CPUSeconds / float64(wr.Requests) * 1e6
 	}
-	res.Params = params
-	res.Totals = tot
-	return res
+	return wr
 }
 
 // LostWorkers lists the workers that did not finish (empty: none).

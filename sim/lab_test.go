@@ -434,3 +434,25 @@ func TestLabInterrupted(t *testing.T) {
 		t.Errorf("audit %+v", a)
 	}
 }
+
+// TestPlansCarryOnlyTheSecretsTheyUse: the device secret goes to workers
+// only when they derive v1 tokens (HTTP v1, MQTT), the operator token only
+// when there is no secret to derive them with; v0 kettles log in and need
+// neither. The audit is the controller's.
+func TestPlansCarryOnlyTheSecretsTheyUse(t *testing.T) {
+	f := func(api, protocol string, secret []byte, op string, wantSecret bool, wantOp bool) {
+		t.Helper()
+		lc := &LabConfig{Workers: []string{"127.0.0.1:1", "127.0.0.1:2"}, Targets: []string{"http://127.0.0.1:8080"}, MQTTTargets: []string{"127.0.0.1:1883"}}
+		lc.Config = Config{TargetConfig: TargetConfig{Secret: secret, Operator: op}, FleetConfig: FleetConfig{Devices: 4},
+			TransportConfig: TransportConfig{API: api, Protocol: protocol}}
+		for _, p := range shardPlans(lc, "run") {
+			if (len(p.Secret) > 0) != wantSecret || (p.Operator != "") != wantOp {
+				t.Errorf("api %s %s: plan carries secret %v, operator token %v; want %v, %v", api, protocol, len(p.Secret) > 0, p.Operator != "", wantSecret, wantOp)
+			}
+		}
+	}
+	f("v1", ProtocolHTTP, []byte("secret-0123456789"), "operator-0123456789", true, false)
+	f("v1", ProtocolHTTP, nil, "operator-0123456789", false, true)
+	f("v0", ProtocolHTTP, []byte("secret-0123456789"), "operator-0123456789", false, false)
+	f("v1", ProtocolMQTT, []byte("secret-0123456789"), "operator-0123456789", true, false)
+}

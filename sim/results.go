@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -213,6 +214,23 @@ type Audit struct {
 	Examples []string `json:"examples,omitempty"` // a few lost or duplicated readings, "device time"
 }
 
+// add sums another shard's audit into a, keeping the first ten examples
+// (bench/mqttfleet sums whole runs' audits its own way: every example, and
+// the slowest audit's seconds, as the runs audit side by side).
+func (a *Audit) add(b *Audit) {
+	a.Devices += b.Devices
+	a.Acked += b.Acked
+	a.Stored += b.Stored
+	a.Lost += b.Lost
+	a.Duplicated += b.Duplicated
+	a.Unacked += b.Unacked
+	for _, e := range b.Examples {
+		if len(a.Examples) < 10 {
+			a.Examples = append(a.Examples, e)
+		}
+	}
+}
+
 // Line is the audit's one-line verdict.
 func (a *Audit) Line() string {
 	return fmt.Sprintf("acked=%d stored=%d lost=%d duplicated=%d (unacked but stored=%d, %d devices, %.1fs)",
@@ -257,12 +275,7 @@ func (r *Results) Summary(w io.Writer) {
 	p := r.Params
 	fmt.Fprintf(w, "\nswarm summary: %d kettles (%s, %s conns=%d), interval %gs, %.0fs wall\n",
 		p.Devices, p.API, p.ConnMode, p.Conns, p.IntervalS, t.WallSeconds)
-	names := make([]string, 0, len(t.Endpoints))
-	for n := range t.Endpoints {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(t.Endpoints)) {
 		e := t.Endpoints[n]
 		fmt.Fprintf(w, "  %-12s %8d req  %7.1f req/s  p50 %7.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  max %7.1f ms  errors %d  (offered %d)\n",
 			n, e.Requests, e.PerSecond, e.P50Ms, e.P99Ms, e.P999Ms, e.MaxMs, e.Errors, e.Offered)
@@ -310,14 +323,9 @@ func kinds(m map[string]int64) string {
 	if len(m) == 0 {
 		return ""
 	}
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
 	var b strings.Builder
 	b.WriteString(":")
-	for _, k := range ks {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		fmt.Fprintf(&b, " %s=%d", k, m[k])
 	}
 	return b.String()

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -159,14 +158,10 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		return nil, err
 	}
 
-	s.params = Params{
-		Target: cfg.Target, API: cfg.API, Devices: cfg.Devices, IntervalS: cfg.Interval.Seconds(),
-		JitterS: cfg.Jitter.Seconds(), HatchRate: cfg.HatchRate, DurationS: cfg.Duration.Seconds(),
-		Batch: cfg.Batch, ConnMode: mode, Conns: n, SourceIPs: cfg.SourceIPs, SourceAddrs: ipStrings(cfg.SourceAddrs), TimeoutS: cfg.Timeout.Seconds(),
-		TLS: tlsCfg != nil, TLSResume: tlsCfg != nil && tlsCfg.ClientSessionCache != nil,
-		Seed: cfg.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0), InProcessNote: cfg.InProcessNote,
-		SLOP99Ms: float64(cfg.SLOP99) / 1e6, MaxErrorRate: max(cfg.MaxErrorRate, 0),
-	}
+	s.params = cfg.params()
+	s.params.ConnMode, s.params.Conns, s.params.SourceIPs, s.params.SourceAddrs = mode, n, cfg.SourceIPs, ipStrings(cfg.SourceAddrs)
+	s.params.TLS, s.params.TLSResume = tlsCfg != nil, tlsCfg != nil && tlsCfg.ClientSessionCache != nil
+	s.params.InProcessNote = cfg.InProcessNote
 	s.tr.describe(&s.params)
 	if err := s.setup(ctx); err != nil {
 		return nil, err

@@ -129,23 +129,33 @@ func (p *Plan) config(w *WorkerConfig) Config {
 
 // WorkerStatus is a worker's answer to a status request.
 type WorkerStatus struct {
-	Run   string `json:"run"`
-	State string `json:"state"` // idle, setup, ready, running, done, failed
-	Error string `json:"error,omitempty"`
+	Run   string      `json:"run"`
+	State WorkerState `json:"state"` // idle, setup, ready, running, done, failed
+	Error string      `json:"error,omitempty"`
 	// Seconds closed since the asked-for one (at most maxStatusSeconds).
 	Seconds    []Second `json:"seconds,omitempty"`
 	CPUSeconds float64  `json:"cpu_seconds"`
 	RSSBytes   int64    `json:"rss_bytes"`
 }
 
+// WorkerState is where a lab worker's run stands: a worker reports the
+// first six of its own; the controller adds the two lost ones.
+type WorkerState string
+
 // Worker states.
 const (
-	stateIdle    = "idle"
-	stateSetup   = "setup"
-	stateReady   = "ready"
-	stateRunning = "running"
-	stateDone    = "done"
-	stateFailed  = "failed"
+	stateIdle    WorkerState = "idle"
+	stateSetup   WorkerState = "setup"
+	stateReady   WorkerState = "ready"
+	stateRunning WorkerState = "running"
+	stateDone    WorkerState = "done"
+	stateFailed  WorkerState = "failed"
+	// stateLost: the controller gave the worker up (it stopped answering,
+	// failed, or its result could not be fetched); its seconds so far stay
+	// merged, its readings are not audited.
+	stateLost WorkerState = "lost"
+	// stateLostReported is stateLost once the controller has logged it.
+	stateLostReported WorkerState = "lost-reported"
 )
 
 // WorkerConfig is one worker process.
@@ -176,7 +186,7 @@ type Worker struct {
 type workerRun struct {
 	plan    Plan
 	cancel  context.CancelFunc
-	state   string
+	state   WorkerState
 	err     string
 	seconds []Second
 	startc  chan time.Time
@@ -274,7 +284,7 @@ func (w *Worker) handleRun(rw http.ResponseWriter, r *http.Request) {
 	go func() { defer w.wg.Done(); w.execute(ctx, run) }()
 	go func() { defer w.wg.Done(); w.watchdog(ctx, run) }()
 	rw.WriteHeader(http.StatusAccepted)
-	workerJSON(rw, map[string]string{"run": p.Run, "state": stateSetup})
+	workerJSON(rw, map[string]string{"run": p.Run, "state": string(stateSetup)})
 }
 
 // execute runs the shard to its end.
@@ -331,7 +341,7 @@ func (w *Worker) watchdog(ctx context.Context, run *workerRun) {
 	}
 }
 
-func (w *Worker) setState(run *workerRun, state, msg string) {
+func (w *Worker) setState(run *workerRun, state WorkerState, msg string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if run.state == stateFailed {
@@ -367,12 +377,12 @@ func (w *Worker) handleStart(rw http.ResponseWriter, r *http.Request) {
 	state := run.state
 	w.mu.Unlock()
 	if state != stateReady {
-		workerError(rw, http.StatusConflict, "run is "+state+", not ready")
+		workerError(rw, http.StatusConflict, "run is "+string(state)+", not ready")
 		return
 	}
 	select {
 	case run.startc <- body.At:
-		workerJSON(rw, map[string]string{"run": run.plan.Run, "state": stateRunning})
+		workerJSON(rw, map[string]string{"run": run.plan.Run, "state": string(stateRunning)})
 	default:
 		workerError(rw, http.StatusConflict, "already started")
 	}
@@ -407,7 +417,7 @@ func (w *Worker) finished(rw http.ResponseWriter, r *http.Request, what string) 
 	state, res := run.state, run.res
 	w.mu.Unlock()
 	if state != stateDone || res == nil {
-		workerError(rw, http.StatusConflict, "run is "+state+": no "+what)
+		workerError(rw, http.StatusConflict, "run is "+string(state)+": no "+what)
 		return nil
 	}
 	return res

@@ -6,10 +6,13 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -162,6 +165,13 @@ func (w *Web) signIn(rw http.ResponseWriter, r *http.Request) {
 		writeJSON(rw, http.StatusForbidden, errorJSON{"forbidden", "sign in from the dashboard's own page"})
 		return
 	}
+	src := sourceAddr(r)
+	if d := w.throttle.wait(src, w.cfg.Now()); d > 0 {
+		secs := int((d + time.Second - 1) / time.Second)
+		rw.Header().Set("Retry-After", strconv.Itoa(secs))
+		writeJSON(rw, http.StatusTooManyRequests, errorJSON{"too_many_requests", fmt.Sprintf("too many failed sign-ins from this address; retry after %d s", secs)})
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, 4<<10))
 	if err != nil {
 		writeJSON(rw, http.StatusRequestEntityTooLarge, errorJSON{"too_large", "sign-in body over 4 KiB"})
@@ -189,6 +199,7 @@ func (w *Web) signIn(rw http.ResponseWriter, r *http.Request) {
 	}
 	tok = strings.TrimSpace(tok)
 	if !w.tokenOK(tok) {
+		w.throttle.failed(src, w.cfg.Now())
 		if ok, skipped := w.refusedLog.Allow(time.Now()); ok {
 			w.log.Warn("dashboard sign-in refused", "remote", r.RemoteAddr, "refusals_not_logged_since_last_line", skipped)
 		}
@@ -199,7 +210,7 @@ func (w *Web) signIn(rw http.ResponseWriter, r *http.Request) {
 	http.SetCookie(rw, &http.Cookie{
 		Name: CookieName, Value: id, Path: "/",
 		Expires: exp, MaxAge: int(w.cfg.SessionTTL / time.Second),
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: r.TLS != nil || w.cfg.SecureCookie, SameSite: http.SameSiteStrictMode,
 	})
 	w.log.Info("dashboard sign-in", "remote", r.RemoteAddr, "expires", exp)
 	writeJSON(rw, http.StatusOK, w.info(exp, true))
@@ -216,7 +227,18 @@ func (w *Web) signOut(rw http.ResponseWriter, r *http.Request) {
 	}
 	http.SetCookie(rw, &http.Cookie{
 		Name: CookieName, Value: "", Path: "/", MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: r.TLS != nil || w.cfg.SecureCookie, SameSite: http.SameSiteStrictMode,
 	})
 	rw.WriteHeader(http.StatusNoContent)
+}
+
+// sourceAddr is the request's client address (kettle serve has already put
+// a trusted balancer's X-Forwarded-For there); the zero Addr when it is
+// not an address.
+func sourceAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }

@@ -57,7 +57,19 @@ type Config struct {
 	// OfflineAfter is how long a kettle may be silent before the page marks
 	// it offline (default 60 s: two missed polls at the default interval).
 	OfflineAfter time.Duration
+	// SecureCookie marks the session cookie Secure even when the request
+	// reached this node in plain HTTP: behind a balancer that terminates
+	// TLS (kettle serve --public-url https://…).
+	SecureCookie bool
 }
+
+// Failed sign-ins a source may make at once, then one per
+// signInInterval; at most signInSources sources are tracked.
+const (
+	signInBurst    = 5
+	signInInterval = 12 * time.Second
+	signInSources  = 4096
+)
 
 // Web serves the dashboard and its sessions. Build it with New.
 type Web struct {
@@ -70,6 +82,7 @@ type Web struct {
 	sessions map[[32]byte]time.Time // sha256(session id) → expiry
 
 	refusedLog logthin.Limiter // failed sign-ins: anyone can cause them at any rate
+	throttle   *signInThrottle
 }
 
 // asset is one embedded file, with its gzip form computed once at start.
@@ -97,7 +110,8 @@ func New(cfg Config, log *slog.Logger) *Web {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Web{cfg: cfg, log: log, assets: map[string]*asset{}, sessions: map[[32]byte]time.Time{}}
+	w := &Web{cfg: cfg, log: log, assets: map[string]*asset{}, sessions: map[[32]byte]time.Time{},
+		throttle: newSignInThrottle(signInInterval, signInBurst, signInSources)}
 	if err := w.loadAssets(); err != nil {
 		panic(fmt.Sprintf("web: embedded assets: %v", err))
 	}

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -69,10 +70,13 @@ func withCookie(r *http.Request, c *http.Cookie) *http.Request {
 
 func TestSignIn(t *testing.T) {
 	_, mux, _ := newWeb(t, web.Config{})
+	n := 0
 	f := func(contentType, body string, wantStatus int) {
 		t.Helper()
 		r := httptest.NewRequest("POST", "/session", strings.NewReader(body))
 		r.Header.Set("Content-Type", contentType)
+		n++ // each case from an address of its own: failures are throttled per source
+		r.RemoteAddr = fmt.Sprintf("192.0.2.%d:1234", n)
 		rec := do(mux, r)
 		if rec.Code != wantStatus {
 			t.Errorf("%s %q: status %d, want %d (%s)", contentType, body, rec.Code, wantStatus, rec.Body)
@@ -120,6 +124,39 @@ func TestCookieAttributes(t *testing.T) {
 	rec := do(mux, r)
 	if !strings.Contains(rec.Header().Get("Set-Cookie"), "Secure") {
 		t.Errorf("over TLS the cookie must be Secure: %q", rec.Header().Get("Set-Cookie"))
+	}
+	// Behind a balancer that terminates TLS: plain HTTP here, https outside.
+	_, mux, _ = newWeb(t, web.Config{SecureCookie: true})
+	if c := signIn(t, mux); !c.Secure {
+		t.Errorf("with SecureCookie (the public URL is https) the cookie must be Secure over plain HTTP too: %+v", c)
+	}
+}
+
+// TestSignInThrottled: a source that keeps failing is told to wait (429 +
+// Retry-After), even with the right token, until its allowance returns;
+// another source is not affected.
+func TestSignInThrottled(t *testing.T) {
+	_, mux, clk := newWeb(t, web.Config{})
+	try := func(from, tok string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/session", strings.NewReader(`{"token":"`+tok+`"}`))
+		r.RemoteAddr = from
+		return do(mux, r)
+	}
+	for i := range 5 {
+		if rec := try("198.51.100.1:1", "wrong"); rec.Code != 401 {
+			t.Fatalf("failure %d: %d, want 401", i+1, rec.Code)
+		}
+	}
+	rec := try("198.51.100.1:2", opToken)
+	if rec.Code != 429 || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("after 5 failures, the right token: %d (Retry-After %q), want 429 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if rec := try("198.51.100.2:1", opToken); rec.Code != 200 {
+		t.Fatalf("another source: %d, want 200", rec.Code)
+	}
+	clk.Add(15 * time.Second)
+	if rec := try("198.51.100.1:3", opToken); rec.Code != 200 {
+		t.Fatalf("after the wait: %d, want 200", rec.Code)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -139,7 +140,29 @@ func decodeReadings(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return kettle.Errorf(kettle.EInvalid, "empty body; send a JSON object")
 	}
-	if err := gojson.Unmarshal(body, v); err != nil {
+	return unmarshal(body, v)
+}
+
+// decoder is the JSON decoder of untrusted bodies (a variable for the
+// test of unmarshal's recover).
+var decoder = gojson.Unmarshal
+
+// DecoderPanics counts bodies whose decoding panicked (refused as invalid).
+var DecoderPanics atomic.Int64
+
+// unmarshal decodes with decoder and turns a panic of the decoder into a
+// refusal: goccy/go-json has open reports of panics on malformed input,
+// and one kettle's bytes must not take a node down. The body is refused as
+// invalid (400, or an MQTT message dropped and counted) and counted in
+// DecoderPanics.
+func unmarshal(body []byte, v any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			DecoderPanics.Add(1)
+			err = &kettle.Error{Code: kettle.EInvalid, Message: "malformed JSON: the body could not be decoded"}
+		}
+	}()
+	if err := decoder(body, v); err != nil {
 		return JSONError(err, "")
 	}
 	return nil

@@ -59,50 +59,13 @@ func expire(args []string) error {
 		}
 	}
 
-	type write struct{ start, end time.Time }
-	var (
-		mu     sync.Mutex
-		writes []write
-		werr   error
-		wg     sync.WaitGroup
-		stop   = make(chan struct{})
-	)
-	for w := range *writers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 5))
-			rows := make([]kettle.Measurement, *batch)
-			for k := 0; ; k++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				tm := time.Now().UTC().Truncate(time.Microsecond)
-				for i := range rows {
-					// one reading per kettle and write: distinct keys
-					rows[i] = kettle.Measurement{Device: seed.DeviceID(*seedN, ((k*(*writers)+w)*(*batch)+i)%(*devices)),
-						Time: tm, ChargeMWh: 50 + rng.Float64(), FullMWh: 100, RateMW: -1, AmbientC: 20, WaterC: 60, LevelML: 500}
-				}
-				t0 := time.Now()
-				if _, err := st.Write(ctx, rows, t0); err != nil {
-					mu.Lock()
-					werr = err
-					mu.Unlock()
-					return
-				}
-				mu.Lock()
-				writes = append(writes, write{t0, time.Now()})
-				mu.Unlock()
-			}
-		})
-	}
+	lw := startLiveWriters(ctx, st, *writers, *batch, *seedN, *devices)
 	time.Sleep(*warm)
 	t1 := time.Now()
 	removed, eerr := st.Expire(ctx, before)
 	t2 := time.Now()
 	time.Sleep(*after)
-	close(stop)
-	wg.Wait()
+	writes, werr := lw.stop()
 	if eerr != nil {
 		return fmt.Errorf("expire: %w", eerr)
 	}
@@ -119,20 +82,81 @@ func expire(args []string) error {
 			during = append(during, d)
 		}
 	}
-	slices.Sort(base)
-	slices.Sort(during)
-	line := func(v []time.Duration) string {
-		if len(v) == 0 {
-			return "writes=0"
-		}
-		return fmt.Sprintf("writes=%d p50_ms=%.1f p99_ms=%.1f max_ms=%.1f", len(v), ms(pct(v, 50)), ms(pct(v, 99)), ms(v[len(v)-1]))
-	}
 	fmt.Printf("RESULT expire before=%s removed=%d seconds=%.2f rows_before=%d bytes_before=%d\n",
 		before.Format(time.RFC3339), removed, t2.Sub(t1).Seconds(), rowsBefore, sizeBefore)
-	fmt.Printf("RESULT writers_before_expiry %s (the %v before it)\n", line(base), *warm/2)
-	fmt.Printf("RESULT writers_during_expiry %s (writes that overlapped it)\n", line(during))
+	fmt.Printf("RESULT writers_before_expiry %s (the %v before it)\n", latencyLine(base), *warm/2)
+	fmt.Printf("RESULT writers_during_expiry %s (writes that overlapped it)\n", latencyLine(during))
+	return checkExpired(ctx, st, *dsn, before, pg)
+}
 
-	// The figures must still equal the rows.
+// write is one batch a live writer stored: when it began and was committed.
+type write struct{ start, end time.Time }
+
+// liveWriters store batches of live readings of the seeded kettles, as
+// kettle serve's batchers do, until stopped.
+type liveWriters struct {
+	mu     sync.Mutex
+	writes []write
+	err    error
+	wg     sync.WaitGroup
+	done   chan struct{}
+}
+
+func startLiveWriters(ctx context.Context, st kettle.Store, writers, batch int, seedN uint64, devices int) *liveWriters {
+	lw := &liveWriters{done: make(chan struct{})}
+	for w := range writers {
+		lw.wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 5))
+			rows := make([]kettle.Measurement, batch)
+			for k := 0; ; k++ {
+				select {
+				case <-lw.done:
+					return
+				default:
+				}
+				tm := time.Now().UTC().Truncate(time.Microsecond)
+				for i := range rows {
+					// one reading per kettle and write: distinct keys
+					rows[i] = kettle.Measurement{Device: seed.DeviceID(seedN, ((k*writers+w)*batch+i)%devices),
+						Time: tm, ChargeMWh: 50 + rng.Float64(), FullMWh: 100, RateMW: -1, AmbientC: 20, WaterC: 60, LevelML: 500}
+				}
+				t0 := time.Now()
+				if _, err := st.Write(ctx, rows, t0); err != nil {
+					lw.mu.Lock()
+					lw.err = err
+					lw.mu.Unlock()
+					return
+				}
+				lw.mu.Lock()
+				lw.writes = append(lw.writes, write{t0, time.Now()})
+				lw.mu.Unlock()
+			}
+		})
+	}
+	return lw
+}
+
+// stop stops the writers and returns their writes and the error that
+// stopped one of them (nil: none).
+func (lw *liveWriters) stop() ([]write, error) {
+	close(lw.done)
+	lw.wg.Wait()
+	return lw.writes, lw.err
+}
+
+// latencyLine is a RESULT line's fields for write latencies v.
+func latencyLine(v []time.Duration) string {
+	if len(v) == 0 {
+		return "writes=0"
+	}
+	slices.Sort(v)
+	return fmt.Sprintf("writes=%d p50_ms=%.1f p99_ms=%.1f max_ms=%.1f", len(v), ms(pct(v, 50)), ms(pct(v, 99)), ms(v[len(v)-1]))
+}
+
+// checkExpired checks that the figures still equal the rows after the
+// expiry: the statistics' count and the devices' counts against count(*)
+// (PostgreSQL), or against each other (SQLite).
+func checkExpired(ctx context.Context, st kettle.Store, dsn string, before time.Time, pg bool) error {
 	stt, err := st.Statistics(ctx, kettle.StatsQuery{})
 	if err != nil {
 		return err
@@ -149,7 +173,7 @@ func expire(args []string) error {
 		}
 		return nil
 	}
-	conn, err := pgx.Connect(ctx, *dsn)
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -163,7 +187,7 @@ func expire(args []string) error {
 		WHERE d.measurements - coalesce(x.n, 0) <> coalesce(m.n, 0)`).Scan(&badDevs); err != nil {
 		return err
 	}
-	sizeAfter, _, err := tableSize(ctx, *dsn)
+	sizeAfter, _, err := tableSize(ctx, dsn)
 	if err != nil {
 		return err
 	}

@@ -98,20 +98,23 @@ func ceiling(args []string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	const columns = `device uuid NOT NULL, t timestamptz NOT NULL,
-			charge_mwh float8 NOT NULL, full_mwh float8 NOT NULL, rate_mw float8 NOT NULL,
-			ambient_c float8 NOT NULL, water_c float8 NOT NULL, level_ml float8 NOT NULL,
-			PRIMARY KEY (device, t)`
 	if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS ceiling_scratch"); err != nil {
 		return err
 	}
 	if !*keep {
 		defer conn.Exec(context.Background(), "DROP TABLE IF EXISTS ceiling_scratch")
 	}
+	// measurements' shape: partitioned by UTC day of t
+	const columns = `device uuid NOT NULL, t timestamptz NOT NULL,
+			charge_mwh float8 NOT NULL, full_mwh float8 NOT NULL, rate_mw float8 NOT NULL,
+			ambient_c float8 NOT NULL, water_c float8 NOT NULL, level_ml float8 NOT NULL,
+			PRIMARY KEY (device, t)`
+	createScratch := func() error {
+		_, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)")
+		return err
+	}
 
-	// newSource returns one worker's chunk source: it fills buf[:0] with
-	// the next chunk and names the table to copy it into, until ok is false.
-	var newSource func() func(buf []kettle.Measurement) (rows []kettle.Measurement, table string, ok bool)
+	var newSource func() chunkSource
 	switch *rowsKind {
 	case "seed":
 		end := time.Now().UTC().Truncate(time.Hour)
@@ -125,8 +128,7 @@ func ceiling(args []string) error {
 		if err := f.Validate(); err != nil {
 			return err
 		}
-		// measurements' shape: partitioned by UTC day of t
-		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
+		if err := createScratch(); err != nil {
 			return err
 		}
 		switch *load {
@@ -141,7 +143,7 @@ func ceiling(args []string) error {
 		}
 		newSource = seedSource(f, *chunkRows, *workers)
 	case "ingest":
-		if _, err := conn.Exec(ctx, "CREATE TABLE ceiling_scratch ("+columns+") PARTITION BY RANGE (t)"); err != nil {
+		if err := createScratch(); err != nil {
 			return err
 		}
 		// ingestRow's times: from ingestBase, one second per reading of a device
@@ -150,39 +152,66 @@ func ceiling(args []string) error {
 		if err := scratchPartitions(ctx, conn, first, last.Add(time.Second)); err != nil {
 			return err
 		}
-		next := ingestChunks(*devices, *batch, *total, *chunkRows)
-		newSource = func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
-			return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
-				rows, ok := next(buf)
-				if !ok || len(rows) == 0 {
-					return rows, "ceiling_scratch", ok
-				}
-				lo, hi := rows[0].Time, rows[0].Time
-				for i := range rows {
-					if t := rows[i].Time; t.Before(lo) {
-						lo = t
-					} else if t.After(hi) {
-						hi = t
-					}
-				}
-				if dayStart(lo).Equal(dayStart(hi)) {
-					return rows, scratchPartition(dayStart(lo)), true
-				}
-				return rows, "ceiling_scratch", true
-			}
-		}
+		newSource = ingestSource(ingestChunks(*devices, *batch, *total, *chunkRows))
 	default:
 		return fmt.Errorf("--rows %q: want seed or ingest", *rowsKind)
 	}
 
+	start := time.Now()
+	n, err := copyCeiling(ctx, *dsn, *workers, *encoder, newSource)
+	el := time.Since(start)
+	if err != nil {
+		return err
+	}
+	var bytes, parts int64
+	conn.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), pg_total_relation_size('ceiling_scratch')), count(i.inhrelid)
+		FROM pg_class c LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+		WHERE i.inhparent = 'ceiling_scratch'::regclass OR (c.oid = 'ceiling_scratch'::regclass AND c.relkind = 'r')`).Scan(&bytes, &parts)
+	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s partitions=%d bytes_per_row=%.1f\n",
+		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, parts, float64(bytes)/float64(max(n, 1)))
+	return nil
+}
+
+// chunkSource is one COPY stream's rows: it fills buf[:0] with the next
+// chunk and names the table to copy it into, until ok is false.
+type chunkSource func(buf []kettle.Measurement) (rows []kettle.Measurement, table string, ok bool)
+
+// ingestSource is pgbench ingest's rows from next, each chunk into its
+// day's partition when it falls in one (as kettle serve's COPY does), else
+// into the parent table.
+func ingestSource(next func([]kettle.Measurement) ([]kettle.Measurement, bool)) func() chunkSource {
+	return func() chunkSource {
+		return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
+			rows, ok := next(buf)
+			if !ok || len(rows) == 0 {
+				return rows, "ceiling_scratch", ok
+			}
+			lo, hi := rows[0].Time, rows[0].Time
+			for i := range rows {
+				if t := rows[i].Time; t.Before(lo) {
+					lo = t
+				} else if t.After(hi) {
+					hi = t
+				}
+			}
+			if dayStart(lo).Equal(dayStart(hi)) {
+				return rows, scratchPartition(dayStart(lo)), true
+			}
+			return rows, "ceiling_scratch", true
+		}
+	}
+}
+
+// copyCeiling runs workers COPY streams, each on its own connection and
+// its own source, until every source is done; it returns the rows copied.
+func copyCeiling(ctx context.Context, dsn string, workers int, encoder string, newSource func() chunkSource) (int64, error) {
 	var copied atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, *workers)
-	start := time.Now()
-	for range *workers {
+	errs := make(chan error, workers)
+	for range workers {
 		next := newSource()
 		wg.Go(func() {
-			c, err := pgx.Connect(ctx, *dsn)
+			c, err := pgx.Connect(ctx, dsn)
 			if err != nil {
 				errs <- err
 				return
@@ -198,21 +227,7 @@ func ceiling(args []string) error {
 				if len(rows) == 0 {
 					continue
 				}
-				var n int64
-				if *encoder == "pgx" {
-					n, err = c.CopyFrom(ctx, pgx.Identifier{table},
-						[]string{"device", "t", "charge_mwh", "full_mwh", "rate_mw", "ambient_c", "water_c", "level_ml"},
-						pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
-							m := &rows[i]
-							return []any{m.Device, m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}, nil
-						}))
-				} else {
-					var tag interface{ RowsAffected() int64 }
-					tag, err = c.PgConn().CopyFrom(ctx, postgres.NewCopyReader(rows), "COPY "+table+" "+postgres.CopyColumns+" FROM STDIN (FORMAT binary)")
-					if err == nil {
-						n = tag.RowsAffected()
-					}
-				}
+				n, err := copyChunk(ctx, c, encoder, table, rows)
 				if err != nil {
 					errs <- err
 					return
@@ -222,19 +237,25 @@ func ceiling(args []string) error {
 		})
 	}
 	wg.Wait()
-	el := time.Since(start)
 	close(errs)
-	if err := <-errs; err != nil {
-		return err
+	return copied.Load(), <-errs
+}
+
+// copyChunk COPYs rows into table with the encoder asked for.
+func copyChunk(ctx context.Context, c *pgx.Conn, encoder, table string, rows []kettle.Measurement) (int64, error) {
+	if encoder == "pgx" {
+		return c.CopyFrom(ctx, pgx.Identifier{table},
+			[]string{"device", "t", "charge_mwh", "full_mwh", "rate_mw", "ambient_c", "water_c", "level_ml"},
+			pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
+				m := &rows[i]
+				return []any{m.Device, m.Time, m.ChargeMWh, m.FullMWh, m.RateMW, m.AmbientC, m.WaterC, m.LevelML}, nil
+			}))
 	}
-	var bytes, parts int64
-	conn.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), pg_total_relation_size('ceiling_scratch')), count(i.inhrelid)
-		FROM pg_class c LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
-		WHERE i.inhparent = 'ceiling_scratch'::regclass OR (c.oid = 'ceiling_scratch'::regclass AND c.relkind = 'r')`).Scan(&bytes, &parts)
-	n := copied.Load()
-	fmt.Printf("RESULT ceiling rows=%d seconds=%.2f rows_per_s=%.0f streams=%d encoder=%s partitions=%d bytes_per_row=%.1f\n",
-		n, el.Seconds(), float64(n)/el.Seconds(), *workers, *encoder, parts, float64(bytes)/float64(max(n, 1)))
-	return nil
+	tag, err := c.PgConn().CopyFrom(ctx, postgres.NewCopyReader(rows), "COPY "+table+" "+postgres.CopyColumns+" FROM STDIN (FORMAT binary)")
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
 }
 
 // dayCeiling loads f's rows into ceiling_scratch the way kettle seed loads
@@ -320,10 +341,10 @@ func scratchPartition(day time.Time) string {
 // seedSource hands out kettle seed's work: the same groups of devices
 // (seed.Fleet.Groups, four per worker), each generated by one worker in the
 // same chunks (seed.Chunks), as cmd/kettle/seed.go does.
-func seedSource(f seed.Fleet, chunkRows, workers int) func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
+func seedSource(f seed.Fleet, chunkRows, workers int) func() chunkSource {
 	groups := f.Groups(4 * workers)
 	var next atomic.Int64
-	return func() func([]kettle.Measurement) ([]kettle.Measurement, string, bool) {
+	return func() chunkSource {
 		var cur *seed.Chunks
 		return func(buf []kettle.Measurement) ([]kettle.Measurement, string, bool) {
 			for {

@@ -55,6 +55,7 @@ func TestBackupAndRestore(t *testing.T) {
 		t.Fatalf("kettle backup said:\n%s", out)
 	}
 	file := m[1]
+	privateBackup(t, file)
 	n, _ := strconv.Atoi(m[2])
 	if filepath.Dir(file) != filepath.Join(dir, "backups") || n < len(before) || n > len(before)+len(during) || m[3] != "6" {
 		t.Errorf("backup %s holds %s readings of %s kettles; want it in %s/backups, %d to %d readings (acknowledged before it and by its end), 6 kettles",
@@ -145,6 +146,7 @@ func TestPostgresBackupAndRestore(t *testing.T) {
 	if m == nil {
 		t.Fatalf("kettle backup said:\n%s", out)
 	}
+	privateBackup(t, file)
 	n, _ := strconv.Atoi(m[1])
 	if n < len(before) || n > len(before)+len(during) || m[2] == "0" {
 		t.Errorf("the backup holds %d readings; want %d to %d (acknowledged before it and by its end)", n, len(before), len(before)+len(during))
@@ -249,5 +251,21 @@ func TestBackupKeep(t *testing.T) {
 	want = slices.Sorted(slices.Values(append([]string{filepath.Base(m2[1]), "kettle-20250102T000000Z.db"}, others...)))
 	if got := ls(); !slices.Equal(got, want) {
 		t.Errorf("after --keep 1: %s holds\n%v\nwant\n%v", bdir, got, want)
+	}
+}
+
+// privateBackup: a backup holds the v0 kettles' credentials: 0600, in a
+// directory only its owner enters when kettle backup made it.
+func privateBackup(t *testing.T, file string) {
+	t.Helper()
+	st, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("backup %s has mode %v, want 0600", file, st.Mode().Perm())
+	}
+	if d, err := os.Stat(filepath.Dir(file)); err == nil && filepath.Base(filepath.Dir(file)) == "backups" && d.Mode().Perm() != 0o700 {
+		t.Errorf("backup directory %s has mode %v, want 0700", filepath.Dir(file), d.Mode().Perm())
 	}
 }

@@ -66,6 +66,7 @@ func runCapacity(ctx context.Context, args []string) error {
 	f.registerTLS(fs)
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token, to provision v1 devices when there is no --secret (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir)")
+	secretFileVars(fs, "operator-token", "secret")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
 	fs.DurationVar(&f.sloP99, "slo-p99", 100*time.Millisecond, "a step holds while every endpoint's steady-state p99 is at most this")
 	fs.Float64Var(&f.maxErrorRate, "max-error-rate", 0.001, "… and its errors/requests at most this")
@@ -121,7 +122,7 @@ func runCapacity(ctx context.Context, args []string) error {
 		}
 		f.out = d
 	}
-	f.command = "kettle capacity " + strings.Join(args, " ")
+	f.command = commandLine("capacity", args)
 	return f.capacity(ctx, os.Stderr, capacityPlan{start: *start, step: *step, max: *maxK, dur: *stepDur, warmup: *warmup, pause: *pause})
 }
 
@@ -232,8 +233,10 @@ func (f *swarmFlags) capacity(ctx context.Context, w io.Writer, p capacityPlan) 
 	}
 	s.Command = f.command
 	s.Capacity = capa
-	if b, err := s.JSON(); err == nil {
-		_ = os.WriteFile(filepath.Join(f.out, "capacity.json"), b, 0o644)
+	// Scripts (bench/capacity.sh, chaos overload) read the answer from
+	// capacity.json: a run that cannot write it fails.
+	if err := s.WriteJSON(filepath.Join(f.out, "capacity.json")); err != nil {
+		return err
 	}
 	rp := filepath.Join(f.out, "report.html")
 	if err := s.WriteFile(rp); err != nil {

@@ -58,8 +58,28 @@ func TestCapacityAndReport(t *testing.T) {
 	}
 }
 
-// TestCapacityOverWorkers steps a fleet split over two swarm workers: each
-// step is one merged run of the same workers.
+// TestCapacityJSONUnwritable: a capacity run that cannot write
+// capacity.json fails, naming the file, instead of ending as if it had.
+func TestCapacityJSONUnwritable(t *testing.T) {
+	dir, srv := sqliteServer(t)
+	f := testCapacityFlags(srv)
+	f.sloP99, f.maxErrorRate = 10*time.Second, 0.5
+	f.out = filepath.Join(dir, "cap")
+	f.command = "kettle capacity (test)"
+	// A directory where the file goes: the write fails as on a full or
+	// read-only disk.
+	if err := os.MkdirAll(filepath.Join(f.out, "capacity.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	err := f.capacity(t.Context(), io.Discard, capacityPlan{start: 20, step: 20, max: 20, dur: 2 * time.Second, warmup: time.Second})
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(f.out, "capacity.json")) {
+		t.Fatalf("capacity with an unwritable capacity.json: err %v, want one naming the file", err)
+	}
+}
+
 // TestCapacityMQTT: kettle capacity --protocol mqtt steps a fleet of
 // connected MQTT kettles (one connection each) against the embedded
 // listener and judges their PUBACKs.
@@ -87,6 +107,8 @@ func TestCapacityMQTT(t *testing.T) {
 	}
 }
 
+// TestCapacityOverWorkers steps a fleet split over two swarm workers: each
+// step is one merged run of the same workers.
 func TestCapacityOverWorkers(t *testing.T) {
 	dir, srv := sqliteServer(t)
 	const token = "capacity-lab-token-0123"

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/server"
@@ -95,7 +94,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	f.command = "kettle demo " + strings.Join(args, " ")
+	f.command = commandLine("demo", args)
 	fmt.Fprintf(os.Stderr, "demo: kettle serve (embedded SQLite) at %s, data in %s, server log %s\n", srv.URL(), dir, logPath)
 
 	runErr := f.run(ctx, os.Stderr)

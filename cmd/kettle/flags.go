@@ -13,6 +13,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 // envName is the environment twin of a flag: --ingest-queue → KETTLE_INGEST_QUEUE.
@@ -157,4 +158,46 @@ func dbName(dsn string) string {
 		return "PostgreSQL database " + cfg.Database
 	}
 	return "PostgreSQL"
+}
+
+// secretFileVars gives each named secret flag a twin --NAME-file (and so
+// KETTLE_NAME_FILE) that reads the value from a file: secrets travel in
+// files (systemd's LoadCredential, a Kubernetes Secret volume), never argv,
+// where every user of the machine can read them. An empty or unreadable
+// file is an error naming the flag, never an empty secret.
+func secretFileVars(fs *flag.FlagSet, names ...string) {
+	for _, name := range names {
+		secretFlags[name] = true
+		target := fs.Lookup(name)
+		if target == nil {
+			panic("secretFileVars: no flag --" + name)
+		}
+		fs.Func(name+"-file", "read --"+name+" from this file (a trailing newline is dropped); for secrets, better than the flag: argv is visible to every user of the machine", func(path string) error {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			v := strings.TrimRight(string(b), "\r\n")
+			if v == "" {
+				return fmt.Errorf("%s is empty", path)
+			}
+			return target.Value.Set(v)
+		})
+	}
+}
+
+// secretFlags are the flags whose values are secrets (every one given a
+// -file twin by secretFileVars); dsnFlags hold a database DSN, which may
+// carry a password.
+var (
+	secretFlags = map[string]bool{}
+	dsnFlags    = map[string]bool{"db": true, "db-read": true}
+)
+
+// commandLine is the command that reproduces a run, as results.json and
+// report.html print it: the arguments as given, each secret replaced by a
+// mask and each DSN's password masked. Whoever reruns it gives the secrets
+// again (their -file twins, or the environment).
+func commandLine(name string, args []string) string {
+	return strings.TrimSpace("kettle " + name + " " + strings.Join(redact.Args(args, secretFlags, dsnFlags), " "))
 }

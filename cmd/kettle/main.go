@@ -26,7 +26,7 @@ func register(name, summary string, run func(ctx context.Context, args []string)
 	subcommands[name] = subcommand{summary, run}
 }
 
-var order = []string{"serve", "token", "seed", "expire", "prune", "backup", "restore", "swarm", "report", "capacity", "demo"}
+var order = []string{"serve", "token", "seed", "expire", "prune", "backup", "restore", "swarm", "report", "capacity", "demo", "version"}
 
 func usage() {
 	fmt.Fprintf(os.Stderr, "kettle — the kettlefleet backend and the lab that proves it\n\nUsage: kettle COMMAND [flags]\n\nCommands:\n")

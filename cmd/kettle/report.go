@@ -94,11 +94,7 @@ func runReport(ctx context.Context, args []string) error {
 		return err
 	}
 	if *jsonOut != "" {
-		b, err := s.JSON()
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
+		if err := s.WriteJSON(*jsonOut); err != nil {
 			return err
 		}
 	}

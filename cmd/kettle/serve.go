@@ -167,6 +167,12 @@ func runServe(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.MQTTBroker.Username, "mqtt-username", "", "username at the external broker")
 	fs.StringVar(&cfg.MQTTBroker.Password, "mqtt-password", "", "password at the external broker")
 	fs.Float64Var(&cfg.AccessLogSample, "access-log-sample", 0.01, "fraction of successful requests written to the access log; every failed (status ≥ 400) or slow (≥ 1 s) request is written whatever it is (0 = no access log at all, 1 = every request; a line per request costs about a third of the acknowledged readings/s at 10,000+ req/s)")
+	fs.StringVar(&cfg.PublicURL, "public-url", "", "the URL operators reach this node at through a balancer, e.g. https://kettle.example.net: with https the dashboard's session cookie is Secure even when the balancer terminates TLS and speaks HTTP to the node (empty: Secure only over --tls-cert)")
+	fs.Func("trusted-proxies", "comma-separated CIDRs or addresses of balancers in front of this node (e.g. HAProxy with option forwardfor): from these peers only, X-Forwarded-For names the client, for per-source limits and the access log; a header from any other peer is ignored (empty: the peer is the client)", func(v string) (err error) {
+		cfg.TrustedProxies, err = server.ParseTrustedProxies(v)
+		return err
+	})
+	secretFileVars(fs, "operator-token", "secret", "operator-token-previous", "secret-previous", "mqtt-password")
 	sample := fs.Bool("sample", false, "sample this process's CPU, memory, fds, the machine and /metrics every second while serving, written to <data-dir>/system.json at exit (kettle report RESULTS --system FILE)")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles (/debug/pprof/) on this separate address, e.g. 127.0.0.1:6060; empty: off")
 	gcPercent := fs.Int("gc-percent", 400, "Go garbage collector target (as GOGC): the heap may grow this many % over the live heap between collections; 400 trades memory for less CPU per request than Go's 100 (docs/performance.md); default 100 with --mqtt-addr, where the headroom would multiply every connected kettle's memory for little CPU saved; the GOGC environment variable, when set, wins")
@@ -243,6 +249,7 @@ func runServe(ctx context.Context, args []string) error {
 	if sec != "" {
 		fmt.Fprintf(os.Stderr, "  device-token secret: %s (kettle token --data-dir %s --device UUID)\n", sec, strings.TrimSuffix(cfg.DataDir, "/"))
 	}
+	stopping := notifyReady(ctx, "serving on "+srv.URL())
 	select {
 	case <-ctx.Done():
 	case err := <-srv.Done():
@@ -250,6 +257,7 @@ func runServe(ctx context.Context, args []string) error {
 			log.Error("serve failed", "err", err)
 		}
 	}
+	stopping()
 	return srv.Close()
 }
 
@@ -261,7 +269,10 @@ func serveDebug(addr string, log *slog.Logger) (func(), error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	// The command line holds what was given as flags, secrets among them.
+	mux.HandleFunc("/debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not served: the command line may hold secrets", http.StatusNotFound)
+	})
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -144,6 +144,9 @@ type swarmFlags struct {
 	workers     string   // --workers HOST:PORT,…
 	workerToken string   // --worker-token
 	allowTarget string   // --allow-target HOST,…
+	workerCA    string   // --worker-ca
+	workerCert  string   // --worker-cert
+	workerKey   string   // --worker-key
 	targets     []string // --target split (several server nodes)
 	mqttTargets []string
 }
@@ -180,6 +183,7 @@ func (f *swarmFlags) registerTarget(fs *flag.FlagSet) {
 	fs.StringVar(&c.Operator, "operator-token", "", "operator token for the audit and v1 provisioning (empty: read from --data-dir)")
 	fs.StringVar(&f.secret, "secret", "", "secret to derive v1 device tokens offline (empty: read from --data-dir, else provision with the operator token)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "kettle serve's data directory, to read operator-token and secret from")
+	secretFileVars(fs, "operator-token", "secret")
 	fs.BoolVar(&f.audit, "audit", true, "audit acknowledged readings at the end (needs the operator token)")
 	fs.StringVar(&f.auditAfter, "audit-after", "", "before the audit, wait (at most 5 min) until GET of this URL answers 200, e.g. a log writer's http://127.0.0.1:8081/drained (kettle serve --log: acknowledged readings reach the store once the writers drained the log)")
 	fs.IntVar(&f.serverPID, "server-pid", 0, "pid of the server process to sample (0: the process listening on --target's port)")
@@ -242,7 +246,7 @@ func runSwarm(ctx context.Context, args []string) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	f.command = "kettle swarm " + strings.Join(args, " ")
+	f.command = commandLine("swarm", args)
 	return f.run(ctx, os.Stderr)
 }
 

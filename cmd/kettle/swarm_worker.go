@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,6 +52,10 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 	reserve := fs.Int("reserve-fds", 0, "file descriptors to leave to others in this process")
 	orphan := fs.Duration("orphan", 30*time.Second, "stop a run when the controller has been silent this long")
 	debugAddr := fs.String("debug-addr", "", "serve Go's pprof profiles of this worker on this address, e.g. 127.0.0.1:6062 (empty: off)")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate (chain): with --tls-key the control listener is TLS only; required when --listen is not a loopback address (the controller's plans carry the device secret)")
+	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
+	clientCA := fs.String("client-ca", "", "with --tls-cert: PEM certificate(s) the controller's --worker-cert must be signed by (mutual TLS; empty: the --token alone authenticates, over TLS)")
+	secretFileVars(fs, "token")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -76,12 +82,21 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	srvTLS, err := workerServerTLS(*listen, *tlsCert, *tlsKey, *clientCA)
+	if err != nil {
+		w.Close()
+		return err
+	}
 	l, err := net.Listen("tcp", *listen)
+	if err == nil && srvTLS != nil {
+		l = tls.NewListener(l, srvTLS)
+	}
 	if err != nil {
 		w.Close()
 		return fmt.Errorf("--listen %s: %w", *listen, err)
 	}
 	fmt.Fprintf(os.Stderr, "worker: listening on %s (source addresses %v)\n", l.Addr(), wc.SourceAddrs)
+	defer notifyReady(ctx, "worker listening on "+l.Addr().String())()
 	return sim.ServeWorker(ctx, l, w)
 }
 
@@ -89,7 +104,41 @@ func runSwarmWorker(ctx context.Context, args []string) error {
 func (f *swarmFlags) registerLab(fs *flag.FlagSet) {
 	fs.StringVar(&f.workers, "workers", "", "comma-separated HOST:PORT of kettle swarm worker processes: the fleet is split over them and merged into one run (empty: this process runs it all)")
 	fs.StringVar(&f.workerToken, "worker-token", "", "the workers' --token")
+	secretFileVars(fs, "worker-token")
 	fs.StringVar(&f.allowTarget, "allow-target", "", "comma-separated non-loopback hosts that may be loaded, named exactly (empty: loopback only); each worker needs its own --allow-target too")
+	fs.StringVar(&f.workerCA, "worker-ca", "", "PEM certificate(s) the workers' --tls-cert is signed with: the control channel (plans carry the device secret) is then TLS and each worker verified; needed for workers off loopback (empty: plain HTTP to loopback workers only)")
+	fs.StringVar(&f.workerCert, "worker-cert", "", "with --worker-ca: PEM client certificate the controller presents, for workers started with --client-ca (mutual TLS)")
+	fs.StringVar(&f.workerKey, "worker-key", "", "PEM private key of --worker-cert")
+}
+
+// workerTLS is the control channel's client side (nil without --worker-ca).
+func (f *swarmFlags) workerTLS() (*tls.Config, error) {
+	if f.workerCA == "" {
+		if f.workerCert != "" {
+			return nil, errors.New("--worker-cert needs --worker-ca (the workers' certificate authority)")
+		}
+		return nil, nil
+	}
+	pem, err := os.ReadFile(f.workerCA)
+	if err != nil {
+		return nil, fmt.Errorf("--worker-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--worker-ca %s: no PEM certificate in it", f.workerCA)
+	}
+	c := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if (f.workerCert == "") != (f.workerKey == "") {
+		return nil, errors.New("--worker-cert and --worker-key go together")
+	}
+	if f.workerCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.workerCert, f.workerKey)
+		if err != nil {
+			return nil, fmt.Errorf("--worker-cert: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // resolveLab checks the targets and the lab flags.
@@ -133,8 +182,12 @@ func (f *swarmFlags) runOnce(ctx context.Context) (*sim.Results, error) {
 	if f.workers == "" {
 		return sim.Run(ctx, f.cfg)
 	}
+	wt, err := f.workerTLS()
+	if err != nil {
+		return nil, err
+	}
 	return sim.RunLab(ctx, sim.LabConfig{Config: f.cfg, Workers: splitList(f.workers), Token: f.workerToken,
-		Targets: f.targets, MQTTTargets: f.mqttTargets})
+		Targets: f.targets, MQTTTargets: f.mqttTargets, WorkerTLS: wt})
 }
 
 func splitList(s string) []string {
@@ -145,4 +198,42 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// workerServerTLS is the control listener's TLS (nil: plain, which only a
+// loopback --listen may be).
+func workerServerTLS(listen, cert, key, clientCA string) (*tls.Config, error) {
+	if cert == "" && key == "" {
+		if clientCA != "" {
+			return nil, errors.New("--client-ca needs --tls-cert and --tls-key")
+		}
+		host, _, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: want HOST:PORT", listen)
+		}
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			return nil, fmt.Errorf("--listen %s is not a loopback address: give --tls-cert and --tls-key (plans carry the device secret; the controller verifies them with --worker-ca)", listen)
+		}
+		return nil, nil
+	}
+	if cert == "" || key == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--client-ca %s: no PEM certificate in it", clientCA)
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return c, nil
 }

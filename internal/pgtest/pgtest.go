@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kettlefleet/kettlefleet/internal/pgbin"
+	"github.com/kettlefleet/kettlefleet/internal/redact"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing
@@ -87,7 +88,7 @@ func Start(t testing.TB) string {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		t.Fatalf("pgtest: connect %s: %v", redact(admin), err)
+		t.Fatalf("pgtest: connect %s: %v", redact.DSN(admin), err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
@@ -118,16 +119,6 @@ func withDatabase(dsn, db string) string {
 		}
 	}
 	return dsn + " dbname=" + db // a later keyword wins
-}
-
-func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxx")
-			return u.String()
-		}
-	}
-	return dsn
 }
 
 // Cluster is a PostgreSQL cluster in a temporary directory, reachable only
@@ -163,6 +154,22 @@ func BinDir() (string, error) {
 	return "", errors.New("pgtest: PostgreSQL server binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql/*/bin; install them with `apt-get install -y postgresql`, or set " + EnvDSN + " to a server where the tests may create databases")
 }
 
+// Credential is whom PostgreSQL's programs run as: nil (this process's
+// user), or, when running as root, the postgres OS user, since initdb
+// refuses root.
+func Credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root, and initdb refuses root, but there is no `postgres` OS user to run it as (%v); `apt-get install -y postgresql` creates it, or `useradd --system postgres`", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
 // StartCluster initializes and starts a new cluster. When running as root it
 // runs the server as the `postgres` OS user, since initdb refuses root.
 // The server gets SIGQUIT (immediate shutdown) if this process dies first.
@@ -171,15 +178,9 @@ func StartCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: running as root, and initdb refuses root, but there is no `postgres` OS user to run it as (%v); `apt-get install -y postgresql` creates it, or `useradd --system postgres`", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := Credential()
+	if err != nil {
+		return nil, err
 	}
 	// Short path: the socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", "pgtest-")

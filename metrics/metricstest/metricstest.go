@@ -28,7 +28,7 @@ import (
 // Operator and Secret are the test server's credentials.
 const (
 	Operator = "test-operator-token"
-	Secret   = "test-secret"
+	Secret   = "test-secret-0123456789"
 )
 
 // Kettle is a running instrumented server.

@@ -26,17 +26,8 @@ type overloadCapacity struct {
 // the binary under test with its defaults (SQLite, --max-conns maxConns),
 // started for it and stopped after, so that the overload offers a multiple
 // of what this machine holds today, not of a number typed once.
-func measureCapacity(ctx context.Context, e *env, dir string, maxConns int) (overloadCapacity, error) {
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		return overloadCapacity{}, err
-	}
-	addr, err := freeAddr()
-	if err != nil {
-		return overloadCapacity{}, err
-	}
-	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"), "--max-conns", fmt.Sprint(maxConns))
+func measureCapacity(ctx context.Context, e *env, maxConns int) (overloadCapacity, error) {
+	srv, dir, data, err := startPartServe(ctx, e, "overload-capacity", "", "--max-conns", fmt.Sprint(maxConns))
 	if err != nil {
 		return overloadCapacity{}, err
 	}

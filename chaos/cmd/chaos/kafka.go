@@ -105,40 +105,26 @@ func (r *logRig) swarm(e *env, d time.Duration, auditAfter string) (*swarmProc, 
 // lagSampler reads the front's kettle_log_lag_records (summed over
 // partitions) every second.
 type lagSampler struct {
-	mu   sync.Mutex
-	at   []time.Time
-	lag  []float64
-	stop chan struct{}
-	done chan struct{}
+	mu    sync.Mutex
+	at    []time.Time
+	lag   []float64
+	every *sampler
 }
 
 func sampleLag(url string) *lagSampler {
-	s := &lagSampler{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			if txt, err := metricsText(url); err == nil {
-				s.mu.Lock()
-				s.at = append(s.at, time.Now())
-				s.lag = append(s.lag, metricSum(txt, "kettle_log_lag_records"))
-				s.mu.Unlock()
-			}
-			select {
-			case <-t.C:
-			case <-s.stop:
-				return
-			}
+	s := &lagSampler{}
+	s.every = everySecond(func() {
+		if txt, err := metricsText(url); err == nil {
+			s.mu.Lock()
+			s.at = append(s.at, time.Now())
+			s.lag = append(s.lag, metricSum(txt, "kettle_log_lag_records"))
+			s.mu.Unlock()
 		}
-	}()
+	})
 	return s
 }
 
-func (s *lagSampler) end() {
-	close(s.stop)
-	<-s.done
-}
+func (s *lagSampler) end() { s.every.end() }
 
 // peakAfter is the largest lag from t on and when it was seen.
 func (s *lagSampler) peakAfter(t time.Time) (float64, time.Time) {

@@ -73,73 +73,147 @@ func partMQTTStorm(ctx context.Context, e *env) *Result {
 		"%d more kettles (1 in 4 MQTT 3.1.1), each with one unacknowledged QoS 1 reading (half of them already stored by the \"lost\" node), "+
 		"connect within %s and retry refusals with jittered backoff for %s more; audit of every acknowledged and every pre-stored reading",
 		maxConns, held, storm, window, stormRetryFor)
-	dir := filepath.Join(e.out, "mqttstorm")
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		return r.fail("%v", err)
-	}
 	pub := filepath.Join(e.out, "bin", "mqttpub")
 	build := exec.CommandContext(ctx, "go", "build", "-o", pub, "./bench/mqttpub")
 	build.Dir = e.root
 	if b, err := build.CombinedOutput(); err != nil {
 		return r.fail("go build ./bench/mqttpub: %v %s", err, b)
 	}
-	addr, _ := freeAddr()
 	maddr, _ := freeAddr()
-	srv, err := startServe(ctx, e, addr, data, "sqlite:"+filepath.Join(data, "kettle.db"), filepath.Join(dir, "serve.log"),
+	srv, dir, data, err := startPartServe(ctx, e, "mqttstorm", "",
 		"--mqtt-addr", maddr, "--mqtt-max-conns", strconv.Itoa(maxConns), "--max-conns", "500")
 	if err != nil {
 		return r.fail("%v", err)
 	}
 	defer srv.stop()
-	secret := readSecret(data, "secret")
-
-	// The storm kettles and their pending readings; half committed already.
-	devs := make([]uuid.UUID, storm)
-	at := time.Now().Add(-10 * time.Minute).Truncate(time.Second).UTC()
-	st := &stormStats{byCode: map[string]int64{}, ackedDev: map[uuid.UUID]int64{}, prestored: map[uuid.UUID]int64{}}
-	for i := range devs {
-		devs[i] = uuid.New()
-	}
-	if err := prestore(ctx, srv.url, secret, devs[:storm/2], at); err != nil {
+	sr := &stormRun{r: r, srv: srv, maddr: maddr, secret: readSecret(data, "secret"), held: held, window: window,
+		at: time.Now().Add(-10 * time.Minute).Truncate(time.Second).UTC(),
+		st: &stormStats{byCode: map[string]int64{}, ackedDev: map[uuid.UUID]int64{}, prestored: map[uuid.UUID]int64{}}}
+	if err := sr.prestore(ctx, e, storm); err != nil {
 		return r.fail("pre-storing the lost node's committed readings: %v", err)
 	}
-	for _, d := range devs[:storm/2] {
-		st.prestored[d] = 1
-	}
-	e.logf("mqttstorm: %d readings pre-stored over HTTP", storm/2)
-
-	// The held fleet: connects at 2,000/s, then measured from the storm's
-	// start to the end of the retries.
-	warm := time.Duration(held/2000+10) * time.Second
-	measure := window + stormRetryFor + 5*time.Second // the held fleet outlasts the storm
-	pubCmd := exec.CommandContext(ctx, pub, "-addr", maddr, "-conns", strconv.Itoa(held), "-interval", "30s", "-connect-rate", "2000",
-		"-warmup", warm.String(), "-duration", measure.String(), "-secret", secret, "-pid", strconv.Itoa(srv.pid()), "-json", "-label", "held")
-	pubCmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var pubStdout, pubStderr bytes.Buffer
-	pubCmd.Stdout, pubCmd.Stderr = &pubStdout, &pubStderr
-	if err := pubCmd.Start(); err != nil {
+	hf, err := sr.startHeld(ctx, pub)
+	if err != nil {
 		return r.fail("start mqttpub: %v", err)
 	}
-	pubDone := make(chan error, 1)
-	go func() { pubDone <- pubCmd.Wait() }()
-	if !sleep(ctx, warm) {
+	// The held fleet connects at 2,000/s, then is measured from the
+	// storm's start to the end of the retries.
+	if !sleep(ctx, hf.warm) {
 		return r.fail("interrupted")
 	}
-	held0 := metricValue(srv.url, "kettle_mqtt_connections")
-	e.logf("mqttstorm: %.0f kettles held; storm of %d over %s", held0, storm, window)
+	e.logf("mqttstorm: %.0f kettles held; storm of %d over %s", metricValue(srv.url, "kettle_mqtt_connections"), storm, window)
+	sr.storm(ctx, hf)
+	res := hf.result(r, dir)
+	maxWait := sr.judgeConnects(res)
+	if err := sr.audit(ctx, readSecret(data, "operator-token")); err != nil {
+		return r.fail("audit: %v", err)
+	}
+	if srv.panicked() || !srv.alive() {
+		r.fail("kettle serve died or panicked (see %s)", srv.logPath)
+	}
+	if r.Pass {
+		r.Verdict = fmt.Sprintf("every storm CONNECT answered within %s (max %s), held fleet p99 %.1f ms, audit clean", stormConnackBound, maxWait.Round(time.Millisecond), res.P99)
+	}
+	return r
+}
 
-	// The storm.
+// stormRun is one reconnect storm: the node, the storm kettles and what
+// they saw.
+type stormRun struct {
+	r      *Result
+	srv    *serveProc
+	maddr  string // the node's MQTT listener
+	secret string
+	held   int
+	window time.Duration
+	devs   []uuid.UUID // the storm kettles
+	at     time.Time   // the time of each one's pending reading
+	st     *stormStats
+}
+
+// prestore makes the storm kettles and stores half of their pending
+// readings over HTTP: the lost node had committed them, its PUBACK was lost.
+func (sr *stormRun) prestore(ctx context.Context, e *env, storm int) error {
+	sr.devs = make([]uuid.UUID, storm)
+	for i := range sr.devs {
+		sr.devs[i] = uuid.New()
+	}
+	if err := prestore(ctx, sr.srv.url, sr.secret, sr.devs[:storm/2], sr.at); err != nil {
+		return err
+	}
+	for _, d := range sr.devs[:storm/2] {
+		sr.st.prestored[d] = 1
+	}
+	e.logf("mqttstorm: %d readings pre-stored over HTTP", storm/2)
+	return nil
+}
+
+// heldFleet is the mqttpub process holding the node's own fleet.
+type heldFleet struct {
+	warm           time.Duration // its connecting, before it measures
+	stdout, stderr bytes.Buffer
+	done           chan error
+	exit           error
+}
+
+// wait waits for mqttpub's end; later calls return the same exit.
+func (hf *heldFleet) wait() error {
+	if hf.done != nil {
+		hf.exit = <-hf.done
+		hf.done = nil
+	}
+	return hf.exit
+}
+
+// heldResult is mqttpub's JSON line.
+type heldResult struct {
+	Up      int64   `json:"up"`
+	Acked   int64   `json:"acked"`
+	Failed  int64   `json:"failed"`
+	P99     float64 `json:"puback_p99_ms"`
+	P50     float64 `json:"puback_p50_ms"`
+	Seconds float64 `json:"seconds"`
+}
+
+// startHeld starts the held fleet: sr.held kettles at their 30 s cadence,
+// measured until the storm's retries are over.
+func (sr *stormRun) startHeld(ctx context.Context, pub string) (*heldFleet, error) {
+	hf := &heldFleet{warm: time.Duration(sr.held/2000+10) * time.Second, done: make(chan error, 1)}
+	measure := sr.window + stormRetryFor + 5*time.Second // the held fleet outlasts the storm
+	cmd := exec.CommandContext(ctx, pub, "-addr", sr.maddr, "-conns", strconv.Itoa(sr.held), "-interval", "30s", "-connect-rate", "2000",
+		"-warmup", hf.warm.String(), "-duration", measure.String(), "-secret", sr.secret, "-pid", strconv.Itoa(sr.srv.pid()), "-json", "-label", "held")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = &hf.stdout, &hf.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	done := hf.done
+	go func() { done <- cmd.Wait() }()
+	return hf, nil
+}
+
+// result waits for the held fleet's end and reads its result (kept in
+// dir/held.json).
+func (hf *heldFleet) result(r *Result, dir string) heldResult {
+	perr := hf.wait()
+	var res heldResult
+	_ = os.WriteFile(filepath.Join(dir, "held.json"), hf.stdout.Bytes(), 0o644)
+	if err := json.Unmarshal(hf.stdout.Bytes(), &res); err != nil {
+		r.fail("held fleet: no result from mqttpub (%v, %v): %s", perr, err, strings.TrimSpace(hf.stderr.String()))
+	}
+	return res
+}
+
+// storm: every storm kettle connects at a random moment of the window and
+// retries refusals until the held fleet's run is over.
+func (sr *stormRun) storm(ctx context.Context, hf *heldFleet) {
 	stormCtx, stopStorm := context.WithCancel(ctx)
-	deadline := time.Now().Add(window + stormRetryFor)
+	deadline := time.Now().Add(sr.window + stormRetryFor)
 	var wg sync.WaitGroup
-	conns := make(chan net.Conn, storm)
-	for i, d := range devs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			delay := rand.N(window)
+	conns := make(chan net.Conn, len(sr.devs))
+	for i, d := range sr.devs {
+		wg.Go(func() {
+			delay := rand.N(sr.window)
 			if !sleep(stormCtx, delay) {
 				return
 			}
@@ -147,32 +221,27 @@ func partMQTTStorm(ctx context.Context, e *env) *Result {
 			if i%4 == 3 {
 				version = 4
 			}
-			if c := stormKettle(stormCtx, maddr, secret, d, version, at, deadline, st); c != nil {
+			if c := stormKettle(stormCtx, sr.maddr, sr.secret, d, version, sr.at, deadline, sr.st); c != nil {
 				conns <- c
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	perr := <-pubDone
+	// The accepted kettles stay connected until the held fleet ends: a
+	// close by the node before then is a drop.
+	hf.wait()
 	stopStorm()
 	close(conns)
 	for c := range conns {
 		c.Close()
 	}
+}
 
-	var res struct {
-		Up      int64   `json:"up"`
-		Acked   int64   `json:"acked"`
-		Failed  int64   `json:"failed"`
-		P99     float64 `json:"puback_p99_ms"`
-		P50     float64 `json:"puback_p50_ms"`
-		Seconds float64 `json:"seconds"`
-	}
-	_ = os.WriteFile(filepath.Join(dir, "held.json"), pubStdout.Bytes(), 0o644)
-	if err := json.Unmarshal(pubStdout.Bytes(), &res); err != nil {
-		r.fail("held fleet: no result from mqttpub (%v, %v): %s", perr, err, strings.TrimSpace(pubStderr.String()))
-	}
-	shed := metricValue(srv.url, `kettle_mqtt_connects_shed_total{reason="quota_exceeded"}`)
+// judgeConnects holds every storm CONNECT to its CONNACK bound and the held
+// fleet to its PUBACK bound; it returns the longest CONNECT → CONNACK.
+func (sr *stormRun) judgeConnects(res heldResult) time.Duration {
+	r, st := sr.r, sr.st
+	shed := metricValue(sr.srv.url, `kettle_mqtt_connects_shed_total{reason="quota_exceeded"}`)
 	slices.Sort(st.waits)
 	q := func(p float64) time.Duration {
 		if len(st.waits) == 0 {
@@ -186,9 +255,9 @@ func partMQTTStorm(ctx context.Context, e *env) *Result {
 		codes = append(codes, fmt.Sprintf("%s×%d", c, n))
 	}
 	slices.Sort(codes)
-	r.measure("held fleet: %d of %d connected at the end, %d PUBACKs in %.0f s, p50 %.1f ms, p99 %.1f ms, failed %d", res.Up, held, res.Acked, res.Seconds, res.P50, res.P99, res.Failed)
+	r.measure("held fleet: %d of %d connected at the end, %d PUBACKs in %.0f s, p50 %.1f ms, p99 %.1f ms, failed %d", res.Up, sr.held, res.Acked, res.Seconds, res.P50, res.P99, res.Failed)
 	r.measure("storm: %d kettles, %d CONNECT attempts, CONNACKs %s; no CONNACK %d (first: %v); dial→CONNACK p50 %s p99 %s max %s",
-		storm, st.attempts.Load(), strings.Join(codes, " "), st.noConnack.Load(), st.noConnackErr.Load(), q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), maxWait.Round(time.Millisecond))
+		len(sr.devs), st.attempts.Load(), strings.Join(codes, " "), st.noConnack.Load(), st.noConnackErr.Load(), q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), maxWait.Round(time.Millisecond))
 	r.measure("storm kettles accepted %d, of them closed by the node before the end %d (first: %v), readings acknowledged %d, PUBLISH without PUBACK %d; node counted %.0f refusals (quota_exceeded)",
 		st.accepted.Load(), st.dropped.Load(), st.dropErr.Load(), st.acked.Load(), st.pubFailed.Load(), shed)
 	if st.dropped.Load() > 0 {
@@ -200,36 +269,33 @@ func partMQTTStorm(ctx context.Context, e *env) *Result {
 	if maxWait > stormConnackBound {
 		r.fail("a CONNACK took %s (bound %s)", maxWait.Round(time.Millisecond), stormConnackBound)
 	}
-	if res.Up != int64(held) || res.Failed > 0 {
-		r.fail("held fleet: %d of %d still connected, %d failed PUBACKs", res.Up, held, res.Failed)
+	if res.Up != int64(sr.held) || res.Failed > 0 {
+		r.fail("held fleet: %d of %d still connected, %d failed PUBACKs", res.Up, sr.held, res.Failed)
 	}
 	if res.P99 > float64(stormP99Bound/time.Millisecond) {
 		r.fail("held fleet's PUBACK p99 %.1f ms > %s during the storm", res.P99, stormP99Bound)
 	}
+	return maxWait
+}
 
-	// Audit: every acknowledged reading and every pre-stored one, once.
-	audit := map[uuid.UUID]bool{}
-	for d := range st.ackedDev {
-		audit[d] = true
+// audit: every acknowledged reading and every pre-stored one, stored once.
+func (sr *stormRun) audit(ctx context.Context, operator string) error {
+	devs := map[uuid.UUID]bool{}
+	for d := range sr.st.ackedDev {
+		devs[d] = true
 	}
-	for d := range st.prestored {
-		audit[d] = true
+	for d := range sr.st.prestored {
+		devs[d] = true
 	}
-	lost, dup, checked, err := auditOnce(ctx, srv.url, readSecret(data, "operator-token"), audit, at)
+	lost, dup, checked, err := auditOnce(ctx, sr.srv.url, operator, devs, sr.at)
 	if err != nil {
-		return r.fail("audit: %v", err)
+		return err
 	}
-	r.measure("audit: %d devices (acknowledged or pre-stored), lost %d, duplicated %d", checked, lost, dup)
+	sr.r.measure("audit: %d devices (acknowledged or pre-stored), lost %d, duplicated %d", checked, lost, dup)
 	if lost > 0 || dup > 0 {
-		r.fail("audit: %d lost, %d duplicated", lost, dup)
+		sr.r.fail("audit: %d lost, %d duplicated", lost, dup)
 	}
-	if srv.panicked() || !srv.alive() {
-		r.fail("kettle serve died or panicked (see %s)", srv.logPath)
-	}
-	if r.Pass {
-		r.Verdict = fmt.Sprintf("every storm CONNECT answered within %s (max %s), held fleet p99 %.1f ms, audit clean", stormConnackBound, maxWait.Round(time.Millisecond), res.P99)
-	}
-	return r
+	return nil
 }
 
 // stormKettle connects one storm kettle until accepted (or the deadline),

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -26,130 +25,192 @@ func partOutageBlackhole(ctx context.Context, e *env) *Result { return outage(ct
 // default): uploads must be answered within twice it.
 const outageStoreTimeout = 5 * time.Second
 
+// The outage's fleet and clock: the swarm runs outageDuration; PostgreSQL
+// goes away outageBefore into it, for outageFor.
+const (
+	outageDevices  = 1000
+	outageInterval = 2 * time.Second
+	outageBefore   = 20 * time.Second
+	outageFor      = 30 * time.Second
+	outageDuration = 90 * time.Second
+)
+
 func outage(ctx context.Context, e *env, blackholed bool) *Result {
-	const (
-		devices  = 1000
-		interval = 2 * time.Second
-		before   = 20 * time.Second
-		outage   = 30 * time.Second
-		duration = 90 * time.Second
-	)
 	name, how := "outage", "PostgreSQL stopped with `pg_ctl stop -m fast`"
 	if blackholed {
 		name, how = "outage-blackhole", "PostgreSQL made unreachable (a TCP proxy between kettle serve and it stops forwarding: packets dropped, no connection closed)"
 	}
 	r := &Result{Pass: true, Done: fmt.Sprintf("kettle serve (--store-timeout %s) on PostgreSQL under kettle swarm (%d v1 kettles, every %s, %s); %s in, %s "+
 		"for %s, then back. Probes on their own keep-alive connections: GET /v1/command 10/s, POST /v1/measurements 4/s, GET /readyz and /healthz 2/s; "+
-		"then the swarm audits every acknowledged reading.", outageStoreTimeout, devices, interval, duration, before, how, outage)}
-	pg, err := startPG()
-	if err != nil {
+		"then the swarm audits every acknowledged reading.", outageStoreTimeout, outageDevices, outageInterval, outageDuration, outageBefore, how, outageFor)}
+	o := &outageRun{r: r, blackholed: blackholed}
+	var err error
+	if o.pg, err = startPG(); err != nil {
 		return r.fail("start PostgreSQL: %v", err)
 	}
-	defer pg.close()
-	dsn, err := pg.createDB("chaos_" + strings.ReplaceAll(name, "-", "_"))
+	defer o.pg.close()
+	dsn, err := o.pg.createDB("chaos_" + strings.ReplaceAll(name, "-", "_"))
 	if err != nil {
 		return r.fail("create database: %v", err)
 	}
-	var proxy *blackhole.Proxy
 	if blackholed {
 		network, target := blackhole.Target(dsn)
-		if proxy, err = blackhole.Listen("127.0.0.1:0", network, target); err != nil {
+		if o.proxy, err = blackhole.Listen("127.0.0.1:0", network, target); err != nil {
 			return r.fail("blackhole proxy: %v", err)
 		}
-		defer proxy.Close()
-		dsn = blackhole.Via(dsn, proxy.Addr())
+		defer o.proxy.Close()
+		dsn = blackhole.Via(dsn, o.proxy.Addr())
 	}
-	dir := filepath.Join(e.out, name)
-	os.RemoveAll(dir)
-	data := filepath.Join(dir, "data")
-	os.MkdirAll(data, 0o755)
-	addr, err := freeAddr()
-	if err != nil {
+	if o.srv, o.dir, o.data, err = startPartServe(ctx, e, name, dsn, "--store-timeout", outageStoreTimeout.String()); err != nil {
 		return r.fail("%v", err)
 	}
-	srv, err := startServe(ctx, e, addr, data, dsn, filepath.Join(dir, "serve.log"), "--store-timeout", outageStoreTimeout.String())
-	if err != nil {
+	defer o.srv.stop()
+	if err := o.run(ctx, e); err != nil {
 		return r.fail("%v", err)
 	}
-	defer srv.stop()
+	sb, sd := o.judgePolls()
+	o.judgeIngest()
+	o.judgeReadiness()
+	o.judgeSwarm()
+	if r.Pass {
+		r.Verdict = fmt.Sprintf("polls p99 %s during vs %s before, ingest 503+Retry-After, /readyz 503, no crash; drained, audit clean", ms(sd.p99), ms(sb.p99))
+	}
+	return r
+}
 
-	dev := newProbeDevice(readSecret(data, "secret"))
-	pctx, pcancel := context.WithTimeout(ctx, duration+2*time.Minute)
+// outageRun is one outage part: what it runs against, and what its probes
+// and swarm saw around the outage, for the judges.
+type outageRun struct {
+	r          *Result
+	blackholed bool
+	pg         *pgCluster
+	proxy      *blackhole.Proxy
+	srv        *serveProc
+	dir, data  string
+
+	cmdP, ingP, readyP, healthP *probe
+	// The run's moments: warm is the end of the swarm's start; the
+	// database goes away from stopBegin (gone at stopped) and comes back
+	// from startBegin (back at started).
+	warm, stopBegin, stopped, startBegin, started time.Time
+	cpuBefore, cpuDuring                          float64 // of one core
+	res                                           *sim.Results
+	code                                          int
+	swarmLog                                      string
+	alive                                         bool
+}
+
+// run starts the probes and the swarm, takes the database away for
+// outageFor and brings it back, and waits for the swarm's end.
+func (o *outageRun) run(ctx context.Context, e *env) error {
+	dev := newProbeDevice(readSecret(o.data, "secret"))
+	pctx, pcancel := context.WithTimeout(ctx, outageDuration+2*time.Minute)
 	defer pcancel()
-	cmdP := newProbe("command", 2, 5*time.Second, dev.commandReq(srv.url))
+	url := o.srv.url
+	o.cmdP = newProbe("command", 2, 5*time.Second, dev.commandReq(url))
 	// Enough connections that a request never waits for one while the
 	// ones before it wait out --store-timeout (4/s and 2/s for 2 × 5 s):
 	// the probe times the server, not its own connection pool.
-	ingP := newProbe("ingest", 48, 15*time.Second, dev.readingReq(srv.url, time.Now().Add(-time.Hour)))
-	readyP := newProbe("readyz", 24, 3*outageStoreTimeout, getReq(srv.url+"/readyz"))
-	healthP := newProbe("healthz", 1, 5*time.Second, getReq(srv.url+"/healthz"))
-	ingP.once(0) // registers the probe kettle
+	o.ingP = newProbe("ingest", 48, 15*time.Second, dev.readingReq(url, time.Now().Add(-time.Hour)))
+	o.readyP = newProbe("readyz", 24, 3*outageStoreTimeout, getReq(url+"/readyz"))
+	o.healthP = newProbe("healthz", 1, 5*time.Second, getReq(url+"/healthz"))
+	o.ingP.once(0) // registers the probe kettle
 
-	sw, err := startSwarm(e, srv.url, filepath.Join(dir, "swarm"), "--devices", fmt.Sprint(devices), "--interval", interval.String(),
-		"--duration", duration.String(), "--api", "v1", "--data-dir", data, "--conns", "per-device")
+	sw, err := startSwarm(e, url, filepath.Join(o.dir, "swarm"), "--devices", fmt.Sprint(outageDevices), "--interval", outageInterval.String(),
+		"--duration", outageDuration.String(), "--api", "v1", "--data-dir", o.data, "--conns", "per-device")
 	if err != nil {
-		return r.fail("%v", err)
+		return err
 	}
-	n := int((duration + time.Minute) / (100 * time.Millisecond))
+	o.swarmLog = sw.logPath
+	n := int((outageDuration + time.Minute) / (100 * time.Millisecond))
 	wgs := []interface{ Wait() }{
-		cmdP.run(pctx, 100*time.Millisecond, n),
-		ingP.run(pctx, 250*time.Millisecond, n),
-		readyP.run(pctx, 500*time.Millisecond, n),
-		healthP.run(pctx, 500*time.Millisecond, n),
+		o.cmdP.run(pctx, 100*time.Millisecond, n),
+		o.ingP.run(pctx, 250*time.Millisecond, n),
+		o.readyP.run(pctx, 500*time.Millisecond, n),
+		o.healthP.run(pctx, 500*time.Millisecond, n),
 	}
-	t0 := time.Now()
-	sleep(ctx, 5*time.Second)
-	cpuWarm, warmAt := cpuSeconds(srv.pid()), time.Now()
-	sleep(ctx, before-5*time.Second)
-	cpuStop := cpuSeconds(srv.pid())
-	stopBegin := time.Now()
-	if blackholed {
-		e.logf("outage: the proxy to PostgreSQL stops forwarding")
-		proxy.Block(true)
-	} else {
-		e.logf("outage: pg_ctl stop -m fast")
-		if err := pg.stop(); err != nil {
-			r.fail("stop PostgreSQL: %v", err)
-		}
-	}
-	stopped := time.Now()
-	cpuStopped := cpuSeconds(srv.pid())
-	sleep(ctx, outage-stopped.Sub(stopBegin))
-	cpuStart := cpuSeconds(srv.pid())
-	startBegin := time.Now()
-	if blackholed {
-		e.logf("outage: the proxy forwards again")
-		proxy.Block(false)
-	} else {
-		e.logf("outage: pg_ctl start")
-		if err := pg.start(); err != nil {
-			r.fail("start PostgreSQL again: %v", err)
-		}
-	}
-	started := time.Now()
-	e.logf("outage: PostgreSQL back (stop took %.1fs, start %.1fs)", stopped.Sub(stopBegin).Seconds(), started.Sub(startBegin).Seconds())
-
-	res, code, err := sw.wait(ctx, duration+5*time.Minute)
+	o.cutOff(ctx, e)
+	res, code, err := sw.wait(ctx, outageDuration+5*time.Minute)
 	pcancel()
 	for _, w := range wgs {
 		w.Wait()
 	}
-	alive := srv.alive()
+	o.alive = o.srv.alive()
 	if err != nil {
-		return r.fail("swarm: %v", err)
+		return fmt.Errorf("swarm: %v", err)
 	}
+	o.res, o.code = res, code
+	return nil
+}
 
+// cutOff waits outageBefore, takes the database away for outageFor, and
+// brings it back, noting the moments and the server's CPU around them.
+func (o *outageRun) cutOff(ctx context.Context, e *env) {
+	pid := o.srv.pid()
+	t0 := time.Now()
+	o.warm = t0.Add(5 * time.Second)
+	sleep(ctx, 5*time.Second)
+	cpuWarm, warmAt := cpuSeconds(pid), time.Now()
+	sleep(ctx, outageBefore-5*time.Second)
+	cpuStop := cpuSeconds(pid)
+	o.stopBegin = time.Now()
+	o.database(e, false)
+	o.stopped = time.Now()
+	cpuStopped := cpuSeconds(pid)
+	sleep(ctx, outageFor-o.stopped.Sub(o.stopBegin))
+	cpuStart := cpuSeconds(pid)
+	o.startBegin = time.Now()
+	o.database(e, true)
+	o.started = time.Now()
+	e.logf("outage: PostgreSQL back (stop took %.1fs, start %.1fs)", o.stopped.Sub(o.stopBegin).Seconds(), o.started.Sub(o.startBegin).Seconds())
+	o.cpuBefore = (cpuStop - cpuWarm) / o.stopBegin.Sub(warmAt).Seconds()
+	o.cpuDuring = (cpuStart - cpuStopped) / o.startBegin.Sub(o.stopped).Seconds()
+}
+
+// database takes PostgreSQL away (stopped, or blackholed) or brings it back.
+func (o *outageRun) database(e *env, up bool) {
+	switch {
+	case o.blackholed && !up:
+		e.logf("outage: the proxy to PostgreSQL stops forwarding")
+		o.proxy.Block(true)
+	case o.blackholed:
+		e.logf("outage: the proxy forwards again")
+		o.proxy.Block(false)
+	case !up:
+		e.logf("outage: pg_ctl stop -m fast")
+		if err := o.pg.stop(); err != nil {
+			o.r.fail("stop PostgreSQL: %v", err)
+		}
+	default:
+		e.logf("outage: pg_ctl start")
+		if err := o.pg.start(); err != nil {
+			o.r.fail("start PostgreSQL again: %v", err)
+		}
+	}
+}
+
+// judgedUntil is the end of the outage's judged window: unreachable, a
+// request sent less than --store-timeout before the database is back is
+// still waiting for it then, and rightly succeeds: those are not judged.
+func (o *outageRun) judgedUntil() time.Time {
+	if o.blackholed {
+		return o.startBegin.Add(-outageStoreTimeout - time.Second)
+	}
+	return o.startBegin
+}
+
+// judgePolls holds the command polls during the outage to their latency
+// before it; it returns the probe's latency before and during.
+func (o *outageRun) judgePolls() (sb, sd latStats) {
+	r := o.r
 	// Windows: before = the steady run before the stop, during = from the
 	// moment the stop completed to the start command, after = PostgreSQL up.
-	warm := t0.Add(5 * time.Second)
-	cb, cd := cmdP.between(warm, stopBegin), cmdP.between(stopped, startBegin)
-	sb, sd := stats(cb, nil), stats(cd, nil)
+	cb, cd := o.cmdP.between(o.warm, o.stopBegin), o.cmdP.between(o.stopped, o.startBegin)
+	sb, sd = stats(cb, nil), stats(cd, nil)
 	r.measure("probe GET /v1/command before the outage: %s (%s); during: %s (%s)", sb, fmtCounts(byStatus(cb)), sd, fmtCounts(byStatus(cd)))
-	wb, wd := swarmLatency(res, "command", warm, stopBegin), swarmLatency(res, "command", stopped, startBegin)
+	wb, wd := swarmLatency(o.res, "command", o.warm, o.stopBegin), swarmLatency(o.res, "command", o.stopped, o.startBegin)
 	r.measure("swarm's 1,000 kettles, GET /v1/command before: %s; during: %s", wb, wd)
-	cpuB := (cpuStop - cpuWarm) / stopBegin.Sub(warmAt).Seconds()
-	cpuD := (cpuStart - cpuStopped) / startBegin.Sub(stopped).Seconds()
-	r.measure("server CPU before the outage %.0f%%, during %.0f%% of one core", 100*cpuB, 100*cpuD)
+	r.measure("server CPU before the outage %.0f%%, during %.0f%% of one core", 100*o.cpuBefore, 100*o.cpuDuring)
 	if n := countNot(cd, 200); n > 0 || len(cd) == 0 {
 		r.fail("%d of %d command polls during the outage were not 200", n, len(cd))
 	}
@@ -159,16 +220,14 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	if sd.p99 > normal {
 		r.fail("command poll p99 during the outage %s > %s (p99 before %s)", ms(sd.p99), ms(normal), ms(sb.p99))
 	}
+	return sb, sd
+}
 
-	// Ingest during the outage: 503 with Retry-After within twice
-	// --store-timeout; never 500. Unreachable, a request sent less than
-	// --store-timeout before the database is back is still waiting for it
-	// then, and rightly succeeds: those are not judged.
-	judgedUntil := startBegin
-	if blackholed {
-		judgedUntil = startBegin.Add(-outageStoreTimeout - time.Second)
-	}
-	id := ingP.between(stopped.Add(time.Second), judgedUntil)
+// judgeIngest: uploads during the outage are answered 503 with
+// Retry-After within twice --store-timeout; never 500.
+func (o *outageRun) judgeIngest() {
+	r := o.r
+	id := o.ingP.between(o.stopped.Add(time.Second), o.judgedUntil())
 	noRA, slow := 0, 0
 	for _, s := range id {
 		if s.status == 503 && s.retryAfter == "" {
@@ -188,25 +247,34 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	if noRA > 0 {
 		r.fail("%d 503s without Retry-After", noRA)
 	}
+}
 
-	// /readyz: ready before, not ready during, ready again after; time to ready.
-	rb, rd := readyP.between(warm, stopBegin), readyP.between(stopped.Add(time.Second), judgedUntil)
+// judgeReadiness: /readyz ready before, not ready during, ready again
+// after (and how soon); the process up and /healthz 200 throughout.
+func (o *outageRun) judgeReadiness() {
+	r := o.r
+	rb, rd := o.readyP.between(o.warm, o.stopBegin), o.readyP.between(o.stopped.Add(time.Second), o.judgedUntil())
 	r.measure("/readyz before: %s; during: %s", fmtCounts(byStatus(rb)), fmtCounts(byStatus(rd)))
 	if countNot(rb, 200) > 0 || countNot(rd, 503) > 0 || len(rd) == 0 {
 		r.fail("/readyz did not say ready before and not ready (503) during the outage")
 	}
-	readyAgain := firstAfter(readyP.all(), started, 200)
-	ingestAgain := firstAfter(ingP.all(), started, 200)
+	readyAgain := firstAfter(o.readyP.all(), o.started, 200)
+	ingestAgain := firstAfter(o.ingP.all(), o.started, 200)
 	if readyAgain.IsZero() || ingestAgain.IsZero() {
 		r.fail("after PostgreSQL returned: /readyz ready again %v, ingest 200 again %v", !readyAgain.IsZero(), !ingestAgain.IsZero())
 	} else {
-		r.measure("after PostgreSQL was back: /readyz 200 again after %.1fs, probe ingest 200 again after %.1fs", readyAgain.Sub(started).Seconds(), ingestAgain.Sub(started).Seconds())
+		r.measure("after PostgreSQL was back: /readyz 200 again after %.1fs, probe ingest 200 again after %.1fs", readyAgain.Sub(o.started).Seconds(), ingestAgain.Sub(o.started).Seconds())
 	}
-	hs := healthP.all()
-	r.measure("server process alive throughout: %v; /healthz answers %s", alive, fmtCounts(byStatus(hs)))
-	if !alive || countNot(hs, 200) > 0 || srv.panicked() {
-		r.fail("the server did not stay up (alive %v, /healthz %s, panic in log %v)", alive, fmtCounts(byStatus(hs)), srv.panicked())
+	hs := o.healthP.all()
+	r.measure("server process alive throughout: %v; /healthz answers %s", o.alive, fmtCounts(byStatus(hs)))
+	if !o.alive || countNot(hs, 200) > 0 || o.srv.panicked() {
+		r.fail("the server did not stay up (alive %v, /healthz %s, panic in log %v)", o.alive, fmtCounts(byStatus(hs)), o.srv.panicked())
 	}
+}
+
+// judgeSwarm: no 500s to the swarm, its backlog drained, its audit clean.
+func (o *outageRun) judgeSwarm() {
+	r, res := o.r, o.res
 	var five00 int64
 	for _, s := range res.Seconds {
 		for _, ep := range s.Endpoints {
@@ -216,26 +284,21 @@ func outage(ctx context.Context, e *env, blackholed bool) *Result {
 	if five00 > 0 {
 		r.fail("%d answers 500 to the swarm", five00)
 	}
-
 	// Backlog: readings generated but not yet acknowledged, per second.
-	peak, drained, drainedAt := backlog(res, started)
+	peak, drained, drainedAt := backlog(res, o.started)
 	r.measure("swarm: %d requests, %s; backlog (readings generated − acknowledged) peaked at %d, back to its pre-outage level %s",
-		res.Totals.Requests, fmtCounts(kindsInt(res.Totals.ErrorsByKind)), peak, drainedText(drained, drainedAt, started))
+		res.Totals.Requests, fmtCounts(kindsInt(res.Totals.ErrorsByKind)), peak, drainedText(drained, drainedAt, o.started))
 	if !drained {
 		r.fail("the backlog did not drain before the end of the run")
 	}
 	if a := res.Audit; a == nil {
-		r.fail("no audit (swarm exit %d): %s", code, tail(sw.logPath, 2))
+		r.fail("no audit (swarm exit %d): %s", o.code, tail(o.swarmLog, 2))
 	} else {
 		r.measure("audit: %s", a.Line())
 		if a.Lost > 0 || a.Duplicated > 0 {
 			r.fail("audit: %d lost, %d duplicated (e.g. %v)", a.Lost, a.Duplicated, a.Examples)
 		}
 	}
-	if r.Pass {
-		r.Verdict = fmt.Sprintf("polls p99 %s during vs %s before, ingest 503+Retry-After, /readyz 503, no crash; drained, audit clean", ms(sd.p99), ms(sb.p99))
-	}
-	return r
 }
 
 func countNot(ss []sample, status int) int {

@@ -3,11 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -32,15 +29,9 @@ func startPG() (*pgCluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, fmt.Errorf("running as root needs the postgres OS user: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cred, err := pgtest.Credential()
+	if err != nil {
+		return nil, err
 	}
 	c, err := pgtest.StartCluster()
 	if err != nil {

@@ -46,6 +46,28 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
+// startPartServe starts the kettle serve a part runs against: in a fresh
+// directory OUT/name (its data directory dir/data, its log dir/serve.log),
+// on a free loopback address, with the store db ("": a SQLite file in the
+// data directory) and the flags extra.
+func startPartServe(ctx context.Context, e *env, name, db string, extra ...string) (srv *serveProc, dir, data string, err error) {
+	dir = filepath.Join(e.out, name)
+	os.RemoveAll(dir)
+	data = filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return nil, dir, data, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, dir, data, err
+	}
+	if db == "" {
+		db = "sqlite:" + filepath.Join(data, "kettle.db")
+	}
+	srv, err = startServe(ctx, e, addr, data, db, filepath.Join(dir, "serve.log"), extra...)
+	return srv, dir, data, err
+}
+
 // startServe runs `kettle serve --addr addr --data-dir dir --db db extra…`
 // and returns once it prints its URL (at most 60 s). Its output goes to
 // logPath (appended: a restart continues the same file).
@@ -280,26 +302,19 @@ func rssKiB(pid int) int64 {
 	return 0
 }
 
-// rssSampler samples a process's VmRSS every second until stopped.
-type rssSampler struct {
-	mu      sync.Mutex
-	samples []int64 // KiB
-	stop    chan struct{}
-	done    chan struct{}
+// sampler runs a sample once a second, from its start until end.
+type sampler struct {
+	stop, done chan struct{}
 }
 
-func sampleRSS(pid int) *rssSampler {
-	s := &rssSampler{stop: make(chan struct{}), done: make(chan struct{})}
+func everySecond(sample func()) *sampler {
+	s := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
-			if v := rssKiB(pid); v > 0 {
-				s.mu.Lock()
-				s.samples = append(s.samples, v)
-				s.mu.Unlock()
-			}
+			sample()
 			select {
 			case <-t.C:
 			case <-s.stop:
@@ -310,10 +325,34 @@ func sampleRSS(pid int) *rssSampler {
 	return s
 }
 
-// end stops sampling and returns the samples (KiB).
-func (s *rssSampler) end() []int64 {
+// end stops sampling; it returns once no sample runs.
+func (s *sampler) end() {
 	close(s.stop)
 	<-s.done
+}
+
+// rssSampler samples a process's VmRSS every second until stopped.
+type rssSampler struct {
+	mu      sync.Mutex
+	samples []int64 // KiB
+	every   *sampler
+}
+
+func sampleRSS(pid int) *rssSampler {
+	s := &rssSampler{}
+	s.every = everySecond(func() {
+		if v := rssKiB(pid); v > 0 {
+			s.mu.Lock()
+			s.samples = append(s.samples, v)
+			s.mu.Unlock()
+		}
+	})
+	return s
+}
+
+// end stops sampling and returns the samples (KiB).
+func (s *rssSampler) end() []int64 {
+	s.every.end()
 	return s.samples
 }
 

@@ -34,7 +34,7 @@ func Write(t testing.TB, certFile, keyFile string, notAfter time.Time) (*x509.Ce
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     notAfter.Truncate(time.Second),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, // a server's, or a client's for mutual TLS
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:     []string{"localhost"},
 	}
