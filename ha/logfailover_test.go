@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestLogFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { kc.Stop() })
 	logURL := kc.URL("kettle.readings")
-	tp := up(t, 2, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s")
+	tp := up(t, 2, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s "+strings.Join(kc.Args(kafkatest.Front), " "))
 
 	// The writer, on the same multi-host DSN as the nodes.
 	wdir := filepath.Join(tp.dir, "writer")
@@ -46,7 +47,7 @@ func TestLogFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := exec.Command(tp.bin, "serve", "--role", "writer", "--addr", waddr, "--data-dir", wdir, "--log", logURL, "--log-monitor-every", "1s", "--log-format", "text")
+	w := exec.Command(tp.bin, append([]string{"serve", "--role", "writer", "--addr", waddr, "--data-dir", wdir, "--log", logURL, "--log-monitor-every", "1s", "--log-format", "text"}, kc.Args(kafkatest.Writer)...)...)
 	w.Env = append(os.Environ(), "KETTLE_DB="+tp.must(10*time.Second, "dsn"))
 	w.Stdout, w.Stderr = wlog, wlog
 	if err := w.Start(); err != nil {

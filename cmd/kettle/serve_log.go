@@ -24,6 +24,10 @@ func logFlags(fs *flag.FlagSet, cfg *server.LogConfig) *string {
 	fs.DurationVar(&cfg.MaxUnwrittenAge, "log-max-unwritten-age", 0, "with --log: while a reading in the log has waited longer than this for a writer, uploads are answered 503 (Retry-After 10× the usual), so nothing reaches the topic's retention unwritten; below the retention (0: half of it)")
 	fs.StringVar(&cfg.Group, "log-group", "kettle-writers", "with --log: the writers' consumer group (fronts watch its lag)")
 	fs.DurationVar(&cfg.MonitorEvery, "log-monitor-every", 5*time.Second, "with --log: how often the writers' lag and the age of the oldest unwritten reading are measured")
+	fs.StringVar(&cfg.CA, "log-ca", "", "with --log: PEM file of the CA the brokers' certificates are checked against (each for the address dialed): the log over TLS; empty: plain TCP")
+	fs.StringVar(&cfg.User, "log-user", "", "with --log: SASL/SCRAM-SHA-512 user at the brokers (fronts and writers each their own: the brokers' ACLs let fronts produce and writers consume); empty: no SASL")
+	fs.StringVar(&cfg.Password, "log-password", "", "with --log-user: its SCRAM password (better --log-password-file)")
+	secretFileVars(fs, "log-password")
 	return role
 }
 
