@@ -5,12 +5,14 @@ GO      ?= go
 BIN     := bin/kettle
 PKGS    := ./...
 # A fresh clone needs only Go for `make demo`; `make test` also needs the
-# Debian packages installed by `make deps` (PostgreSQL, Chromium, Mosquitto,
-# Prometheus, wrk, Locust).
-DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl \
-	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd ca-certificates tzdata file curl
+# Debian packages of `make deps` (PostgreSQL, Chromium, Mosquitto,
+# Prometheus, wrk, Locust; jq, time and curl for the benchmarks' smoke runs;
+# the arm64 cross compiler, qemu-user and systemd for the release, image and
+# unit tests), and installs them itself when one is missing (deps-check).
+DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl jq time curl git \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd ca-certificates tzdata file
 
-.PHONY: all build demo test test-short vet deps bench bench-ingest chaos clean docs results screenshots release image
+.PHONY: all build demo test test-short vet deps deps-check deps-ensure bench bench-ingest chaos clean docs results screenshots release image
 
 all: build
 
@@ -27,24 +29,43 @@ vet:
 	$(GO) vet $(PKGS)
 	cd deploy/dist && $(GO) mod tidy -diff && $(GO) vet ./...
 
-test: vet
+test: deps-ensure vet
 	$(GO) test -race -timeout 12m -count=1 $(PKGS)
+# Under -race internal/rawio is syscall.Read/Write: the packages that
+# import it run once more without -race, on the raw system calls they ship.
+	$(GO) test -timeout 5m -count=1 $$($(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' $(PKGS) | awk '/internal\/rawio/ {print $$1}')
 	cd deploy/dist && $(GO) test -timeout 12m -count=1 ./...
 
 test-short: vet
 	$(GO) test -short -count=1 $(PKGS)
 
-# Installs the Debian packages the tests use (root; CI calls this).
+# Installs what the tests use: the Debian packages, then each installer in
+# deploy/deps/ (root; idempotent).
+# apt.sh is a library the others source, not an installer.
+DEPS_SCRIPTS := $(filter-out deploy/deps/apt.sh,$(sort $(wildcard deploy/deps/*.sh)))
+# The packages of DEB_PKGS not installed, from one dpkg query.
+MISSING_DEBS = dpkg-query -W -f='$${db:Status-Status} $${Package}\n' $(DEB_PKGS) 2>/dev/null | awk '$$1 == "installed" { ok[$$2] = 1 } END { n = split("$(DEB_PKGS)", p, " "); for (i = 1; i <= n; i++) if (!ok[p[i]]) printf " %s", p[i] }'
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=$$($(MISSING_DEBS)); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: all installed"; fi
-	deploy/deps/schemathesis.sh
-	deploy/deps/kafka.sh
-	deploy/deps/ha.sh
-	deploy/deps/machines.sh
+	@set -e; for s in $(DEPS_SCRIPTS); do $$s; done
+
+# Whether everything `make deps` installs is there, in well under a second:
+# one dpkg query and each installer's --check. Exits 1 naming what is missing.
+deps-check:
+	@missing=$$($(MISSING_DEBS)); \
+	[ -z "$$missing" ] || { echo "deps: missing Debian packages:$$missing"; exit 1; }
+	@set -e; for s in $(DEPS_SCRIPTS); do $$s --check; done
+
+# `make test` on a fresh machine: `make deps` only when deps-check finds
+# something missing (as root; otherwise it says what to install).
+deps-ensure:
+	@$(MAKE) --no-print-directory deps-check || \
+	if [ "$$(id -u)" = 0 ]; then echo "deps: installing what is missing (make deps)"; $(MAKE) --no-print-directory deps; \
+	else echo "deps: run 'sudo make deps' (make test needs what it installs)"; exit 1; fi
 
 # Acknowledged measurements/s on the embedded store vs a bare JSON handler.
 bench-ingest: build
@@ -53,8 +74,17 @@ bench-ingest: build
 bench: bench-ingest
 	$(GO) test -run '^$$' -bench . -benchmem ./httpapi/ ./sqlite/ ./
 
-# Faults, overload, hostile input against real processes (≈15 min); writes
-# docs/reliability.md. One part: go run ./chaos/cmd/chaos crash|outage|overload|slow|badinput|auth
+# Faults, overload, hostile input against real processes; writes
+# docs/reliability.md. One part: go run ./chaos/cmd/chaos PART, PART one of
+# crash outage outage-blackhole overload slow badinput auth failover pause
+# log-outage log-broker log-broker-pause log-controller log-writer
+# log-failover mqttstorm nemesis nem-primary-cut nem-node-cut nem-wal-full
+# nem-broker-disk-full nem-sqlite-disk-full nem-clock nem-worker-cut
+# (every part of chaos/cmd/chaos; bench/docs_test.go holds this list to it).
+# The seeded nemesis (3 seeds × 10 min on the machines of deploy/cluster.sh)
+# runs here only, its 2-minute form too: the machines' up and down, the
+# run, the audit and the members' catch-up take minutes on this 2-core
+# machine under the heavy lock, more than make test's 15-minute budget has left.
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
 
@@ -64,8 +94,10 @@ chaos:
 docs:
 	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./cmd/kettle/ -update
 
-# docs/results.md and the README's headline table, from bench/results.jsonl
-# (every bench/*.sh appends its run there). `make test` fails while they are stale.
+# docs/results.md, the README's headline table and the figures
+# docs/performance.md cites (<!--fig bench.sh:LINE "name"-->), from
+# bench/results.jsonl (every bench/*.sh appends its run there through
+# internal/results/cmd/record). `make test` fails while they are stale.
 results:
 	$(GO) test -count=1 -run '^TestRenderedResultsCurrent$$' ./internal/results/ -update
 

@@ -3,7 +3,7 @@
 # fleet: how long the backup takes and what it does to the uploads'
 # latency. Seeds DEVICES kettles × DAYS of history at INTERVAL into a fresh
 # store (STORE=sqlite, the default, or STORE=postgres: a throwaway cluster,
-# bench/pg-cluster.sh), starts kettle serve on it, runs kettle swarm
+# bench/lib/pg-cluster.sh), starts kettle serve on it, runs kettle swarm
 # (SWARM kettles every 2 s for DURATION) and, AT seconds in, kettle backup
 # (the build of the tree, or KETTLE_BIN); with BACKUP_A=<kettle binary>
 # also that binary's backup first, AT_A seconds in, for an A/B in one run.
@@ -16,11 +16,13 @@
 #   STORE=postgres bench/backup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${DAYS:=1}" "${INTERVAL:=6h}" "${SWARM:=10}" "${DURATION:=6s}" "${AT:=3}" "${AT_A:=2}"
 DEVICES=${DEVICES:-2000} DAYS=${DAYS:-33} INTERVAL=${INTERVAL:-15m}
 SWARM=${SWARM:-1000} DURATION=${DURATION:-60s} AT=${AT:-20} AT_A=${AT_A:-20}
 STORE=${STORE:-sqlite}
 case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-backup-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
 rerun="STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL SWARM=$SWARM DURATION=$DURATION AT=$AT${BACKUP_A:+ BACKUP_A=$BACKUP_A AT_A=$AT_A} bench/backup.sh"

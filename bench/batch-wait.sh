@@ -21,9 +21,12 @@
 # KETTLE_BIN: a prebuilt kettle. Every run stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${INTERVAL:=2s}" "${DURATION:=7s}" "${PAIRS:=1}" "${SETTLE:=1}" "${STEADY:=2}"
 DEVICES=${DEVICES:-18000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-120s} HATCH=${HATCH:-600}
 WAIT=${WAIT:-5ms} PAIRS=${PAIRS:-2}
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port
+SETTLE=${SETTLE:-10} STEADY=${STEADY:-20} # seconds left out after the ramp and before the end; the least steady window
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port
 work=$(mktemp -d /tmp/kettle-batchwait-XXXXXX) kpid= spid=
 cleanup() {
 	for p in $spid $kpid; do kill "$p" 2>/dev/null || true; done
@@ -31,15 +34,15 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-rerun="DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION HATCH=$HATCH WAIT=$WAIT PAIRS=$PAIRS bench/batch-wait.sh"
+rerun="DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION HATCH=$HATCH WAIT=$WAIT PAIRS=$PAIRS SETTLE=$SETTLE bench/batch-wait.sh"
 echo "rerun: $rerun"
 rec_begin batch-wait.sh "$rerun"
 machine_line
 build_kettle "$work"
 secs=${DURATION%s}
 ramp=$(((DEVICES + HATCH - 1) / HATCH))
-from=$((ramp + 10)) to=$((secs - 10))
-((to - from >= 20)) || { echo "DURATION must leave 20 s of steady window after the ramp (${ramp}s) + 10 s and before the last 10 s"; exit 2; }
+from=$((ramp + SETTLE)) to=$((secs - SETTLE))
+((to - from >= STEADY)) || { echo "DURATION must leave $STEADY s of steady window after the ramp (${ramp}s) + $SETTLE s and before the last $SETTLE s"; exit 2; }
 
 # run NAME [SERVE ARGS...]: one kettle serve under the fleet; prints a RUN line.
 run() {
@@ -55,7 +58,8 @@ run() {
 		--duration "$DURATION" --server-pid "$kpid" --postgres-pid -1 --out "$dir/out" --report=false --slo-p99 10s >"$dir/swarm.log" 2>&1 &
 	spid=$!
 	local began=$SECONDS
-	sleep $((from - (SECONDS - began)))
+	local settle=$((from - (SECONDS - began)))
+	sleep $((settle > 0 ? settle : 0))
 	local t0 m0 t1 m1
 	t0=$(awk '{ print $14 + $15 }' /proc/$kpid/stat)
 	m0=$(curl -sf "$url/metrics")
@@ -65,40 +69,20 @@ run() {
 	wait "$spid" || echo "  (swarm exited $?: see its summary)"
 	spid=
 	kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
-	python3 - "$name" "$*" "$t0" "$t1" "$((to - from))" "$from" "$to" "$dir/swarm.log" <(echo "$m0") <(echo "$m1") <<'EOF'
-import re, statistics, sys
-name, args, t0, t1, span, lo, hi, log, m0, m1 = sys.argv[1:]
-tick = 100.0  # USER_HZ
-def metrics(path):
-    out = {}
-    for line in open(path):
-        if line.startswith("#"):
-            continue
-        parts = line.rsplit(" ", 1)
-        if len(parts) == 2:
-            out[parts[0]] = out.get(parts[0], 0.0) + float(parts[1])
-    return out
-a, b = metrics(m0), metrics(m1)
-def total(m, prefix):
-    return sum(v for k, v in m.items() if k.startswith(prefix))
-reqs = total(b, "kettle_http_request_duration_seconds_count") - total(a, "kettle_http_request_duration_seconds_count")
-txs = b.get("kettle_ingest_batch_rows_count", 0) - a.get("kettle_ingest_batch_rows_count", 0)
-rows = b.get("kettle_ingest_batch_rows_sum", 0) - a.get("kettle_ingest_batch_rows_sum", 0)
-cpu_s = (float(t1) - float(t0)) / tick
-p50s, p99s = [], []
-text = open(log).read()
-for m in re.finditer(r"^\[\s*(\d+)s\].*?measurement [\d.]+/s p50 ([\d.]+)ms p99 ([\d.]+)ms", text, re.M):
-    t = int(m.group(1))
-    if int(lo) + 5 <= t <= int(hi):
-        p50s.append(float(m.group(2))); p99s.append(float(m.group(3)))
-errors = re.search(r"^  requests \d+, errors (\d+)", text, re.M)
-audit = re.search(r"^  audit: (.*)$", text, re.M)
-print("RUN %s serve_args=%r server_cpu_us_per_request=%.1f server_cpu_pct=%.1f requests_per_s=%.0f transactions_per_s=%.1f readings_per_transaction=%.2f "
-      "upload_p50_ms_median_of_windows=%.2f upload_p99_ms_worst_window=%.2f fleet_errors=%s audit=%r" % (
-    name, args, cpu_s * 1e6 / max(reqs, 1), cpu_s * 100 / float(span), reqs / float(span), txs / float(span), rows / max(txs, 1),
-    statistics.median(p50s) if p50s else float("nan"), max(p99s) if p99s else float("nan"),
-    errors.group(1) if errors else "?", audit.group(1) if audit else "?"))
-EOF
+	# the metrics' growth over the steady window: a name, or a prefix* (every labelled series)
+	local reqs txs rows p99 p50 errors audit
+	delta() { awk -v m="$1" 'FNR == 1 { f++ } /^#/ { next } ($1 == m || (m ~ /\*$/ && index($1, substr(m, 1, length(m) - 1)) == 1)) { s[f] += $NF }
+		END { print s[2] - s[1] }' <(echo "$m0") <(echo "$m1"); }
+	reqs=$(delta 'kettle_http_request_duration_seconds_count*')
+	txs=$(delta kettle_ingest_batch_rows_count) rows=$(delta kettle_ingest_batch_rows_sum)
+	read -r p99 p50 _ < <(rec windows "$dir/swarm.log" measurement $((from + 5)) "$to")
+	errors=$(sed -n 's/^  requests [0-9]*, errors \([0-9]*\).*/\1/p' "$dir/swarm.log")
+	audit=$(sed -n 's/^  audit: //p' "$dir/swarm.log")
+	awk -v name="$name" -v args="$*" -v cpu="$(((t1 - t0)))" -v hz="$(getconf CLK_TCK)" -v span=$((to - from)) -v reqs="$reqs" -v txs="$txs" -v rows="$rows" \
+		-v p50="$p50" -v p99="$p99" -v errors="${errors:-?}" -v audit="${audit:-?}" 'BEGIN {
+		s = cpu / hz
+		printf "RUN %s serve_args=\"%s\" server_cpu_us_per_request=%.1f server_cpu_pct=%.1f requests_per_s=%.0f transactions_per_s=%.1f readings_per_transaction=%.2f upload_p50_ms_median_of_windows=%s upload_p99_ms_worst_window=%s fleet_errors=%s audit=\"%s\"\n",
+			name, args, s * 1e6 / (reqs > 0 ? reqs : 1), s * 100 / span, reqs / span, txs / span, rows / (txs > 0 ? txs : 1), p50, p99, errors, audit }'
 }
 
 : >"$work/runs"
@@ -106,23 +90,12 @@ for i in $(seq "$PAIRS"); do
 	run "none-$i" | tee -a "$work/runs"
 	run "wait-$i" --batch-wait "$WAIT" | tee -a "$work/runs"
 done
-python3 - "$work/runs" "$WAIT" <<'EOF'
-import re, statistics, sys
-cpu = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"RUN (\w+)-(\d+) .*server_cpu_us_per_request=([\d.]+)", line)
-    if m:
-        cpu.setdefault(int(m.group(2)), {})[m.group(1)] = float(m.group(3))
-ratios = [p["wait"] / p["none"] for _, p in sorted(cpu.items()) if "wait" in p and "none" in p]
-print("RATIO server CPU a request, --batch-wait %s against none: median %.3f of %d pairs (%s)" % (
-    sys.argv[2], statistics.median(ratios), len(ratios), " ".join("%.3f" % r for r in ratios)))
-import os
-with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
-    for side in ("none", "wait"):
-        v = [p[side] for p in cpu.values() if side in p]
-        if v:
-            out.write("figure server CPU a request, %s (median)=%.1f:µs/req\n" % (side, statistics.median(v)))
-    if ratios:
-        out.write("ratio %.3f\n" % statistics.median(ratios))
-EOF
+# cpu SIDE: server CPU a request of each run of SIDE (none, wait), in pair order
+cpu() { sed -n "s/^RUN $1-[0-9]* .*server_cpu_us_per_request=\([0-9.]*\).*/\1/p" "$work/runs"; }
+ratios=$(paste <(cpu none) <(cpu wait) | awk '{ printf "%.3f\n", $2 / $1 }')
+ratio=$(echo "$ratios" | rec median)
+echo "RATIO server CPU a request, --batch-wait $WAIT against none: median $ratio of $PAIRS pairs ($(echo $ratios))"
+rec_fig "server CPU a request, none (median)" "$(cpu none | rec median)" µs/req
+rec_fig "server CPU a request, wait (median)" "$(cpu wait | rec median)" µs/req
+rec_ratio "$ratio"
 rec_end

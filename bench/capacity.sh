@@ -5,7 +5,7 @@
 # --help) against `kettle serve` on a fresh store.
 #
 #   bench/capacity.sh                      # the embedded store (SQLite)
-#   STORE=postgres bench/capacity.sh       # a throwaway PostgreSQL cluster (bench/pg-cluster.sh)
+#   STORE=postgres bench/capacity.sh       # a throwaway PostgreSQL cluster (bench/lib/pg-cluster.sh)
 #   STORE=postgres PG_EXTRA="-c checkpoint_timeout=30s" bench/capacity.sh
 #
 # CAPACITY_ARGS: kettle capacity's steps (default below: the README's);
@@ -14,7 +14,7 @@
 #
 # A step is short next to a store's periodic work: SQLite merges its staged
 # rows every 65,536 readings, PostgreSQL checkpoints every checkpoint_timeout
-# (30 min in bench/pg-cluster.sh's settings) and logs every page a write
+# (30 min in bench/lib/pg-cluster.sh's settings) and logs every page a write
 # touches whole once after each checkpoint. The script prints, per store,
 # how much of that work fell inside the run (merges; checkpoints and WAL
 # bytes with full-page images), so that a figure measured without it is
@@ -22,16 +22,18 @@
 # minimum) puts a checkpoint in every 40 s step.
 #
 # A slow disk: PG_WRITE_MBPS=8 throttles the cluster's disk writes (root,
-# a cgroup; bench/pg-cluster.sh); PG_WARM_WAL=1024 gives the fresh cluster
+# a cgroup; bench/lib/pg-cluster.sh); PG_WARM_WAL=1024 gives the fresh cluster
 # recycled WAL segment files first, as one in service has:
 #   STORE=postgres PG_WRITE_MBPS=8 CAPACITY_ARGS="--start 40000 --max 40000 --step-duration 60s" bench/capacity.sh
 #   PG_WARM_WAL=1024 STORE=postgres PG_WRITE_MBPS=8 PG_EXTRA="-c checkpoint_timeout=30s" CAPACITY_ARGS=… bench/capacity.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${CAPACITY_ARGS:=--start 10 --max 10 --interval 1s --step-duration 3s --slo-p99 10s}"
 STORE=${STORE:-sqlite}
 CAPACITY_ARGS=${CAPACITY_ARGS:---start 40000 --step 40000 --step-duration 40s --warmup 10s}
 case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port; the cluster only for STORE=postgres
 work=$(mktemp -d /tmp/kettle-capacity-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; pg_stop; rm -rf "$work"' EXIT
 rerun="${PG_WARM_WAL:+PG_WARM_WAL=$PG_WARM_WAL }STORE=$STORE ${PG_EXTRA:+PG_EXTRA=\"$PG_EXTRA\" }${PG_WRITE_MBPS:+PG_WRITE_MBPS=$PG_WRITE_MBPS }CAPACITY_ARGS=\"$CAPACITY_ARGS\" SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/capacity.sh"
@@ -70,18 +72,6 @@ if [ "$STORE" = postgres ]; then
 else
 	echo "sqlite during the run: merges $(( $(metric kettle_sqlite_merges_total) - m0 )), staged rows at the end $(metric kettle_sqlite_staged_rows)"
 fi
-python3 - "${OUT:-$work/out}/capacity.json" <<'EOF' || true
-import json, os, sys
-try:
-    c = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as e:
-    print(f"record: {sys.argv[1]}: {e}; nothing recorded", file=sys.stderr)
-    sys.exit(0)
-with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
-    out.write(f"figure holds={c['holds']}:kettles\n")
-    if c.get("breaks_at"):
-        out.write(f"figure breaks at={c['breaks_at']}:kettles\n")
-    out.write(f"figure SLO p99={c['slo_p99_ms']}:ms\n")
-EOF
+rec_json "${OUT:-$work/out}/capacity.json" "holds=.capacity.holds:kettles" "breaks at=.capacity.breaks_at?:kettles" "SLO p99=.capacity.slo_p99_ms:ms"
 rec_end
 exit $rc

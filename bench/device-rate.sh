@@ -29,20 +29,23 @@
 # phase stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${INTERVAL:=2s}" "${DURATION:=7s}" "${EDGE:=1}" "${RUNAWAY_CONNS:=2}"
 DEVICES=${DEVICES:-5000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-60s}
 RUNAWAY_CONNS=${RUNAWAY_CONNS:-16} RATE=${RATE:-1} BURST=${BURST:-10} MODE=${MODE:-device}
+EDGE=${EDGE:-10} # seconds of the fleet alone before and after the runaway
 case $MODE in device | login) ;; *) echo "MODE must be device or login, got $MODE" >&2; exit 2 ;; esac
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port
 work=$(mktemp -d /tmp/kettle-rate-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-rerun="MODE=$MODE DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION RUNAWAY_CONNS=$RUNAWAY_CONNS RATE=$RATE BURST=$BURST bench/device-rate.sh"
+rerun="MODE=$MODE DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION RUNAWAY_CONNS=$RUNAWAY_CONNS RATE=$RATE BURST=$BURST EDGE=$EDGE bench/device-rate.sh"
 echo "rerun: $rerun"
 rec_begin device-rate.sh "$rerun"
 machine_line
 build_kettle "$work"
 secs=${DURATION%s}
-wrk_for=$((secs - 20))
-((wrk_for >= 5)) || { echo "DURATION must be at least 25s"; exit 2; }
+wrk_for=$((secs - 2 * EDGE))
+((wrk_for >= 5)) || { echo "DURATION must be at least $((2 * EDGE + 5))s"; exit 2; }
 
 # newcomers URL SECONDS OUT: new kettles logging in from another address
 # (127.0.0.2) while the runaway loops, one every 0.5 s for SECONDS; each
@@ -67,13 +70,13 @@ run() {
 	kpid=$!
 	for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 	local runaway
-	runaway=$(curl -sf -X POST "http://127.0.0.1:$port/login" -d '{"username":"runaway"}' | python3 -c 'import json, sys; print(json.load(sys.stdin)["username"])')
+	runaway=$(curl -sf -X POST "http://127.0.0.1:$port/login" -d '{"username":"runaway"}' | jq -r .username)
 	echo "$runaway" >"$dir/runaway.txt"
-	echo "--- $name: kettle serve $* ; $DEVICES kettles every $INTERVAL for $DURATION; runaway ($MODE), $RUNAWAY_CONNS connections, from 10 s for ${wrk_for}s"
+	echo "--- $name: kettle serve $* ; $DEVICES kettles every $INTERVAL for $DURATION; runaway ($MODE), $RUNAWAY_CONNS connections, from $EDGE s for ${wrk_for}s"
 	"$work/kettle" swarm --target "http://127.0.0.1:$port" --data-dir "$dir" --devices "$DEVICES" --interval "$INTERVAL" \
 		--duration "$DURATION" --server-pid "$kpid" --postgres-pid -1 --out "$dir/out" --report=false --slo-p99 10s >"$dir/swarm.log" 2>&1 &
 	local spid=$!
-	sleep 10
+	sleep "$EDGE"
 	local script=bench/measurement.lua url=http://127.0.0.1:$port
 	local ppid=
 	if [ "$MODE" = login ]; then
@@ -89,44 +92,27 @@ run() {
 	local stored registered rss
 	registered=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 == "kettle_devices_registered" { print $2 }')
 	rss=$(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status)
-	stored=$(curl -sf -H "Authorization: Bearer $(cat "$dir/operator-token")" "http://127.0.0.1:$port/v1/devices/$runaway" | python3 -c 'import json, sys; print(json.load(sys.stdin)["measurements"])')
-	python3 - "$dir/out/results.json" "$dir/swarm.log" "$dir/wrk.log" "$name" "$stored" "$wrk_for" "$MODE" "$registered" "$rss" "$dir/newcomers.txt" <<'EOF'
-import json, os, re, sys
-res, log, wrk, name, stored, wrk_for, mode, registered, rss, newcomers = sys.argv[1:]
-r = json.load(open(res))
-t = r["totals"]
-win = []
-for line in open(log):
-    m = re.match(r"\[\s*(\d+)s\]", line)
-    if m:
-        win.append({e: float(v) for e, v in re.findall(r"(\w+) [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", line)})
-worst = lambda ep: max((w.get(ep, 0) for w in win), default=0)
-summ = dict(re.findall(r"^  (\w+)\s+\d+ req .* p99\s+([\d.]+) ms", open(log).read(), re.M))
-p99 = lambda ep: float(summ.get(ep, "nan"))
-w = dict(re.findall(r"(\w+)=([\d.]+)", next((l for l in open(wrk) if l.startswith("RESULT")), "")))
-req = float(w.get("requests", 0)); refused = float(w.get("errors_status", 0))
-srv = [s["procs"]["server"]["cpu_pct"] for s in r["system"]["samples"] if "server" in s.get("procs", {})]
-what = ("runaway_stored=%s runaway_stored_per_s=%.1f" % (stored, float(stored) / float(wrk_for)) if mode == "device"
-        else "devices_registered=%s" % registered)
-if mode == "login" and os.path.exists(newcomers):
-    nc = [l.split() for l in open(newcomers) if l.strip()]
-    ok = [float(s) for c, s in nc if c == "200"]
-    what += " newcomers=%d newcomers_registered=%d newcomers_refused_429=%d newcomers_max_s=%.3f" % (
-        len(nc), len(ok), sum(1 for c, _ in nc if c == "429"), max((float(s) for _, s in nc), default=0))
-print("RATE %s fleet_requests=%d fleet_errors=%d fleet_p99_upload_ms=%.2f fleet_p99_command_ms=%.2f worst5s_p99_upload_ms=%.2f worst5s_p99_command_ms=%.2f "
-      "runaway_rps=%.0f runaway_refused=%d %s server_cpu_pct_mean=%.0f server_rss_mib=%s" % (
-    name, t["requests"], t["errors"], p99("measurement"), p99("command"), worst("measurement"), worst("command"),
-    req / float(wrk_for), refused, what, sum(srv) / max(len(srv), 1), rss))
-with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
-    out.write("figure %s: fleet upload p99=%.2f:ms\n" % (name, p99("measurement")))
-    out.write("figure %s: fleet errors=%d:requests\n" % (name, t["errors"]))
-    out.write("figure %s: runaway=%.0f:req/s\n" % (name, req / float(wrk_for)))
-    if mode == "device":
-        out.write("figure %s: runaway readings stored=%s:readings\n" % (name, stored))
-    else:
-        out.write("figure %s: devices registered=%s:devices\n" % (name, registered))
-    out.write("figure %s: server CPU=%.0f:%%\n" % (name, sum(srv) / max(len(srv), 1)))
-EOF
+	stored=$(curl -sf -H "Authorization: Bearer $(cat "$dir/operator-token")" "http://127.0.0.1:$port/v1/devices/$runaway" | jq .measurements)
+	local res=$dir/out/results.json p99 p99c worst worstc req refused cpu what
+	p99=$(jq '.totals.endpoints.measurement.p99_ms // 0' "$res") p99c=$(jq '.totals.endpoints.command.p99_ms // 0' "$res")
+	read -r worst _ < <(rec windows "$dir/swarm.log" measurement 0 -1)
+	read -r worstc _ < <(rec windows "$dir/swarm.log" command 0 -1)
+	req=$(sed -n 's/^RESULT .*requests=\([0-9]*\).*/\1/p' "$dir/wrk.log") refused=$(sed -n 's/^RESULT .*errors_status=\([0-9]*\).*/\1/p' "$dir/wrk.log")
+	req=$(awk -v r="${req:-0}" -v s="$wrk_for" 'BEGIN { printf "%.0f", r / s }')
+	cpu=$(jq '[.system.samples[] | .procs.server.cpu_pct // empty] | if length > 0 then add / length else 0 end | round' "$res")
+	if [ "$MODE" = device ]; then
+		what="runaway_stored=$stored runaway_stored_per_s=$(awk -v n="$stored" -v s="$wrk_for" 'BEGIN { printf "%.1f", n / s }')"
+	else
+		what="devices_registered=$registered$(awk '{ n++; if ($1 == 200) ok++; if ($1 == 429) no++; if ($2 > m) m = $2 }
+			END { printf " newcomers=%d newcomers_registered=%d newcomers_refused_429=%d newcomers_max_s=%.3f", n, ok, no, m }' "$dir/newcomers.txt")"
+	fi
+	echo "RATE $name fleet_requests=$(jq .totals.requests "$res") fleet_errors=$(jq .totals.errors "$res") fleet_p99_upload_ms=$p99 fleet_p99_command_ms=$p99c" \
+		"worst5s_p99_upload_ms=$worst worst5s_p99_command_ms=$worstc runaway_rps=$req runaway_refused=${refused:-0} $what server_cpu_pct_mean=$cpu server_rss_mib=$rss"
+	rec_fig "$name: fleet upload p99" "$p99" ms
+	rec_fig "$name: fleet errors" "$(jq .totals.errors "$res")" requests
+	rec_fig "$name: runaway" "$req" req/s
+	if [ "$MODE" = device ]; then rec_fig "$name: runaway readings stored" "$stored" readings; else rec_fig "$name: devices registered" "$registered" devices; fi
+	rec_fig "$name: server CPU" "$cpu" %
 	kill "$kpid"; wait "$kpid" 2>/dev/null || true; kpid=
 }
 if [ "$MODE" = device ]; then

@@ -14,6 +14,10 @@
 # KETTLE_HA_NET (127.0.44).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/record.sh
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+# (one topology, synchronous, instead of both: bringing one up takes a minute)
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DURATION:=3s}" "${BATCH:=2}" "${MODES:=true}"
 DEVICES=${DEVICES:-2000}
 INTERVAL=${INTERVAL:-2s}
 DURATION=${DURATION:-30s}
@@ -21,38 +25,35 @@ BATCH=${BATCH:-10}
 export KETTLE_HA_NET=${KETTLE_HA_NET:-127.0.44}
 export KETTLE_HA_NODES=1
 export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn"
-go build -o bin/kettle ./cmd/kettle
-export KETTLE_BIN=$PWD/bin/kettle
 out=$(mktemp -d /tmp/kha-bench-XXXX)
 chmod 755 "$out" # Patroni runs as postgres and reads its files under it
+bench_build "$out/kettle" ./cmd/kettle
+export KETTLE_BIN=$out/kettle
 trap 'deploy/cluster.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
 
 # cpu DIR: CPU seconds so far of each process of the topology, as JSON.
-cpu() { python3 bench/lib/topo_cpu.py "$1"; }
+cpu() { rec topo-cpu "$1"; }
 
 run() { # mode kind args…
 	local mode=$1 kind=$2; shift 2
 	local dir=$KETTLE_HA_DIR
 	local before after
 	before=$(cpu "$dir")
-	bin/kettle swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$INTERVAL" \
+	"$KETTLE_BIN" swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$INTERVAL" \
 		--duration "$DURATION" --data-dir "$dir/kettle1" --out "$out/$mode-$kind" --report=false --sample=false \
 		--slo-p99 0 --max-error-rate -1 "$@" >"$out/$mode-$kind.log" 2>&1
 	after=$(cpu "$dir")
-	python3 - "$out/$mode-$kind/results.json" "$before" "$after" "$mode" "$kind" "$(deploy/cluster.sh leader)" >>"$out/rows.jsonl" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1])); b = json.loads(sys.argv[2]); a = json.loads(sys.argv[3])
-ep = r["totals"]["endpoints"]["measurement"]
-cpu = {k: round(a[k] - b.get(k, 0), 2) for k in a if not k.endswith("_rss_bytes")}
-print(json.dumps({"mode": sys.argv[4], "kind": sys.argv[5], "primary": sys.argv[6],
-    "acked_per_s": r["totals"]["acked"] / r["totals"]["wall_seconds"], "upload_p50_ms": ep["p50_ms"],
-    "upload_p99_ms": ep["p99_ms"], "errors": r["totals"]["errors"], "swarm_cpu_s": r["totals"]["cpu_seconds"],
-    "lost": (r.get("audit") or {}).get("lost"), "cpu_s": cpu}))
-EOF
+	jq -c --argjson b "$before" --argjson a "$after" --arg mode "$mode" --arg kind "$kind" --arg primary "$(deploy/cluster.sh leader)" \
+		'.totals as $t | {mode: $mode, kind: $kind, primary: $primary, acked_per_s: ($t.acked / $t.wall_seconds),
+		upload_p50_ms: $t.endpoints.measurement.p50_ms, upload_p99_ms: $t.endpoints.measurement.p99_ms, errors: $t.errors,
+		swarm_cpu_s: $t.cpu_seconds, lost: .audit.lost,
+		cpu_s: ($a | with_entries(select(.key | endswith("_rss_bytes") | not) | .value = ((.value - ($b[.key] // 0)) * 100 | round / 100)))}' \
+		"$out/$mode-$kind/results.json" >>"$out/rows.jsonl"
 	tail -1 "$out/rows.jsonl"
 }
 
-for mode in true false; do
+MODES=${MODES:-true false} # Patroni's synchronous_mode, one topology each
+for mode in $MODES; do
 	export KETTLE_HA_DIR=$out/topo-$mode KETTLE_HA_SYNC=$mode
 	deploy/cluster.sh up >/dev/null
 	run "$mode" single
@@ -60,35 +61,26 @@ for mode in true false; do
 	deploy/cluster.sh down >/dev/null
 done
 
-python3 - "$out/rows.jsonl" "bench/ha-sync.sh (DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION BATCH=$BATCH)" <<'EOF'
-import json, subprocess, sys, datetime, os
-rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {(r["mode"], r["kind"]): r for r in rows}
-figs = []
-for r in rows:
-    m = "sync" if r["mode"] == "true" else "async"
-    for k in ("acked_per_s", "upload_p50_ms", "upload_p99_ms"):
-        figs.append({"name": f"{m}_{r['kind']}_{k}", "value": round(r[k], 3), "unit": k.split("_")[-1]})
-    for p, s in r["cpu_s"].items():
-        figs.append({"name": f"{m}_{r['kind']}_cpu_{p}", "value": s, "unit": "s"})
-ratios = {}
-for kind in ("single", "batched"):
-    s, a = by[("true", kind)], by[("false", kind)]
-    ratios[kind + "_p99_sync_over_async"] = s["upload_p99_ms"] / max(a["upload_p99_ms"], 1e-9)
-    ratios[kind + "_p50_sync_over_async"] = s["upload_p50_ms"] / max(a["upload_p50_ms"], 1e-9)
-    ps, pa = s["cpu_s"].get("postgres" + s["primary"][2:], 0), a["cpu_s"].get("postgres" + a["primary"][2:], 0)
-    ratios[kind + "_primary_cpu_sync_over_async"] = ps / max(pa, 1e-9)
-for k, v in ratios.items():
-    figs.append({"name": k, "value": round(v, 3), "unit": "ratio"})
-    print(f"{k}: {v:.2f}")
-for r in rows:
-    print(json.dumps(r))
-cpu_model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
-line = {"bench": "ha-sync.sh", "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-    "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "machine": {"cores": os.cpu_count(), "cpu_model": cpu_model, "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
-    "command": sys.argv[2], "figures": figs, "ratio": round(ratios["single_p99_sync_over_async"], 3)}
-with open("bench/results.jsonl", "a") as f:
-    f.write(json.dumps(line) + "\n")
-print("appended to bench/results.jsonl")
-EOF
+cat "$out/rows.jsonl"
+# The figure the run exists for first: the upload p99 of single readings
+# with a synchronous standby, against an asynchronous one (its ceiling).
+rec_begin ha-sync.sh "DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION BATCH=$BATCH bench/ha-sync.sh"
+jq -rs 'def r3: . * 1000 | round / 1000;
+	(map({key: "\(.mode)/\(.kind)", value: .}) | from_entries) as $by
+	| "figure sync_single_upload_p99_ms=\($by["true/single"].upload_p99_ms | r3):ms",
+	  if $by["false/single"] then
+	    "ceiling async_single_upload_p99_ms=\($by["false/single"].upload_p99_ms | r3):ms",
+	    "ratio \($by["true/single"].upload_p99_ms / ([$by["false/single"].upload_p99_ms, 1e-9] | max) | r3)"
+	  else empty end,
+	  (.[] | ((if .mode == "true" then "sync" else "async" end) + "_" + .kind) as $p
+	   | "figure \($p)_acked_per_s=\(.acked_per_s | r3):readings/s",
+	     "figure \($p)_upload_p50_ms=\(.upload_p50_ms | r3):ms",
+	     (select($p != "sync_single") | "figure \($p)_upload_p99_ms=\(.upload_p99_ms | r3):ms"),
+	     (.cpu_s | to_entries[] | "figure \($p)_cpu_\(.key)=\(.value):s")),
+	  (["single", "batched"][] as $k | $by["true/" + $k] as $s | $by["false/" + $k] as $a | select($a)
+	   | "figure \($k)_p99_sync_over_async=\($s.upload_p99_ms / ([$a.upload_p99_ms, 1e-9] | max) | r3):ratio",
+	     "figure \($k)_p50_sync_over_async=\($s.upload_p50_ms / ([$a.upload_p50_ms, 1e-9] | max) | r3):ratio",
+	     "figure \($k)_primary_cpu_sync_over_async=\(($s.cpu_s["postgres" + $s.primary[2:]] // 0) / ([$a.cpu_s["postgres" + $a.primary[2:]] // 0, 1e-9] | max) | r3):ratio")' \
+	"$out/rows.jsonl" | rec_lines
+grep -E 'over_async' "$KETTLE_REC_FIGS" || echo "(one topology, MODES=$MODES: no sync/async ratios)"
+rec_end

@@ -18,6 +18,9 @@
 # both runs asked the same work of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/record.sh
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${INTERVAL:=1}" "${DURATION:=3}"
 NDEV=${DEVICES:-2000}
 INTERVAL=${INTERVAL:-2}   # seconds
 DURATION=${DURATION:-40}  # seconds, each run
@@ -29,11 +32,11 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+bench_build "$work/kettle" ./cmd/kettle
+port=$(free_port)
 url="http://127.0.0.1:$port"
 # A clean environment for every process: KETTLE_* are flags' env twins.
-for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_REC_FIGS\|KETTLE_RECORD_BIN\|KETTLE_BENCH_BINS'); do unset "$v"; done
 
 "$work/kettle" serve --addr "127.0.0.1:$port" --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
 	--access-log-sample 0 2>"$work/serve.log" & spid=$!; pids+=($spid)
@@ -100,35 +103,19 @@ if [ "$cpuwarn" -gt 0 ]; then
 fi
 awk -v lr="$lreq" -v d="$DURATION" -v off="$offered" -v st="$lsteady" 'BEGIN { if (st < 0.95 * off)
 	printf "NOTE   Locust fell behind: %.0f req/s steady, %.0f over the run, of %d offered (closed model: the shortfall is load never sent).\n", st, lr / d, off }'
-# One record of the run in bench/results.jsonl.
-python3 - "$sreq" "$su" "$ss" "$srss" "$ssteady" "$lreq" "$lu" "$ls" "$lrss" "$lsteady" "$offered" \
-	"DEVICES=$NDEV INTERVAL=$INTERVAL DURATION=$DURATION API=$API SWARM_PROCS=$PROCS bench/locust-vs-swarm.sh" "$PROCS" <<'PY'
-import datetime, json, os, subprocess, sys
-sreq, su, ss, srss, ssteady, lreq, lu, ls, lrss, lsteady, offered = (float(x) for x in sys.argv[1:12])
-procs = int(sys.argv[13]) or os.cpu_count()
-s_us, l_us = 1e6 * (su + ss) / sreq, 1e6 * (lu + ls) / lreq
-rec = {
-    "bench": "locust-vs-swarm.sh",
-    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-    "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "machine": {"cores": os.cpu_count(),
-                "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
-                "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
-    "command": sys.argv[12],
-    "figures": [
-        {"name": "offered", "value": offered, "unit": "req/s"},
-        {"name": "swarm_steady", "value": round(ssteady, 1), "unit": "req/s"},
-        {"name": "locust_steady", "value": round(lsteady, 1), "unit": "req/s"},
-        {"name": "swarm_cpu_per_request", "value": round(s_us, 1), "unit": "CPU-us"},
-        {"name": "locust_cpu_per_request", "value": round(l_us, 1), "unit": "CPU-us"},
-        {"name": "swarm_max_rss", "value": round(srss / 1024, 1), "unit": "MiB"},
-        {"name": "locust_max_rss", "value": round(lrss / 1024, 1), "unit": "MiB"},
-        {"name": "swarm_gomaxprocs", "value": procs, "unit": "cores"},
-    ],
-    "ceiling": {"name": "swarm_cpu_per_request_target (1/3 of Locust's)", "value": round(l_us / 3, 1), "unit": "CPU-us"},
-    "ratio": round(l_us / s_us, 2),
-}
-with open("bench/results.jsonl", "a") as f:
-    f.write(json.dumps(rec) + "\n")
-print("recorded in bench/results.jsonl (ratio = Locust's CPU per request / the swarm's)")
-PY
+# One record of the run in bench/results.jsonl; its ratio is Locust's CPU
+# per request over the swarm's.
+rec_begin locust-vs-swarm.sh "DEVICES=$NDEV INTERVAL=$INTERVAL DURATION=$DURATION API=$API SWARM_PROCS=$PROCS bench/locust-vs-swarm.sh"
+s_us=$(awk -v r="$sreq" -v u="$su" -v s="$ss" 'BEGIN { printf "%.1f", 1e6 * (u + s) / r }')
+l_us=$(awk -v r="$lreq" -v u="$lu" -v s="$ls" 'BEGIN { printf "%.1f", 1e6 * (u + s) / r }')
+rec_fig offered "$offered" req/s
+rec_fig swarm_steady "$(printf %.1f "$ssteady")" req/s
+rec_fig locust_steady "$(printf %.1f "$lsteady")" req/s
+rec_fig swarm_cpu_per_request "$s_us" CPU-us
+rec_fig locust_cpu_per_request "$l_us" CPU-us
+rec_fig swarm_max_rss "$(awk -v k="$srss" 'BEGIN { printf "%.1f", k / 1024 }')" MiB
+rec_fig locust_max_rss "$(awk -v k="$lrss" 'BEGIN { printf "%.1f", k / 1024 }')" MiB
+rec_fig swarm_gomaxprocs "$( ((PROCS > 0)) && echo "$PROCS" || nproc)" cores
+rec_ceiling "swarm_cpu_per_request_target (1/3 of Locust's)" "$(awk -v l="$l_us" 'BEGIN { printf "%.1f", l / 3 }')" CPU-us
+rec_ratio "$(awk -v l="$l_us" -v s="$s_us" 'BEGIN { printf "%.2f", l / s }')"
+rec_end

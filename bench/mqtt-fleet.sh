@@ -32,6 +32,8 @@
 # it started and the database. Traffic goes to 127.0.0.x only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${NODES:=1}" "${INTERVAL:=1}" "${RAMP:=2}" "${HOLD:=2}" "${CONNECT_WAIT:=6}" "${LAB_TAIL:=6}"
 DEVICES=${DEVICES:-100000}
 NODES=${NODES:-6}
 NODE_CAP=${NODE_CAP:-17500}        # --mqtt-max-conns per node (< open-file limit)
@@ -72,8 +74,8 @@ BATCH_WAIT=${BATCH_WAIT:-100ms}
 WRITERS=${WRITERS:-1}
 # GODEBUG of nodes and swarms: gcshrinkstackoff=1 keeps a goroutine's stack
 # at the size it grew to. Otherwise every GC shrinks the stacks of idle
-# connections (one goroutine each in a swarm; a node's device engine holds
-# none on Linux, mochi's two) and the next
+# connections (one goroutine each in a swarm; a node holds none on Linux)
+# and the next
 # message grows them again: copies both ways, and more RSS, not less
 # (10,000 kettles, 2+2 processes, side by side without it: per kettle, nodes
 # 0.64 → 0.55 CPU-ms/min and 81.8 → 62.7 KiB RSS; swarms unchanged in CPU,
@@ -115,12 +117,13 @@ wper=$(((DEVICES + WORKERS - 1) / WORKERS))
 ramp=$RAMP
 HATCH=$(awk -v d="$DEVICES" -v r="$RAMP" 'BEGIN{printf "%.2f", d/r}')
 CONNECT_WAIT=${CONNECT_WAIT:-$((ramp + 90))} # give up waiting for "all connected" after this
-dur=$((CONNECT_WAIT + HOLD + 30))           # each swarm's --duration (it stops by itself)
+LAB_TAIL=${LAB_TAIL:-30}                    # seconds the lab runs past the hold
+dur=$((CONNECT_WAIT + HOLD + LAB_TAIL))     # each swarm's --duration (it stops by itself)
 DEADLINE=${DEADLINE:-$((dur + 900))}        # whole run incl. provisioning and audit; then kill
 expect=$(awk -v d="$DEVICES" -v i="$INTERVAL" 'BEGIN{printf "%.1f", d/i}')
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
 
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-mqttfleet-XXXXXX)
 pids=()
 cleanup() {
@@ -145,8 +148,8 @@ t_start=$(date +%s)
 echo "rerun: DEVICES=$DEVICES NODES=$NODES NODE_CAP=$NODE_CAP RAMP=$RAMP CONNECT_RATE=$CONNECT_RATE HOLD=$HOLD INTERVAL=$INTERVAL PROFILE=$PROFILE BATCH_WAIT=$BATCH_WAIT WRITERS=$WRITERS GODEBUG_RUN=$GODEBUG_RUN CACHE_REFRESH=$CACHE_REFRESH MEM_CAP_MIB=$MEM_CAP_MIB GOMEMLIMIT_MIB=$GOMEMLIMIT_MIB GOGC_PCT=$GOGC_PCT SWARM_GOGC_PCT=$SWARM_GOGC_PCT MAXPROCS=$MAXPROCS SERVE_ARGS=\"$SERVE_ARGS\" SWARM_ARGS=\"$SWARM_ARGS\" SWARM_BIN_ODD=$SWARM_BIN_ODD SRC_PER_SWARM=$SRC_PER_SWARM bench/mqtt-fleet.sh"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), open files $fdmax, load average $(cut -d' ' -f1-3 /proc/loadavg) (shared: compare within a run)"
 echo "plan: $DEVICES kettles = $WORKERS workers × $wper → $NODES nodes × $per (cap $NODE_CAP each), hatch $HATCH/s (ramp ~${ramp}s), hold ${HOLD}s, lab --duration ${dur}s, deadline ${DEADLINE}s"
-go build -o "$work/kettle" ./cmd/kettle
-go build -o "$work/mqttfleet" ./bench/mqttfleet
+bench_build "$work/kettle" ./cmd/kettle
+bench_build "$work/mqttfleet" ./bench/mqttfleet
 pg_start
 pg_settings
 PG_PID=$(head -1 "$PG_DIR/data/postmaster.pid")
@@ -290,7 +293,7 @@ h0=$(date +%s)
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 minc=$c
 hold_end=$((h0 + HOLD))
-((hold_end > swarm_end - 20)) && { hold_end=$((swarm_end - 20)); echo "  (hold shortened to $((hold_end - h0))s: the swarms end at their --duration)"; }
+((hold_end > swarm_end - LAB_TAIL * 2 / 3)) && { hold_end=$((swarm_end - LAB_TAIL * 2 / 3)); echo "  (hold shortened to $((hold_end - h0))s: the swarms end at their --duration)"; }
 if ((PROFILE > 0)); then # from the middle of the hold, in the background
 	pdir=${OUT:-$work}
 	mkdir -p "$pdir"
@@ -302,7 +305,8 @@ if ((PROFILE > 0)); then # from the middle of the hold, in the background
 	echo "  profiling node 0 and swarm 0 for ${PROFILE}s from hold +${pstart}s into $pdir/{node0,swarm0}.cpu.pprof"
 fi
 while (($(date +%s) < hold_end)); do
-	sleep 10
+	left=$((hold_end - $(date +%s)))
+	sleep $((left < 10 ? (left > 0 ? left : 1) : 10))
 	[ -e "$work/aborted" ] && exit 1
 	c=$(conns_all)
 	((c < minc)) && minc=$c
@@ -368,36 +372,20 @@ set -e
 errs=$(cat "$work"/node*.log | grep -ci '"level":"error"' || true)
 echo "node log lines at ERROR: $errs$( ((errs > 0)) && echo "; first: $(grep -hi '"level":"error"' "$work"/node*.log | head -1 | cut -c1-300)")"
 echo "run took $(($(date +%s) - t_start))s"
-# One record of the run in bench/results.jsonl.
-[ -s "$work/figures.json" ] && python3 - "$work/figures.json" "$tc" "$ncpu" "$scpu" "$win" "$srss" "$DEVICES" "$lrc" "$nrss" "$NODES" "$NODE_CAP" "$INTERVAL" \
-	"DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL BATCH_WAIT=$BATCH_WAIT ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh" <<'PY'
-import json, os, subprocess, sys, datetime
-figs = json.load(open(sys.argv[1]))
-conns, ncpu, scpu, win, srss, devices, lrc = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-nrss = int(sys.argv[9])  # KiB, every node's RSS at the end of the hold
-nodes, node_cap, interval = int(sys.argv[10]), int(sys.argv[11]), int(sys.argv[12])
-figs += [
-    {"name": "nodes_rss_per_connection", "value": round(nrss / conns, 1) if conns else 0, "unit": "KiB"},
-    {"name": "connections_at_hold_end", "value": conns, "unit": "connections"},
-    {"name": "nodes_cpu", "value": round(100 * ncpu / win, 1), "unit": "% of a core"},
-    {"name": "workers_cpu", "value": round(100 * scpu / win, 1), "unit": "% of a core"},
-    {"name": "workers_rss_per_kettle", "value": round(srss / devices, 1), "unit": "KiB"},
-    {"name": "lab_exit_code", "value": lrc, "unit": "exit code"},
-    {"name": "nodes", "value": nodes, "unit": "nodes"},
-    {"name": "node_cap", "value": node_cap, "unit": "connections"},
-    {"name": "interval_s", "value": interval, "unit": "s"},
-]
-rec = {
-    "bench": "mqtt-fleet.sh",
-    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-    "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "machine": {"cores": os.cpu_count(), "cpu_model": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
-                "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
-    "command": sys.argv[13],
-    "figures": figs,
-}
-with open("bench/results.jsonl", "a") as f:
-    f.write(json.dumps(rec) + "\n")
-print("recorded in bench/results.jsonl")
-PY
+# One record of the run in bench/results.jsonl: bench/mqttfleet's figures
+# of the hold, then the nodes' and workers' costs.
+[ -s "$work/figures.json" ] || { echo "mqtt-fleet.sh: bench/mqttfleet wrote no figures: nothing to record" >&2; exit 1; }
+rec_begin mqtt-fleet.sh "DEVICES=$DEVICES NODES=$NODES WORKERS=$WORKERS RAMP=$RAMP HOLD=$HOLD INTERVAL=$INTERVAL BATCH_WAIT=$BATCH_WAIT ADDR_NET=$ADDR_NET bench/mqtt-fleet.sh"
+jq -r '.[] | "figure \(.name)=\(.value):\(.unit)"' "$work/figures.json" | rec_lines
+per() { awk -v a="$1" -v b="$2" -v m="${3:-1}" 'BEGIN { printf "%.1f", (b > 0 ? m * a / b : 0) }'; } # per A B [M]: M·A/B, one decimal
+rec_fig nodes_rss_per_connection "$(per "$nrss" "$tc")" KiB
+rec_fig connections_at_hold_end "$tc" connections
+rec_fig nodes_cpu "$(per "$ncpu" "$win" 100)" "% of a core"
+rec_fig workers_cpu "$(per "$scpu" "$win" 100)" "% of a core"
+rec_fig workers_rss_per_kettle "$(per "$srss" "$DEVICES")" KiB
+rec_fig lab_exit_code "$lrc" "exit code"
+rec_fig nodes "$NODES" nodes
+rec_fig node_cap "$NODE_CAP" connections
+rec_fig interval_s "$INTERVAL" s
+rec_end
 exit $frc

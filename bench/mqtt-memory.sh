@@ -11,19 +11,22 @@
 # Targets run one after another, ROUNDS times interleaved (A B M A B M …), so
 # that a neighbour's load on the shared machine falls on all of them alike:
 #   A: KETTLE_A (a prebuilt kettle, e.g. main's; default: this tree's) with
-#      A_ARGS / A_ENV (default: --mqtt-engine mochi, the old engine)
-#   B: this tree's kettle with B_ARGS / B_ENV (default: its default engine)
+#      A_ARGS / A_ENV (default: none)
+#   B: this tree's kettle with B_ARGS / B_ENV (default: none)
 #   M: Mosquitto
 #
-#   bench/mqtt-memory.sh                                           # mochi, device, Mosquitto
+#   KETTLE_A=/tmp/kettle-main bench/mqtt-memory.sh                 # main, this tree, Mosquitto
 #   CONNS=2000 HOLD=35 bench/mqtt-memory.sh                        # a quick look
-#   KETTLE_A=/tmp/kettle-main A_ARGS= B_ARGS="--gc-percent 100" bench/mqtt-memory.sh
+#   KETTLE_A=/tmp/kettle-main B_ARGS="--gc-percent 400" bench/mqtt-memory.sh
 #
-# Appends one JSON line to bench/results.jsonl. Bounded: each target runs
+# Records one run in bench/results.jsonl. Bounded: each target runs
 # WARMUP+HOLD seconds, every process it starts is killed at exit; traffic
 # goes to 127.0.47.x only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/record.sh
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${CONNS:=10}" "${INTERVAL:=1s}" "${HOLD:=3}" "${WARMUP:=2}" "${CONNECT_RATE:=100}"
 CONNS=${CONNS:-10000}
 INTERVAL=${INTERVAL:-30s}
 HOLD=${HOLD:-40}                     # measured seconds (> INTERVAL: every kettle sends in it)
@@ -39,9 +42,8 @@ work=$(mktemp -d /tmp/kettle-mqttmem-XXXXXX)
 spid=
 cleanup() { [ -n "$spid" ] && kill "$spid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-go build -o "$work/B" ./cmd/kettle
-go build -o "$work/mqttpub" ./bench/mqttpub
-A_ARGS=${A_ARGS-"--mqtt-engine mochi"}
+bench_build "$work/B" ./cmd/kettle
+bench_build "$work/mqttpub" ./bench/mqttpub
 cp "${KETTLE_A:-$work/B}" "$work/A"
 targets="A B M"
 cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
@@ -84,55 +86,38 @@ run() { # TARGET ROUND → one JSON object in $work/runs
 	kill "$spid"
 	wait "$spid" 2>/dev/null || true
 	spid=
-	python3 - "$d" "$t" "$rss0" >>"$work/runs" <<'EOF'
-import json, re, sys
-d, t, rss0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
-p = json.load(open(d + "/pub.json"))
-m = open(d + "/metrics").read()
-def g(name):
-    x = re.search(r"^" + name + r" (\S+)$", m, re.M)
-    return float(x.group(1)) if x else None
-up = max(p["up"], 1)
-rss = list(p["rss_kib"].values())[0]
-cpu = list(p["cpu_s"].values())[0]
-o = {"target": t, "up": p["up"], "rss_per_conn_kib": (rss - rss0) / up, "rss_kib": rss, "rss0_kib": rss0,
-     "cpu_ms_per_msg": cpu * 1000 / max(p["acked"], 1), "cpu_pct": cpu / p["seconds"] * 100,
-     "msgs_per_s": p["msgs_per_s"], "puback_p99_ms": p["puback_p99_ms"], "failed": p["failed"]}
-for k, n in (("stack_per_conn_kib", "go_memstats_stack_inuse_bytes"), ("heap_per_conn_kib", "go_memstats_heap_inuse_bytes")):
-    v = g(n)
-    if v is not None:
-        o[k] = v / up / 1024
-print(json.dumps(o))
-EOF
+	# prom NAME: a sample of the node's /metrics, or null (Mosquitto has none)
+	prom() { awk -v m="$1" '$1 == m { v = $2 } END { print (v == "" ? "null" : v) }' "$d/metrics"; }
+	jq -c --arg t "$t" --argjson rss0 "$rss0" --argjson stack "$(prom go_memstats_stack_inuse_bytes)" --argjson heap "$(prom go_memstats_heap_inuse_bytes)" '
+		([.up, 1] | max) as $up | (.rss_kib | to_entries[0].value) as $rss | (.cpu_s | to_entries[0].value) as $cpu
+		| {target: $t, up, rss_per_conn_kib: (($rss - $rss0) / $up), rss_kib: $rss, rss0_kib: $rss0,
+		   cpu_ms_per_msg: ($cpu * 1000 / ([.acked, 1] | max)), cpu_pct: ($cpu / .seconds * 100), msgs_per_s, puback_p99_ms, failed}
+		+ (if $stack then {stack_per_conn_kib: ($stack / $up / 1024)} else {} end)
+		+ (if $heap then {heap_per_conn_kib: ($heap / $up / 1024)} else {} end)' "$d/pub.json" >>"$work/runs"
 	tail -1 "$work/runs"
 }
 for r in $(seq "$ROUNDS"); do
 	for t in $targets; do run "$t" "$r"; done
 done
 
-python3 - "$work/runs" "$cmdline" <<'EOF' | tee -a bench/results.jsonl
-import json, subprocess, sys, time, statistics
-runs = [json.loads(l) for l in open(sys.argv[1])]
-names = {"A": "kettle_a", "B": "kettle", "M": "mosquitto"}
-figs, med = [], {}
-for t in ("B", "A", "M"):  # this tree first: the headline figure, beside the ratio (B / Mosquitto)
-    rs = [r for r in runs if r["target"] == t]
-    if not rs:
-        continue
-    for key, unit in (("rss_per_conn_kib", "KiB"), ("cpu_ms_per_msg", "ms"), ("puback_p99_ms", "ms"), ("up", "connections"),
-                      ("stack_per_conn_kib", "KiB"), ("heap_per_conn_kib", "KiB")):
-        vals = [r[key] for r in rs if key in r]
-        if vals:
-            med[(t, key)] = statistics.median(vals)
-            figs.append({"name": f"{names[t]}_{key}", "value": round(med[(t, key)], 3), "unit": unit})
-model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-rec = {"bench": "mqtt-memory.sh", "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-       "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-       "machine": {"cores": len([l for l in open("/proc/cpuinfo") if l.startswith("processor")]), "cpu_model": model,
-                   "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])},
-       "command": sys.argv[2], "figures": figs}
-if ("B", "rss_per_conn_kib") in med and med.get(("M", "rss_per_conn_kib")):
-    rec["ceiling"] = {"name": "mosquitto_rss_per_conn_kib", "value": round(med[("M", "rss_per_conn_kib")], 3), "unit": "KiB"}
-    rec["ratio"] = round(med[("B", "rss_per_conn_kib")] / med[("M", "rss_per_conn_kib")], 2)
-print(json.dumps(rec))
-EOF
+# The medians of the rounds, this tree's kettle first (the headline: its
+# memory per connection, against Mosquitto's as the ceiling).
+rec_begin mqtt-memory.sh "$cmdline"
+declare -A name=([A]=kettle_a [B]=kettle [M]=mosquitto)
+declare -A unit=([rss_per_conn_kib]=KiB [cpu_ms_per_msg]=ms [puback_p99_ms]=ms [up]=connections [stack_per_conn_kib]=KiB [heap_per_conn_kib]=KiB)
+med() { # TARGET KEY: the median over the rounds, or nothing
+	local v; v=$(jq -r --arg t "$1" --arg k "$2" 'select(.target == $t) | .[$k] // empty' "$work/runs")
+	[ -z "$v" ] || echo "$v" | rec median
+}
+for t in B A M; do
+	for k in rss_per_conn_kib cpu_ms_per_msg puback_p99_ms up stack_per_conn_kib heap_per_conn_kib; do
+		v=$(med "$t" "$k")
+		[ -z "$v" ] || rec_fig "${name[$t]}_$k" "$(printf %.3f "$v")" "${unit[$k]}"
+	done
+done
+b=$(med B rss_per_conn_kib) m=$(med M rss_per_conn_kib)
+if [ -n "$b" ] && awk -v m="${m:-0}" 'BEGIN { exit !(m > 0) }'; then
+	rec_ceiling mosquitto_rss_per_conn_kib "$(printf %.3f "$m")" KiB
+	rec_ratio "$(awk -v b="$b" -v m="$m" 'BEGIN { printf "%.2f", b / m }')"
+fi
+rec_end

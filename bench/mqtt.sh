@@ -17,7 +17,9 @@
 # kettle/mosquitto.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${CONNS:=10}" "${DURATION:=2s}" "${WARMUP:=1s}" "${BATCH:=5}"
 CONNS=${CONNS:-2000}       # publisher connections (one device each)
 INFLIGHT=${INFLIGHT:-4}    # QoS 1 messages awaiting PUBACK per connection
 BATCH=${BATCH:-50}         # readings per message in the batched runs
@@ -28,7 +30,7 @@ PORT_H=$(free_port)
 PORT_K=$(free_port)
 PORT_M=$(free_port)
 [ -x "$MOSQUITTO" ] || { echo "mosquitto missing: apt-get install -y mosquitto"; exit 1; }
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-mqttbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
@@ -38,7 +40,7 @@ echo "rerun: $rerun"
 rec_begin mqtt.sh "$rerun"
 machine_line "(others' load counts against both sides alike)"
 build_kettle "$work"
-go build -o "$work/mqttpub" ./bench/mqttpub
+bench_build "$work/mqttpub" ./bench/mqttpub
 pg_start
 pg_settings
 PG_PID=$(head -1 "$PG_DIR/data/postmaster.pid")

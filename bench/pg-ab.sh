@@ -17,6 +17,8 @@
 # ACCESS_LOG_SAMPLE (default 0.01, kettle serve's default, as bench/pg-ingest.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${ROUNDS:=1}" "${DURATION:=2s}" "${CONNS:=4}" "${V1_CONNS:=2}" "${DEVICES:=10}" "${PG_WARM_WAL:=0}"
 [ $# = 2 ] || { echo "usage: $0 A_KETTLE_BIN B_KETTLE_BIN" >&2; exit 2; }
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-15s}
@@ -27,15 +29,14 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 
 # The fresh cluster's WAL files made and recycled first (pg_warm_wal), so
 # that round 1's first side does not pay alone for creating them.
 export PG_WARM_WAL=${PG_WARM_WAL:-4096}
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 rerun="PG_WARM_WAL=$PG_WARM_WAL ROUNDS=$ROUNDS ACCESS_LOG_SAMPLE=${ACCESS_LOG_SAMPLE:-0.01} DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS DEVICES=$NDEV SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ab.sh $1 $2"
 echo "rerun: $rerun"
 ab_start pgab "$1" "$2"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 serve() { # serve BIN DB: start kettle serve on a fresh database
 	local port; port=$(free_port)
 	"$work/$1" serve --addr 127.0.0.1:$port --db "$(pg_db "$2")" --data-dir "$work/data-$2" --access-log-sample "${ACCESS_LOG_SAMPLE:-0.01}" ${SERVE_ARGS:-} 2>"$work/serve-$2.log" &

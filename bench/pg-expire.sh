@@ -16,6 +16,8 @@
 #   STORE=sqlite bench/pg-expire.sh                          # the same on the embedded store (no cluster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DAYS:=2}" "${WARMUP:=1s}" "${BATCH:=10}"
 DEVICES=${DEVICES:-2000}
 DAYS=${DAYS:-33}
 INTERVAL=${INTERVAL:-60m}
@@ -25,7 +27,7 @@ BATCH=${BATCH:-200}
 WARMUP=${WARMUP:-10s}
 STORE=${STORE:-postgres}
 END=${END:-$(date -u +%Y-%m-02T00:00:00Z)}
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 trap 'pg_stop; rm -rf "$work"' EXIT
 rerun="${PGBENCH_BIN:+PGBENCH_BIN=$PGBENCH_BIN }STORE=$STORE DEVICES=$DEVICES DAYS=$DAYS INTERVAL=$INTERVAL WRITERS=$WRITERS BATCH=$BATCH WARMUP=$WARMUP END=$END bench/pg-expire.sh"
@@ -34,7 +36,7 @@ rec_begin pg-expire.sh "$rerun"
 machine_line
 build_kettle "$work"
 # PGBENCH_BIN: a pgbench built from another commit (it holds the store's Expire), to compare
-if [ -n "${PGBENCH_BIN:-}" ]; then cp "$PGBENCH_BIN" "$work/pgbench"; else go build -o "$work/pgbench" ./bench/pgbench; fi
+if [ -n "${PGBENCH_BIN:-}" ]; then cp "$PGBENCH_BIN" "$work/pgbench"; else bench_build "$work/pgbench" ./bench/pgbench; fi
 if [ "$STORE" = sqlite ]; then
 	dsn="sqlite:$work/kettle.db"
 else

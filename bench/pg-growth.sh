@@ -50,7 +50,9 @@
 # The first step's "0 days" seeds one reading a kettle (registering them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${STEPS:=0 1}" "${INTERVAL:=6h}" "${DURATION:=2s}" "${CONNS:=4}" "${ROUNDS:=1}"
 NDEV=${DEVICES:-20000}
 STEPS=${STEPS:-0 1 6 12 19}
 REF_DAYS=${REF_DAYS:-1}
@@ -66,14 +68,14 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 
 END=${END:-$(date -u -d "$(date -u +%Y-%m-01) - 1 month + 19 days" +%Y-%m-%dT00:00:00Z)}
 end_s=$(date -u -d "$END" +%s)
 for d in $STEPS; do ((d < 20)) || { echo "STEPS: at most 19 days (the history must stay in END's month)"; exit 2; }; done
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work_start pggrowth
 rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }DEVICES=$NDEV STEPS=\"$STEPS\" INTERVAL=$INTERVAL DURATION=$DURATION CONNS=$CONNS V1_CONNS=$V1_CONNS ROUNDS=$ROUNDS REF_DAYS=$REF_DAYS END=$END bench/pg-growth.sh"
 echo "rerun: $rerun"
 rec_begin pg-growth.sh "$rerun"
 machine_line
 build_kettle "$work"
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 part="measurements_y$(date -u -d "$END" +%Ym%m)"

@@ -43,7 +43,9 @@
 # OUT/kettle-CONNS-ROUND.pprof.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DURATION:=2s}" "${CONNS:=4}" "${ROUNDS:=1}" "${V1_CONNS:=2}" "${V1_DEVICES:=10}" "${WARM_ROWS:=1000}"
 NDEV=${DEVICES:-2000}
 DURATION=${DURATION:-20s}
 CONNS=${CONNS-64 256 1024}   # wrk connections (benchmark 3), one run each
@@ -60,19 +62,19 @@ WAIT=${WAIT:-0}
 PORT_W=$(free_port)
 PORT_D=$(free_port)
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
 trap cleanup EXIT
 OUT=${OUT:-$work}; mkdir -p "$OUT"
-rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM_ROWS:+WARM_ROWS=$WARM_ROWS }$( ((WAIT > 0)) && echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES CEIL_STREAMS=$CEIL_STREAMS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
+rerun="${KETTLE_BIN:+KETTLE_BIN=$KETTLE_BIN }${WARM_ROWS:+WARM_ROWS=$WARM_ROWS }$( ((WAIT == 0)) || echo "WAIT=$WAIT ")DEVICES=$NDEV DURATION=$DURATION CONNS=\"$CONNS\" ROUNDS=$ROUNDS THREADS=$THREADS V1_CONNS=\"$V1_CONNS\" V1_ROUNDS=$V1_ROUNDS V1_DEVICES=$V1_DEVICES CEIL_STREAMS=$CEIL_STREAMS SERVE_ARGS=\"${SERVE_ARGS:-}\" bench/pg-ingest.sh"
 echo "rerun: $rerun"
 rec_begin pg-ingest.sh "$rerun"
 machine_line
 build_kettle "$work"
-go build -o "$work/bare" ./bench/bare
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/bare" ./bench/bare
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 ceil_dsn=$(pg_db ceiling)
@@ -169,7 +171,7 @@ start_bare "$PORT_B" bare
 bpid=$bare_pid
 export DEVICES="$work/devices.txt"
 # the bare handler takes any UUID; each kettle serve run registers its own
-python3 -c 'import uuid, sys; [print(uuid.uuid4()) for _ in range(int(sys.argv[1]))]' "$NDEV" >"$DEVICES"
+for _ in $(seq "$NDEV"); do cat /proc/sys/kernel/random/uuid; done >"$DEVICES"
 base0=$(( $(date +%s) - 7200 ))
 export BASE_EPOCH=$base0 # every kettle serve run starts on an empty table: no duplicates
 count() { curl -s -H "Authorization: Bearer $tok" "http://127.0.0.1:$PORT_K/v1/statistics" | sed -n 's/.*"measurement_count":\([0-9]*\).*/\1/p'; }

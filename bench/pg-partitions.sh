@@ -35,6 +35,8 @@
 #   PHASES=history OLD_BIN=/tmp/kettle.old bench/pg-partitions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DAYS:=40}" "${DURATION:=2s}" "${CONNS:=4}" "${HISTORY_N:=10}" "${ROUNDS:=1}"
 NDEV=${DEVICES:-2000}
 DAYS=${DAYS:-1000}
 INTERVAL=${INTERVAL:-24h}
@@ -47,7 +49,7 @@ ROUNDS=${ROUNDS:-4}
 PHASES=${PHASES:-single v1 history}
 OLD_BIN=${OLD_BIN:-}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 PORT_K=$(free_port)
 END=$(date -u +%Y-%m-%dT00:00:00Z)
 work_start pgparts
@@ -57,7 +59,7 @@ rec_begin pg-partitions.sh "$rerun"
 machine_line
 build_kettle "$work"
 [ -z "$OLD_BIN" ] || cp "$OLD_BIN" "$work/kettle-old"
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 dsn_of() { echo "postgres://postgres@/$1?host=$PG_DIR&port=$PG_PORT&sslmode=disable"; }

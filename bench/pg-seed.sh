@@ -23,7 +23,9 @@
 # once more first, not counted, to warm the fresh cluster (WARM=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. bench/lib/record.sh # free_port, bench_build, rec_*
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DAYS:=1}" "${INTERVAL:=1h}" "${STATS_N:=20}" "${CHUNK:=1000}"
 DEVICES=${DEVICES:-2000}
 DAYS=${DAYS:-2}
 INTERVAL=${INTERVAL:-60s}
@@ -32,7 +34,7 @@ CHUNK=${CHUNK:-200000}
 STATS_N=${STATS_N:-2000}
 PORT_K=${PORT_K:-$(free_port)}
 END=${END:-$(date -u +%Y-%m-%dT%H:00:00Z)}
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 work=$(mktemp -d /tmp/kettle-pgbench-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pg_stop; rm -rf "$work"; }
@@ -42,7 +44,7 @@ echo "rerun: $rerun"
 rec_begin pg-seed.sh "$rerun"
 machine_line
 build_kettle "$work"
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 ceil_dsn=$(pg_db ceiling)

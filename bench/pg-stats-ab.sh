@@ -15,6 +15,8 @@
 #   ROUNDS=5 N=4000 DEVICES=2000 DAYS=29 bench/pg-stats-ab.sh bin/kettle.old bin/kettle
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${ROUNDS:=1}" "${N:=20}" "${DEVICES:=10}" "${DAYS:=2}"
 [ $# = 2 ] || { echo "usage: $0 A_KETTLE_BIN B_KETTLE_BIN" >&2; exit 2; }
 ROUNDS=${ROUNDS:-5}
 N=${N:-2000}
@@ -22,13 +24,13 @@ NDEV=${DEVICES:-500}
 DAYS=${DAYS:-29}
 INTERVAL=${INTERVAL:-15m}
 END=${END:-$(date -u +%Y-%m-%dT00:00:00Z)}
-. bench/pg-cluster.sh
+. bench/lib/pg-cluster.sh
 rerun="ROUNDS=$ROUNDS N=$N DEVICES=$NDEV DAYS=$DAYS INTERVAL=$INTERVAL END=$END bench/pg-stats-ab.sh $1 $2"
 echo "rerun: $rerun"
 rec_begin pg-stats-ab.sh "$rerun"
 ab_start pgstats "$1" "$2"
 machine_line
-go build -o "$work/pgbench" ./bench/pgbench
+bench_build "$work/pgbench" ./bench/pgbench
 pg_start
 pg_settings
 dsn=$(pg_db stats)
@@ -43,8 +45,7 @@ for r in $(seq "$ROUNDS"); do
 		kpid=$!
 		for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 		if [ -z "${dev:-}" ]; then # the first kettle in id order: its history is the third query
-			dev=$(curl -sf -H "Authorization: Bearer $(cat "$work/data/operator-token")" "http://127.0.0.1:$port/v1/devices?limit=1" |
-				python3 -c 'import json, sys; print(json.load(sys.stdin)["devices"][0]["id"])')
+			dev=$(curl -sf -H "Authorization: Bearer $(cat "$work/data/operator-token")" "http://127.0.0.1:$port/v1/devices?limit=1" | jq -r '.devices[0].id')
 		fi
 		for q in open bounded history; do
 			qs=""; path=/v1/statistics

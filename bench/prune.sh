@@ -25,10 +25,14 @@
 # stops by itself (the run takes AGE + FLOOD + ~100 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so);
+# the prune runs at once, so it finds nothing AGE old to remove.
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${INTERVAL:=2s}" "${FLOOD:=2s}" "${EDGE:=1}" "${AGE_WAIT:=0}" "${TAIL:=3}"
 DEVICES=${DEVICES:-2000} INTERVAL=${INTERVAL:-30s} FLOOD=${FLOOD:-30s} AGE=${AGE:-10m} STORE=${STORE:-sqlite}
+EDGE=${EDGE:-10} TAIL=${TAIL:-75} # seconds of the fleet alone before the flood and after the prune
 case $STORE in sqlite | postgres) ;; *) echo "STORE must be sqlite or postgres, got $STORE" >&2; exit 2 ;; esac
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk"; exit 1; }
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port, pg_start, pg_db
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port, pg_start, pg_db
 work=$(mktemp -d /tmp/kettle-prune-XXXXXX) kpid= spid=
 cleanup() {
 	for p in $spid $kpid; do kill "$p" 2>/dev/null || true; done
@@ -42,7 +46,7 @@ echo "rerun: $rerun"
 rec_begin prune.sh "$rerun"
 machine_line
 build_kettle "$work"
-age_s=$(python3 -c "import re,sys; v=sys.argv[1]; u={'s':1,'m':60,'h':3600,'d':86400}; print(int(float(v[:-1])*u[v[-1]]))" "$AGE")
+age_s=$(awk -v v="$AGE" 'BEGIN { u["s"] = 1; u["m"] = 60; u["h"] = 3600; u["d"] = 86400; printf "%d", substr(v, 1, length(v) - 1) * u[substr(v, length(v))] }')
 flood_s=${FLOOD%s}
 db="sqlite:$work/kettle.db"
 if [ "$STORE" = postgres ]; then
@@ -62,55 +66,46 @@ metric() { curl -sf "$url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 # that /debug/pprof/heap?gc=1 forces) and RSS, MiB
 mem() {
 	curl -sf "http://127.0.0.1:$dport/debug/pprof/heap?gc=1" >/dev/null
-	echo "live heap $(metric go_memstats_alloc_bytes | python3 -c 'import sys; print(round(float(sys.stdin.read()) / 1048576))') MiB, RSS $(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status) MiB"
+	echo "live heap $(metric go_memstats_alloc_bytes | awk '{ printf "%.0f", $1 / 1048576 }') MiB, RSS $(awk '/^VmRSS/ { printf "%.0f", $2 / 1024 }' /proc/"$kpid"/status) MiB"
 }
-duration=$((10 + flood_s + age_s + 5 + 60 + 15))
+age_wait=${AGE_WAIT:-$((age_s + 5))} # the flood's age when it is pruned
+duration=$((EDGE + flood_s + age_wait + TAIL))
 "$work/kettle" swarm --target "$url" --data-dir "$work" --devices "$DEVICES" --interval "$INTERVAL" \
 	--duration "${duration}s" --server-pid "$kpid" --postgres-pid -1 --out "$work/out" --report=false --slo-p99 10s >"$work/swarm.log" 2>&1 &
 spid=$!
 t0=$(date +%s)
-sleep 10
+sleep "$EDGE"
 echo "before the flood: registered $(metric kettle_devices_registered); $(mem)"
 wrk -t2 -c16 -d"$FLOOD" -s bench/login.lua "$url/login" | grep RESULT | sed 's/^/flood: /'
 flooded=$(date +%s)
 echo "after the flood: registered $(metric kettle_devices_registered); $(mem)"
-sleep $((age_s + 5 - ($(date +%s) - flooded)))
+aged=$((age_wait - ($(date +%s) - flooded)))
+sleep $((aged > 0 ? aged : 0))
 echo "dry run: $(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\",\"dry_run\":true}")"
 p0=$(($(date +%s) - t0))
 pr=$(curl -sf -X POST -H "$op" "$url/v1/devices/prune" -d "{\"older_than\":\"$AGE\"}")
 echo "prune:   $pr"
-python3 - "$pr" <<'EOF' || true
-import json, os, sys
-r = json.loads(sys.argv[1])
-with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
-    out.write("figure devices removed=%d:devices\n" % r["removed"])
-    out.write("figure prune took=%s:ms\n" % r["took_ms"])
-    out.write("figure devices left=%d:devices\n" % r["devices_registered"])
-EOF
+rec_fig "devices removed" "$(jq .removed <<<"$pr")" devices
+rec_fig "prune took" "$(jq .took_ms <<<"$pr")" ms
+rec_fig "devices left" "$(jq .devices_registered <<<"$pr")" devices
 p1=$(($(date +%s) - t0 + 1))
-sleep 10
-echo "10 s after: registered $(metric kettle_devices_registered), pruned_total $(metric kettle_devices_pruned_total); $(mem)"
+sleep "$EDGE"
+echo "$EDGE s after: registered $(metric kettle_devices_registered), pruned_total $(metric kettle_devices_pruned_total); $(mem)"
 wait "$spid" || echo "(swarm exited $?: see its summary)"
 spid=
 grep -E '^  (measurement|command|requests|audit:)' "$work/swarm.log"
-python3 - "$work/swarm.log" "$p0" "$p1" <<'EOF'
-import re, sys
-log, p0, p1 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-during, other = [], []
-for line in open(log):
-    m = re.match(r"\[\s*(\d+)s\]", line)
-    if m:
-        s = int(m.group(1))
-        w = {e: float(v) for e, v in re.findall(r"(\w+) [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", line)}
-        (during if p0 <= s <= p1 + 5 else other).append(w)
-worst = lambda ws, ep: max((w.get(ep, 0) for w in ws), default=0)
-print("PRUNE fleet worst 5 s p99 upload / poll: during the prune %.2f / %.2f ms (%d windows), otherwise %.2f / %.2f ms" % (
-    worst(during, "measurement"), worst(during, "command"), len(during), worst(other, "measurement"), worst(other, "command")))
-import os
-with open(os.environ["KETTLE_REC_FIGS"], "a") as out:
-    out.write("figure fleet upload worst 5 s p99 during the prune=%.2f:ms\n" % worst(during, "measurement"))
-    out.write("figure fleet upload worst 5 s p99 otherwise=%.2f:ms\n" % worst(other, "measurement"))
-EOF
+# The fleet's worst 5 s window p99 during the prune (its windows from p0 to
+# p1 + 5 s) and otherwise (the worst of the windows before and after).
+read -r during _ nd < <(rec windows "$work/swarm.log" measurement "$p0" $((p1 + 5)))
+read -r duringc _ < <(rec windows "$work/swarm.log" command "$p0" $((p1 + 5)))
+read -r before _ < <(rec windows "$work/swarm.log" measurement 0 $((p0 - 1)))
+read -r after _ < <(rec windows "$work/swarm.log" measurement $((p1 + 6)) -1)
+read -r beforec _ < <(rec windows "$work/swarm.log" command 0 $((p0 - 1)))
+read -r afterc _ < <(rec windows "$work/swarm.log" command $((p1 + 6)) -1)
+other=$(awk -v a="$before" -v b="$after" 'BEGIN { print (a > b ? a : b) }') otherc=$(awk -v a="$beforec" -v b="$afterc" 'BEGIN { print (a > b ? a : b) }')
+echo "PRUNE fleet worst 5 s p99 upload / poll: during the prune $during / $duringc ms ($nd windows), otherwise $other / $otherc ms"
+rec_fig "fleet upload worst 5 s p99 during the prune" "$during" ms
+rec_fig "fleet upload worst 5 s p99 otherwise" "$other" ms
 grep -E 'devices pruned' "$work/serve.log" | tail -1 || true
 rec_swarm "$work/out/results.json" fleet
 rec_end

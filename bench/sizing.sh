@@ -21,6 +21,9 @@
 # INTERVAL (30s), KETTLE_HA_NET (127.0.44).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/record.sh
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=10}" "${DURATION:=3s}"
 DEVICES=${DEVICES:-2000}
 RUN_INTERVAL=${RUN_INTERVAL:-2s}
 DURATION=${DURATION:-40s}
@@ -28,26 +31,25 @@ INTERVAL=${INTERVAL:-30s}
 export KETTLE_HA_NET=${KETTLE_HA_NET:-127.0.44}
 export KETTLE_HA_NODES=1 KETTLE_HA_SYNC=true
 export KETTLE_HA_SERVE_ARGS="--access-log-sample 0 --log-level warn"
-go build -o bin/kettle ./cmd/kettle
-export KETTLE_BIN=$PWD/bin/kettle
 out=$(mktemp -d /tmp/kha-size-XXXX)
 chmod 755 "$out" # Patroni runs as postgres and reads its files under it
+bench_build "$out/kettle" ./cmd/kettle
+export KETTLE_BIN=$out/kettle
 export KETTLE_HA_DIR=$out/topo
 trap 'deploy/cluster.sh down >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
-. bench/lib/record.sh
 
 deploy/cluster.sh up >/dev/null
 leader=$(deploy/cluster.sh leader)
 sync=$(deploy/cluster.sh sync)
 # state: the processes' CPU and memory, the database's size, the WAL position.
 state() {
-	printf '{"cpu":%s,"db_bytes":%s,"wal_bytes":%s}\n' "$(python3 bench/lib/topo_cpu.py "$KETTLE_HA_DIR")" \
+	printf '{"cpu":%s,"db_bytes":%s,"wal_bytes":%s}\n' "$(rec topo-cpu "$KETTLE_HA_DIR")" \
 		"$(deploy/cluster.sh psql -c "SELECT pg_database_size('kettle')")" \
 		"$(deploy/cluster.sh psql -c "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")"
 }
 before=$(state)
 echo "before: $before"
-bin/kettle swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
+"$KETTLE_BIN" swarm --target "http://$KETTLE_HA_NET.21:8080" --api v1 --devices "$DEVICES" --interval "$RUN_INTERVAL" \
 	--duration "$DURATION" --data-dir "$KETTLE_HA_DIR/kettle1" --out "$out/swarm" --report=false --sample=false \
 	--slo-p99 0 --max-error-rate -1 >"$out/swarm.log" 2>&1
 # Autovacuum and the hint bits of the new rows land within a few seconds;
@@ -58,45 +60,34 @@ echo "after: $after (primary $leader, synchronous standby $sync)"
 [ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "sizing.sh: the primary changed during the run" >&2; exit 1; }
 
 rec_begin sizing.sh "DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL bench/sizing.sh"
-python3 - "$out/swarm/results.json" "$before" "$after" "$leader" "$sync" "$DEVICES" "$INTERVAL" <<'EOF'
-import json, os, re, sys
-r = json.load(open(sys.argv[1]))
-b, a = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-leader, sync, devices = sys.argv[4][2:], sys.argv[5][2:], int(sys.argv[6])
-m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", sys.argv[7])
-interval = float(m[1]) * {"ms": 1e-3, "s": 1, "m": 60}[m[2]]
-t = r["totals"]
-acked = t["acked"]
-audit = r.get("audit") or {}
-if acked == 0 or t["errors"] > 0.01 * sum(e["requests"] for e in t["endpoints"].values()) or audit.get("lost"):
-    sys.exit(f"sizing.sh: the run is not a clean one to size from (acked {acked}, errors {t['errors']}, audit {audit}); see the swarm log")
-polls = t["endpoints"]["command"]["requests"]
-cpu = lambda k: a["cpu"].get(k, 0) - b["cpu"].get(k, 0)
 # A kettle's interval is one reading and one poll: readings acknowledged
-# count the intervals (the polls are reported beside them).
-us = lambda k: round(cpu(k) * 1e6 / acked, 2)
-async_ = next(i for i in "123" if i not in (leader, sync))
-figs = [
-    ("interval_s", interval, "s"),
-    ("kettles", devices, "kettles"),
-    ("readings_acked", acked, "readings"),
-    ("polls", polls, "requests"),
-    ("serve_cpu_us_per_kettle_interval", us("kettle1"), "µs"),
-    ("primary_cpu_us_per_kettle_interval", us("postgres" + leader), "µs"),
-    ("sync_standby_cpu_us_per_kettle_interval", us("postgres" + sync), "µs"),
-    ("async_standby_cpu_us_per_kettle_interval", us("postgres" + async_), "µs"),
-    ("patroni_etcd_cpu_s_per_s", round(sum(cpu(k) for k in a["cpu"] if k.startswith(("patroni", "etcd"))) / t["wall_seconds"], 4), "cores"),
-    ("serve_rss_bytes_per_kettle", round((a["cpu"]["kettle1_rss_bytes"] - b["cpu"]["kettle1_rss_bytes"]) / devices), "bytes"),
-    ("serve_rss_bytes_base", b["cpu"]["kettle1_rss_bytes"], "bytes"),
-    ("disk_bytes_per_reading", round((a["db_bytes"] - b["db_bytes"]) / acked, 1), "bytes"),
-    ("wal_bytes_per_reading", round((a["wal_bytes"] - b["wal_bytes"]) / acked, 1), "bytes"),
-    ("upload_p99_ms", t["endpoints"]["measurement"]["p99_ms"], "ms"),
-    ("poll_p99_ms", t["endpoints"]["command"]["p99_ms"], "ms"),
-    ("swarm_cpu_s", t["cpu_seconds"], "s"),
-]
-with open(os.environ["KETTLE_REC_FIGS"], "a") as f:
-    for name, v, unit in figs:
-        print(f"{name} = {v} {unit}")
-        f.write(f"figure {name}={v}:{unit}\n")
-EOF
+# count the intervals (the polls are reported beside them). The figures the
+# run exists for first: the CPU, memory and disk a kettle costs.
+res=$out/swarm/results.json
+jq -e '.totals as $t | $t.acked > 0 and ($t.errors <= 0.01 * ([$t.endpoints[].requests] | add)) and ((.audit.lost // 0) == 0)' "$res" >/dev/null ||
+	{ echo "sizing.sh: the run is not a clean one to size from ($(jq -c '{acked: .totals.acked, errors: .totals.errors, audit}' "$res")); see $out/swarm.log" >&2; exit 1; }
+interval_s=$(awk -v v="$INTERVAL" 'BEGIN { n = v + 0; u = substr(v, length(n "") + 1); print n * (u == "ms" ? 0.001 : u == "m" ? 60 : 1) }')
+asyncn=$(for i in 1 2 3; do [ "pg$i" = "$leader" ] || [ "pg$i" = "$sync" ] || echo "$i"; done)
+jq -r --argjson b "$before" --argjson a "$after" --arg l "${leader#pg}" --arg s "${sync#pg}" --arg an "$asyncn" \
+	--argjson devices "$DEVICES" --argjson interval "$interval_s" '
+	.totals as $t | $t.acked as $n
+	| def cpu(k): ($a.cpu[k] // 0) - ($b.cpu[k] // 0);
+	  def us(k): cpu(k) * 1e6 / $n * 100 | round / 100;
+	  def fig(name; v; unit): "figure \(name)=\(v):\(unit)";
+	fig("serve_cpu_us_per_kettle_interval"; us("kettle1"); "µs"),
+	fig("primary_cpu_us_per_kettle_interval"; us("postgres" + $l); "µs"),
+	fig("sync_standby_cpu_us_per_kettle_interval"; us("postgres" + $s); "µs"),
+	fig("async_standby_cpu_us_per_kettle_interval"; us("postgres" + $an); "µs"),
+	fig("serve_rss_bytes_per_kettle"; (($a.cpu.kettle1_rss_bytes - $b.cpu.kettle1_rss_bytes) / $devices | round); "bytes"),
+	fig("disk_bytes_per_reading"; (($a.db_bytes - $b.db_bytes) / $n * 10 | round / 10); "bytes"),
+	fig("wal_bytes_per_reading"; (($a.wal_bytes - $b.wal_bytes) / $n * 10 | round / 10); "bytes"),
+	fig("patroni_etcd_cpu_s_per_s"; ([$a.cpu | keys[] | select(startswith("patroni") or startswith("etcd")) | cpu(.)] | add / $t.wall_seconds * 1e4 | round / 1e4); "cores"),
+	fig("serve_rss_bytes_base"; $b.cpu.kettle1_rss_bytes; "bytes"),
+	fig("upload_p99_ms"; $t.endpoints.measurement.p99_ms; "ms"),
+	fig("poll_p99_ms"; $t.endpoints.command.p99_ms; "ms"),
+	fig("interval_s"; $interval; "s"),
+	fig("kettles"; $devices; "kettles"),
+	fig("readings_acked"; $n; "readings"),
+	fig("polls"; $t.endpoints.command.requests; "requests"),
+	fig("swarm_cpu_s"; $t.cpu_seconds; "s")' "$res" | tee /dev/stderr | rec_lines
 rec_end

@@ -14,6 +14,8 @@
 # the audit found readings of and prints them beside the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=200}" "${SMALL:=20}" "${CONNS:=10}" "${INTERVAL:=1}" "${DURATION:=3}"
 NDEV=${DEVICES:-200000}
 SMALL=${SMALL:-2000}
 CONNS=${CONNS:-1000}
@@ -26,12 +28,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-go build -o "$work/kettle" ./cmd/kettle
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+bench_build "$work/kettle" ./cmd/kettle
+port=$(free_port)
 url="http://127.0.0.1:$port"
 # A clean environment for the processes (KETTLE_* are flags' env twins); the
 # results log's own settings stay.
-for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_NO_RECORD'); do unset "$v"; done
+for v in $(env | sed -n 's/^\(KETTLE_[A-Z_]*\)=.*/\1/p' | grep -vx 'KETTLE_RESULTS\|KETTLE_REC_FIGS\|KETTLE_RECORD_BIN\|KETTLE_BENCH_BINS'); do unset "$v"; done
 
 "$work/kettle" serve --addr "127.0.0.1:$port" --db "sqlite:$work/data/kettle.db" --data-dir "$work/data" \
 	--access-log-sample 0 --log-level warn 2>"$work/serve.log" & spid=$!; pids+=($spid)

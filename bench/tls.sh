@@ -28,11 +28,13 @@
 # stops by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# SMOKE=1: seconds, tiny sizes, not recorded (bench/smoke_test.go runs it so).
+[ "${SMOKE:-}" != 1 ] || : "${DEVICES:=20}" "${INTERVAL:=1s}" "${DURATION:=7s}" "${ROUNDS:=1}" "${CURVES:=X25519}" "${WORKERS:=2}" "${STORM:=1s}"
 DEVICES=${DEVICES:-10000} INTERVAL=${INTERVAL:-30s} DURATION=${DURATION:-90s} ROUNDS=${ROUNDS:-3}
 CURVES=${CURVES:-X25519 CurveP256 X25519MLKEM768} WORKERS=${WORKERS:-64} STORM=${STORM:-8s}
 PROTOCOL=${PROTOCOL:-http} # the fleet's: http (uploads and polls) or mqtt (QoS 1 publishes, commands pushed)
 case $PROTOCOL in http | mqtt) ;; *) echo "PROTOCOL must be http or mqtt, got $PROTOCOL" >&2; exit 2 ;; esac
-. bench/pg-cluster.sh # machine_line, build_kettle, free_port, median
+. bench/lib/pg-cluster.sh # machine_line, build_kettle, free_port, median
 work=$(mktemp -d /tmp/kettle-tls-XXXXXX) kpid=
 trap '[ -n "$kpid" ] && kill "$kpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 rerun="PROTOCOL=$PROTOCOL DEVICES=$DEVICES INTERVAL=$INTERVAL DURATION=$DURATION ROUNDS=$ROUNDS CURVES=\"$CURVES\" WORKERS=$WORKERS STORM=$STORM ${NO_STORM:+NO_STORM=1 }bench/tls.sh"
@@ -40,7 +42,7 @@ echo "rerun: $rerun"
 rec_begin tls.sh "$rerun"
 machine_line
 build_kettle "$work"
-go build -o "$work/tlsstorm" ./bench/tlsstorm
+bench_build "$work/tlsstorm" ./bench/tlsstorm
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=localhost \
 	-addext "subjectAltName=IP:127.0.0.1,DNS:localhost" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 
@@ -86,37 +88,24 @@ fleet() {
 		--duration "$DURATION" --server-pid "$kpid" --postgres-pid -1 --out "$work/fleet-$1-$2/out" --report=false --slo-p99 10s \
 		>"$work/fleet-$1-$2/swarm.log" 2>&1 || { echo "swarm ($1, round $2) failed:"; tail -20 "$work/fleet-$1-$2/swarm.log"; }
 	grep -E '^  (measurement|command|mqtt_publish|mqtt_connect|requests|tls:|audit:)' "$work/fleet-$1-$2/swarm.log" | sed "s/^ /  [$1 $2]/"
-	python3 - "$work/fleet-$1-$2/out/results.json" "$work/fleet-$1-$2/swarm.log" "$1" "$2" "$INTERVAL" <<'EOF'
-# Steady state: from one interval + 5 s after the start (every kettle has
-# connected; the connection wave is the part before).
-import datetime, json, re, sys
-res, log, name, rnd, interval = sys.argv[1:]
-m = re.fullmatch(r"(\d+)(s|m)", interval)
-steady = int(m[1]) * (60 if m[2] == "m" else 1) + 5
-r = json.load(open(res))
-def ts(v):
-    v = re.sub(r"(\.\d{6})\d*", r"\1", v).replace("Z", "+00:00")
-    return datetime.datetime.fromisoformat(v)
-t0 = ts(r["start"]); last = max(s["t"] for s in r["seconds"])
-reqs = sum(sum(e["requests"] for e in s["endpoints"].values()) for s in r["seconds"] if s["t"] > steady)
-sysr = r["system"]; iv = sysr["interval_s"]
-srv = [((ts(s["time"]) - t0).total_seconds(), s["procs"]["server"]) for s in sysr["samples"] if "server" in s.get("procs", {})]
-cpu = sum(p["cpu_pct"] for t, p in srv if steady < t <= last + 1) / 100 * iv
-rss = max(p["rss_bytes"] for t, p in srv)
-win = []  # (second, {endpoint: p99 ms}) of each progress line
-for line in open(log):
-    m = re.match(r"\[\s*(\d+)s\]", line)
-    if m:
-        win.append((int(m[1]), {e: float(v) for e, v in re.findall(r"(\w+) [\d.]+/s p50 [\d.]+ms p99 ([\d.]+)ms", line)}))
-up = "mqtt_publish" if any("mqtt_publish" in w for _, w in win) else "measurement"
-def worst(ws, ep): return max((w.get(ep, 0) for _, w in ws), default=0)
-wave = [w for w in win if w[0] <= steady]; rest = [w for w in win if w[0] > steady]
-t = r["totals"]
-print("FLEET %s round=%s requests=%d errors=%d server_rss_mib=%.0f steady_requests=%d steady_server_us_per_request=%.1f "
-      "steady_p99_upload_ms=%.2f steady_p99_command_ms=%.2f wave_p99_upload_ms=%.2f wave_p99_command_ms=%.2f" % (
-    name, rnd, t["requests"], t["errors"], rss / 1048576, reqs, cpu / max(reqs, 1) * 1e6,
-    worst(rest, up), worst(rest, "command"), worst(wave, up), worst(wave, "command")))
-EOF
+	# Steady state: from one interval + 5 s after the start (every kettle has
+	# connected; the connection wave is the part before).
+	local dir=$work/fleet-$1-$2 steady up
+	steady=$(awk -v v="$INTERVAL" 'BEGIN { n = v + 0; printf "%d", n * (v ~ /m$/ ? 60 : 1) + 5 }')
+	up=measurement
+	grep -q 'mqtt_publish [0-9.]*/s' "$dir/swarm.log" && up=mqtt_publish
+	w() { rec windows "$dir/swarm.log" "$1" "$2" "$3" | cut -d' ' -f1; } # w ENDPOINT FROM TO: the worst window's p99
+	jq -r --arg name "$1" --arg rnd "$2" --argjson steady "$steady" '
+		def ts: capture("^(?<s>[^.Z+]+)(?<f>\\.[0-9]+)?") | (.s + "Z" | fromdateiso8601) + ((.f // "0") | tonumber);
+		(.start | ts) as $t0 | ([.seconds[].t] | max) as $last
+		| ([.seconds[] | select(.t > $steady) | [.endpoints[].requests] | add] | add // 0) as $reqs
+		| [.system.samples[] | select(.procs.server) | {t: ((.time | ts) - $t0), p: .procs.server}] as $srv
+		| (([$srv[] | select(.t > $steady and .t <= $last + 1) | .p.cpu_pct] | add // 0) / 100 * .system.interval_s) as $cpu
+		| "FLEET \($name) round=\($rnd) requests=\(.totals.requests) errors=\(.totals.errors) server_rss_mib=\([$srv[].p.rss_bytes] | max / 1048576 | round)"
+		+ " steady_requests=\($reqs) steady_server_us_per_request=\($cpu / ([$reqs, 1] | max) * 1e7 | round / 10)"' "$dir/out/results.json" |
+		tr -d '\n'
+	echo " steady_p99_upload_ms=$(w "$up" $((steady + 1)) -1) steady_p99_command_ms=$(w command $((steady + 1)) -1)" \
+		"wave_p99_upload_ms=$(w "$up" 0 "$steady") wave_p99_command_ms=$(w command 0 "$steady")"
 	stop_serve
 }
 echo "== fleet ($PROTOCOL): $DEVICES kettles, one connection each, interval $INTERVAL, $DURATION; plain then TLS, $ROUNDS rounds"

@@ -360,7 +360,7 @@ start_kettle() {
 	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
 	spawn "kettle$i" root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
-		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$NET.30" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
+		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$(addr_of haproxy)" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
 }
 
 start_haproxy() {
@@ -372,7 +372,8 @@ start_haproxy() {
 	# Each template line holding @N@ is written once per node.
 	awk -v nodes="$lines" '
 		/@N@/ { split(nodes, ns, " "); for (k in ns) { l = $0; gsub(/@N@/, ns[k], l); print l }; next }
-		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 >"$DIR/haproxy.cfg"
+		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 | sed "s|@STATS_PASSWORD@|$(password)|g" >"$DIR/haproxy.cfg"
+	chmod 600 "$DIR/haproxy.cfg" # it holds the stats page's password
 	haproxy -c -q -f "$DIR/haproxy.cfg" || die "haproxy -c rejected $DIR/haproxy.cfg"
 	spawn haproxy root haproxy -W -db -f "$DIR/haproxy.cfg"
 }

@@ -4,7 +4,10 @@ import (
 	"time"
 )
 
-// Config sizes the ingest pipeline.
+// Config sizes the ingest pipeline. DefaultConfig holds every default (and
+// is kettle serve's configuration when no flag is given); a zero field
+// takes its DefaultConfig value, except the ones whose zero is documented
+// as off (rates, bounds, retention).
 type Config struct {
 	// QueueRows bounds the readings waiting for a transaction. When full,
 	// Ingest fails fast with EUnavailable (HTTP 503 + Retry-After).
@@ -38,25 +41,25 @@ type Config struct {
 	// (kettle.ExpireBefore). 0 keeps everything.
 	Retention time.Duration
 	// ExpireEvery is how often the expiry runs when Retention > 0, and
-	// the automatic prune when PruneUnreported > 0 (default 1h); the first
-	// run is at start.
+	// the automatic prune when PruneUnreported > 0; the first run is at
+	// start.
 	ExpireEvery time.Duration
 	// PruneUnreported, when > 0 (at least MinPruneAge), prunes every
 	// ExpireEvery the devices registered longer ago that never stored a
 	// reading (Prune). 0: only when the operator asks.
 	PruneUnreported time.Duration
 	// DeviceRate, when > 0, is the requests a second one device may make
-	// (Allow, Pace), with bursts of DeviceBurst (default 10). 0: no limit.
+	// (Allow, Pace), with bursts of DeviceBurst. 0: no limit.
 	DeviceRate  float64
 	DeviceBurst int
 	// LoginRate, when > 0, is the case-study registrations (POST /login)
-	// a second over all clients (AllowLogin), in bursts of LoginBurst
-	// (default 1). 0: no limit.
+	// a second over all clients (AllowLogin), in bursts of LoginBurst.
+	// 0: no limit.
 	LoginRate  float64
 	LoginBurst int
 	// LoginSourceRate, when > 0, is the case-study registrations a second
 	// from one source address (an IPv4 address, an IPv6 /64) in bursts of
-	// LoginSourceBurst (default 1), checked before LoginRate: one client
+	// LoginSourceBurst, checked before LoginRate: one client
 	// looping on POST /login is refused on its own and leaves the shared
 	// rate to the others. 0: no limit.
 	LoginSourceRate  float64
@@ -69,11 +72,31 @@ type Config struct {
 	// reads make (a batch commit, a registration, an override, one prune
 	// transaction, a read): with the database unreachable (packets
 	// dropped, not refused) a call would otherwise wait until TCP gives up,
-	// minutes, and every upload with it. 0: DefaultStoreTimeout.
+	// minutes, and every upload with it.
 	StoreTimeout time.Duration
 	// Log, when set (kettle serve --log), takes validated readings in
 	// place of the ingest queue and the store (log.go).
 	Log Log
+}
+
+// DefaultConfig is the ingest pipeline of one node on the embedded store.
+func DefaultConfig() Config {
+	return Config{
+		QueueRows:    65536,
+		BatchRows:    2000,
+		Writers:      1,
+		PollInterval: 30 * time.Second,
+		RetryAfter:   time.Second,
+		ExpireEvery:  time.Hour,
+		DeviceBurst:  10,
+		// A whole fleet may log in again at once after an outage; past
+		// that, 100 registrations a second over all clients.
+		LoginRate:        100,
+		LoginBurst:       20000,
+		LoginSourceBurst: 100,
+		MaxDevices:       1_000_000,
+		StoreTimeout:     DefaultStoreTimeout,
+	}
 }
 
 // DefaultStoreTimeout is Config.StoreTimeout's default (--store-timeout):
@@ -81,35 +104,24 @@ type Config struct {
 // hears 503 + Retry-After long before its own request times out.
 const DefaultStoreTimeout = 5 * time.Second
 
+// defaults fills the zero fields that have no meaning of their own with
+// DefaultConfig's values.
 func (c *Config) defaults() {
-	if c.QueueRows <= 0 {
-		c.QueueRows = 65536
+	d := DefaultConfig()
+	for _, f := range []struct{ v, def *int }{
+		{&c.QueueRows, &d.QueueRows}, {&c.BatchRows, &d.BatchRows}, {&c.Writers, &d.Writers},
+		{&c.DeviceBurst, &d.DeviceBurst}, {&c.LoginBurst, &d.LoginBurst}, {&c.LoginSourceBurst, &d.LoginSourceBurst},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
 	}
-	if c.BatchRows <= 0 {
-		c.BatchRows = 2000
-	}
-	if c.Writers <= 0 {
-		c.Writers = 1
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = 30 * time.Second
-	}
-	if c.RetryAfter <= 0 {
-		c.RetryAfter = time.Second
-	}
-	if c.ExpireEvery <= 0 {
-		c.ExpireEvery = time.Hour
-	}
-	if c.DeviceBurst <= 0 {
-		c.DeviceBurst = 10
-	}
-	if c.LoginBurst <= 0 {
-		c.LoginBurst = 1
-	}
-	if c.LoginSourceBurst <= 0 {
-		c.LoginSourceBurst = 1
-	}
-	if c.StoreTimeout <= 0 {
-		c.StoreTimeout = DefaultStoreTimeout
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&c.PollInterval, &d.PollInterval}, {&c.RetryAfter, &d.RetryAfter}, {&c.ExpireEvery, &d.ExpireEvery},
+		{&c.StoreTimeout, &d.StoreTimeout},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
 	}
 }

@@ -24,7 +24,20 @@ import (
 // under MinPruneAge is refused at start.
 func TestPruneUnreported(t *testing.T) {
 	clk := newClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
-	svc, _ := newServiceWith(t, fleet.Config{PruneUnreported: time.Hour, ExpireEvery: 20 * time.Millisecond}, clk.now, io.Discard)
+	// A retention far longer than the test's two days expires nothing; it
+	// makes each round of the loop countable (ExpiryStats.Runs, and a
+	// round expires before it prunes).
+	svc, _ := newServiceWith(t, fleet.Config{PruneUnreported: time.Hour, Retention: 365 * 24 * time.Hour, ExpireEvery: 20 * time.Millisecond}, clk.now, io.Discard)
+	// rounds waits until the loop has finished n more rounds' prunes.
+	rounds := func(n uint64) {
+		t.Helper()
+		until := svc.ExpiryStats().Runs + n + 1
+		for deadline := time.Now().Add(10 * time.Second); svc.ExpiryStats().Runs < until; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the housekeeping loop is at round %d after 10 s, want round %d", svc.ExpiryStats().Runs, until)
+			}
+		}
+	}
 	ctx := context.Background()
 	old, err := svc.Register(ctx, 3)
 	if err != nil {
@@ -42,7 +55,7 @@ func TestPruneUnreported(t *testing.T) {
 	for svc.Pruned() < 2 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond) // a few more rounds: nothing else may go
+	rounds(3) // nothing else may go
 	if svc.Pruned() != 2 || svc.DeviceCount() != 2 || !svc.Registered(old[0]) || !svc.Registered(young[0]) || svc.Registered(old[1]) || svc.Registered(old[2]) || svc.PruneErrors() != 0 {
 		t.Errorf("after rounds of the loop: %d pruned, %d registered (the reporter %v, the young one %v, the two silent ones %v %v), %d errors; want 2 pruned, the reporter and the young one left",
 			svc.Pruned(), svc.DeviceCount(), svc.Registered(old[0]), svc.Registered(young[0]), svc.Registered(old[1]), svc.Registered(old[2]), svc.PruneErrors())

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -145,14 +146,12 @@ func TestHA(t *testing.T) {
 			t.Logf("node 1: %s", l)
 		}
 	}
-	// Polls answer from memory throughout: p99 ≤ 100 ms over the run, the
-	// failover included, or, on a machine whose noise already puts the p99
-	// before the kill near it, within 1.5× that (as chaos's outage part
-	// judges). make test runs this beside every other package on two
-	// cores, so there the bound is the one that tells "answered from
-	// memory" from "waited on the database" (1 s, a fifth of
-	// --store-timeout); the 100 ms goal is judged by make chaos's failover
-	// part, which runs alone.
+	// Polls answer from memory throughout. The bound is fixed, not taken
+	// from this run's p99 before the kill (a noisy run would loosen its own
+	// bound): 100 ms under make chaos's failover part, which runs alone;
+	// 1 s under make test, which runs this beside every other package on
+	// two cores: a fifth of --store-timeout, so still the bound that tells
+	// "answered from memory" from "waited on the database".
 	//
 	// A simulated kettle does one exchange at a time: a poll that comes due
 	// while its own upload is still out (a commit held for the synchronous
@@ -175,15 +174,15 @@ func TestHA(t *testing.T) {
 		figure(t, "polls_p99_no_late_starts_"+r.name, onTime.Seconds()*1000, "ms")
 		figure(t, "polls_seconds_with_late_starts_"+r.name, float64(late), "s")
 		figure(t, "polls_p99_failover_"+r.name, failover.Seconds()*1000, "ms")
-		limit := max(100*time.Millisecond, before*3/2)
+		limit := 100 * time.Millisecond
 		if !long {
-			limit = max(limit, time.Second)
+			limit = fleet.DefaultStoreTimeout / 5
 			if whole > limit {
 				t.Errorf("%s polls p99 %s over the run (from the kill to 5 s after the first commit: %s), want ≤ %s", r.name, whole, failover, limit)
 			}
 		}
 		if onTime > limit {
-			t.Errorf("%s polls p99 %s over the seconds without late starts (%d seconds had some; over all: %s), want ≤ %s (100 ms, or 1.5× the %s before the kill)", r.name, onTime, late, whole, limit, before)
+			t.Errorf("%s polls p99 %s over the seconds without late starts (%d seconds had some; over all: %s), want ≤ %s (%s before the kill)", r.name, onTime, late, whole, limit, before)
 		}
 	}
 	probeP99 := p99(polls.between(steady, pollsEnd))

@@ -63,7 +63,7 @@ type MonitorConfig struct {
 // NewMonitor starts measuring; Close stops it.
 func NewMonitor(adm *kadm.Client, cfg MonitorConfig) *Monitor {
 	if cfg.Every <= 0 {
-		cfg.Every = 5 * time.Second
+		cfg.Every = DefaultMonitorEvery
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -20,20 +20,21 @@ type ProducerConfig struct {
 	// Topic is how the topic is created if it does not exist.
 	Topic TopicConfig
 	// Group is the writers' consumer group, whose lag the producer watches
-	// (default "kettle-writers").
+	// (empty: DefaultGroup).
 	Group string
 	// MaxInflight bounds the readings handed to the log and not yet
-	// acknowledged; past it Append refuses with 503 + Retry-After at once.
-	// Default 20000.
+	// acknowledged; past it Append refuses with 503 + Retry-After at once
+	// (0: DefaultMaxInflight).
 	MaxInflight int
 	// Timeout bounds how long an upload waits for the log's
-	// acknowledgement before it is refused (503). Default 10 s.
+	// acknowledgement before it is refused (503) (0: DefaultTimeout).
 	Timeout time.Duration
 	// MaxUnwrittenAge: while some reading in the log has waited longer than
 	// this for a writer, uploads are refused (503), so nothing reaches the
 	// topic's retention unwritten. Default half the topic's retention.
 	MaxUnwrittenAge time.Duration
-	// MonitorEvery is how often the writers' lag is measured (default 5 s).
+	// MonitorEvery is how often the writers' lag is measured (0:
+	// DefaultMonitorEvery).
 	MonitorEvery time.Duration
 	RetryAfter   time.Duration // told to refused clients (default 1 s)
 	Now          func() time.Time
@@ -41,8 +42,13 @@ type ProducerConfig struct {
 	Metrics      prometheus.Registerer
 }
 
-// DefaultGroup is the writers' consumer group.
-const DefaultGroup = "kettle-writers"
+// The producer's defaults: a zero ProducerConfig field takes its value.
+const (
+	DefaultGroup        = "kettle-writers" // the writers' consumer group
+	DefaultMaxInflight  = 20000            // readings awaiting the log's acknowledgement
+	DefaultTimeout      = 10 * time.Second // an upload's wait for the acknowledgement
+	DefaultMonitorEvery = 5 * time.Second  // between measurements of the writers' lag
+)
 
 // Producer hands validated readings to the log (fleet.Log): one record per
 // device run of an upload, keyed by device id, idempotent, acks=all.
@@ -62,10 +68,10 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 		cfg.Group = DefaultGroup
 	}
 	if cfg.MaxInflight <= 0 {
-		cfg.MaxInflight = 20000
+		cfg.MaxInflight = DefaultMaxInflight
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = time.Second

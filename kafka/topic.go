@@ -14,19 +14,26 @@ import (
 // TopicConfig is how the readings topic is created when it does not exist.
 type TopicConfig struct {
 	// Partitions bounds how many writers can share the work (one partition
-	// is written by one writer at a time). Default 12.
+	// is written by one writer at a time).
 	Partitions int
 	// Retention is the topic's retention.ms: how long Kafka keeps a record
-	// whether or not it was written. Default 7 days.
+	// whether or not it was written.
 	Retention time.Duration
 }
 
+// DefaultTopicConfig is how the topic is created when nothing is set; a
+// zero field takes its value.
+func DefaultTopicConfig() TopicConfig {
+	return TopicConfig{Partitions: 12, Retention: 7 * 24 * time.Hour}
+}
+
 func (c *TopicConfig) defaults() {
+	d := DefaultTopicConfig()
 	if c.Partitions <= 0 {
-		c.Partitions = 12
+		c.Partitions = d.Partitions
 	}
 	if c.Retention <= 0 {
-		c.Retention = 7 * 24 * time.Hour
+		c.Retention = d.Retention
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/backoff"
 )
 
 // WriterConfig configures a writer (kettle serve --role writer).
@@ -212,7 +212,7 @@ func (w *Writer) writeAll(recs []*kgo.Record, rows []kettle.Measurement) bool {
 
 // write commits one batch, retrying with backoff while the store fails.
 func (w *Writer) write(rows []kettle.Measurement, received time.Time) bool {
-	backoff := 100 * time.Millisecond
+	retry := backoff.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 	for {
 		start := time.Now()
 		// A transaction under way finishes even if Close is called.
@@ -247,13 +247,9 @@ func (w *Writer) write(rows []kettle.Measurement, received time.Time) bool {
 		if first {
 			w.cfg.Log.Error("store write from the log failed; retrying the same batch (offsets stay uncommitted, the log keeps the readings)", "rows", len(rows), "err", err)
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		select {
-		case <-w.ctx.Done():
+		if !retry.Wait(w.ctx, 0) {
 			return false
-		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 

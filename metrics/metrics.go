@@ -752,7 +752,6 @@ type MQTTStats struct {
 	CommandsPushed               int64
 	CommandsDropped              int64
 	Malformed                    int64
-	TakeoverRepairs              int64
 	Shed                         [3]int64 // by MQTTShedReasons
 	MaxConns                     int64
 }
@@ -777,9 +776,8 @@ var (
 	mqttDropped   = prometheus.NewDesc("kettle_mqtt_qos0_dropped_total", "QoS 0 messages dropped because ingest was unavailable.", nil, nil)
 	mqttUnacked   = prometheus.NewDesc("kettle_mqtt_unacked_total", "QoS 1 messages given up without PUBACK (client gone or shutdown); the client redelivers.", nil, nil)
 	mqttCommands  = prometheus.NewDesc("kettle_mqtt_commands_pushed_total", "Command messages published to kettles (on subscribe and on change).", nil, nil)
-	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the broker library's decoder (contained to the connection).", nil, nil)
-	mqttRestored  = prometheus.NewDesc("kettle_mqtt_sessions_restored_total", "New MQTT sessions put back into the broker library's client map or topic index after the end of the session they took over removed them.", nil, nil)
-	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes that did not fit a slow kettle's write queue; the current command is pushed again at the next tick.", nil, nil)
+	mqttMalformed = prometheus.NewDesc("kettle_mqtt_malformed_total", "MQTT connections closed because a malformed packet crashed the packet decoder (contained to the connection).", nil, nil)
+	mqttCmdDrop   = prometheus.NewDesc("kettle_mqtt_commands_dropped_total", "Command pushes whose write failed (the kettle stopped reading past --mqtt-write-timeout, or its connection ended); it gets the current command when it subscribes again.", nil, nil)
 	mqttShed      = prometheus.NewDesc("kettle_mqtt_connects_shed_total", "MQTT CONNECTs refused for capacity, by the reason an MQTT 5 kettle is told: quota_exceeded (over --mqtt-max-conns), server_busy (shedding load), use_another_server (either, with --mqtt-server-reference); MQTT 3.1.1 kettles get 0x03 for each.", []string{"reason"}, nil)
 	mqttMaxConns  = prometheus.NewDesc("kettle_mqtt_connections_max", "MQTT device connections this node accepts (--mqtt-max-conns); beyond it CONNECTs are refused with a reason.", nil, nil)
 )
@@ -787,7 +785,7 @@ var (
 type mqttCollector struct{ stats func() MQTTStats }
 
 func (c *mqttCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttRestored, mqttShed, mqttMaxConns} {
+	for _, d := range []*prometheus.Desc{mqttConns, mqttRefused, mqttPublishes, mqttReadings, mqttInvalid, mqttACL, mqttWithheld, mqttDropped, mqttUnacked, mqttCommands, mqttCmdDrop, mqttMalformed, mqttShed, mqttMaxConns} {
 		ch <- d
 	}
 }
@@ -811,7 +809,6 @@ func (c *mqttCollector) Collect(ch chan<- prometheus.Metric) {
 	n(mqttCommands, s.CommandsPushed)
 	n(mqttCmdDrop, s.CommandsDropped)
 	n(mqttMalformed, s.Malformed)
-	n(mqttRestored, s.TakeoverRepairs)
 	for i, v := range s.Shed {
 		n(mqttShed, v, MQTTShedReasons[i])
 	}

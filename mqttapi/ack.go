@@ -5,14 +5,13 @@ import (
 	"sync"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // Pipelined QoS 1: a connection keeps reading while its earlier messages
-// wait for their commit. OnPublish hands each decoded message to ingest on
-// its own goroutine and tells mochi to write nothing (ErrRejectPacket); the
-// goroutine records the outcome in the connection's acker, which writes the
+// wait for their commit. devConn.publish hands each decoded message to
+// ingest on its own goroutine, which records the outcome in the
+// connection's acker, which writes the
 // PUBACKs in the order the PUBLISHes arrived (MQTT 3.1.1 §4.6, MQTT 5
 // §4.6), each only after the commit that holds its readings. Before, a
 // connection was not read while one message waited for its commit, so one
@@ -25,21 +24,6 @@ import (
 // reader that needs more blocks until a commit frees some). So the
 // goroutines and decoded readings held are at most MaxPendingRows, whatever
 // the number of connections.
-
-// closer is a connection that can tell it is gone (both engines').
-type closer interface{ Closed() bool }
-
-// ackConn is a connection whose PUBACKs an acker orders: mochi's client
-// (mochiConn) or a device connection (devConn).
-type ackConn interface {
-	closer
-	writeAcks(due []*pendingAck)
-}
-
-// mochiConn writes PUBACKs through mochi's client.
-type mochiConn struct{ *mqtt.Client }
-
-func (m mochiConn) writeAcks(due []*pendingAck) { writeAcks(m.Client, due) }
 
 // acker orders one connection's PUBACKs.
 type acker struct {
@@ -54,7 +38,7 @@ type acker struct {
 type pendingAck struct {
 	pid  uint16
 	rows int                    // of the listener-wide budget
-	user []packets.UserProperty // echoed on the PUBACK, as mochi's own acks do
+	user []packets.UserProperty // echoed on the PUBACK [MQTT-3.4.2]
 	code packets.Code
 	done bool // outcome known
 	skip bool // no PUBACK: given up (client gone, shutdown); it redelivers
@@ -73,11 +57,11 @@ func (c *conn) acker(window int) *acker {
 // budget for one message, blocking (and so not reading the connection)
 // while either is exhausted. It fails when the broker shuts down or the
 // client is gone.
-func (b *Broker) acquire(cl closer, a *acker, n int) bool {
+func (b *Broker) acquire(dc *devConn, a *acker, n int) bool {
 	select {
 	case a.slots <- struct{}{}:
 	default:
-		if !b.wait(cl, func(abort <-chan struct{}) bool {
+		if !b.wait(dc, func(abort <-chan struct{}) bool {
 			select {
 			case a.slots <- struct{}{}:
 				return true
@@ -90,7 +74,7 @@ func (b *Broker) acquire(cl closer, a *acker, n int) bool {
 	}
 	if !b.rows.tryAcquire(n) {
 		b.counters.Withheld.Add(1) // its PUBACK waits for room, as for a full ingest queue
-		if !b.wait(cl, func(abort <-chan struct{}) bool { return b.rows.acquire(n, abort) }) {
+		if !b.wait(dc, func(abort <-chan struct{}) bool { return b.rows.acquire(n, abort) }) {
 			<-a.slots
 			return false
 		}
@@ -101,7 +85,7 @@ func (b *Broker) acquire(cl closer, a *acker, n int) bool {
 // wait runs get, which blocks until it has what it waits for (true) or
 // abort is closed (false); abort is closed when the broker shuts down or
 // the client is gone.
-func (b *Broker) wait(cl closer, get func(abort <-chan struct{}) bool) bool {
+func (b *Broker) wait(dc *devConn, get func(abort <-chan struct{}) bool) bool {
 	abort := make(chan struct{})
 	stop := make(chan struct{})
 	defer close(stop)
@@ -114,7 +98,7 @@ func (b *Broker) wait(cl closer, get func(abort <-chan struct{}) bool) bool {
 				return
 			case <-b.ctx.Done():
 			case <-t.C:
-				if !cl.Closed() {
+				if !dc.Closed() {
 					continue
 				}
 			}
@@ -216,7 +200,7 @@ func (r *rowBudget) grant() {
 }
 
 // enqueue appends a message to the connection's PUBACK order. Its user
-// properties (echoed in the PUBACK) are copied: mochi's decoded strings
+// properties (echoed in the PUBACK) are copied: the codec's decoded strings
 // point into the packet's buffer, and one of a few bytes would keep a whole
 // packet (up to a MiB) alive until the commit.
 func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pendingAck {
@@ -232,7 +216,7 @@ func (a *acker) enqueue(pid uint16, rows int, user []packets.UserProperty) *pend
 // PUBACKs (the flusher); acks that become due meanwhile are picked up by
 // its next round, so a commit that completes several of a connection's
 // messages costs one write, not one each.
-func (b *Broker) complete(cl ackConn, a *acker, p *pendingAck, code packets.Code, skip bool) {
+func (b *Broker) complete(dc *devConn, a *acker, p *pendingAck, code packets.Code, skip bool) {
 	a.mu.Lock()
 	p.code, p.skip, p.done = code, skip, true
 	if a.flushing {
@@ -257,7 +241,7 @@ func (b *Broker) complete(cl ackConn, a *acker, p *pendingAck, code packets.Code
 			a.q = append([]*pendingAck(nil), a.q...) // do not keep a burst's backing array
 		}
 		a.mu.Unlock()
-		cl.writeAcks(due)
+		dc.writeAcks(due)
 		for i, h := range due {
 			<-a.slots
 			b.rows.release(h.rows)
@@ -268,42 +252,6 @@ func (b *Broker) complete(cl ackConn, a *acker, p *pendingAck, code packets.Code
 		}
 		a.mu.Lock()
 	}
-}
-
-// writeAcks writes PUBACKs in order. A plain success PUBACK (no reason
-// string, no user property) is the same 4 bytes in MQTT 3.1.1 and 5; runs
-// of them go out in one write under the client's lock (as mochi's
-// WritePacket writes), anything else through WritePacket.
-func writeAcks(cl *mqtt.Client, due []*pendingAck) {
-	var buf [256]byte
-	raw := buf[:0]
-	flush := func() {
-		if len(raw) == 0 {
-			return
-		}
-		cl.Lock()
-		if !cl.Closed() && cl.Net.Conn != nil {
-			_, _ = cl.Net.Conn.Write(raw) // a failed write closes the connection; the client redelivers
-		}
-		cl.Unlock()
-		raw = raw[:0]
-	}
-	for _, h := range due {
-		switch {
-		case h.skip:
-		case h.code.Code < packets.ErrUnspecifiedError.Code && len(h.user) == 0:
-			raw = append(raw, packets.Puback<<4, 2, byte(h.pid>>8), byte(h.pid))
-		default:
-			flush()
-			ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: h.pid, ReasonCode: h.code.Code}
-			ack.Properties.User = h.user
-			if h.code.Code >= packets.ErrUnspecifiedError.Code {
-				ack.Properties.ReasonString = h.code.Reason // MQTT 5 only; dropped if the client asked for no problem info
-			}
-			_ = cl.WritePacket(ack) // a failed write closes the connection; the client redelivers
-		}
-	}
-	flush()
 }
 
 // cloneUser copies user properties out of the packet buffer they point into.

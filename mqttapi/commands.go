@@ -154,20 +154,6 @@ func (p *pusher) untrack(id kettle.DeviceID, owner any) bool {
 	return false
 }
 
-// dropped: the command last published to owner never reached its
-// connection (the write queue was full). Publish the current one again at
-// the next tick rather than at once: a kettle that is not reading would only
-// drop it again.
-func (p *pusher) dropped(id kettle.DeviceID, owner any) {
-	p.mu.Lock()
-	if t, ok := p.targets[id]; ok && t.owner == owner {
-		t.hash = 0
-		t.due = p.svc.Now().Add(p.tick)
-		p.schedule(id, t)
-	}
-	p.mu.Unlock()
-}
-
 // schedule records tg's due time in the heap. p.mu held.
 func (p *pusher) schedule(id kettle.DeviceID, tg *pushTarget) {
 	p.dues.Push(dueEntry{at: tg.due.UnixNano(), id: id})

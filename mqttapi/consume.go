@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/url"
 	"os"
 	"strings"
@@ -23,7 +22,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 
-// ConsumerConfig configures external-broker mode.
+// ConsumerConfig configures external-broker mode (DefaultConsumerConfig).
 type ConsumerConfig struct {
 	// BrokerURL is the broker, e.g. tcp://host:1883, mqtt://…, tls://… or
 	// mqtts://… (TLS, the broker's certificate checked against CAFile).
@@ -35,7 +34,7 @@ type ConsumerConfig struct {
 	// (the broker keeps its session, and redelivers what was not
 	// acknowledged). Empty: "kettle-" + hostname.
 	ClientID string
-	// Share is the shared-subscription group (empty: "kettle"): every node
+	// Share is the shared-subscription group: every node
 	// of one fleet uses the same group, so each message goes to one node.
 	Share string
 	// Username and Password are this node's credentials at the broker
@@ -43,40 +42,44 @@ type ConsumerConfig struct {
 	Username string
 	Password string
 	// InFlight is how many unacknowledged messages the broker may send this
-	// node (MQTT 5 Receive Maximum; 0: 1000). Each waits for its commit.
+	// node (MQTT 5 Receive Maximum, at most 65535). Each waits for its commit.
 	InFlight int
 	// SessionExpiry is how long the broker keeps this node's session while
-	// it is disconnected (0: 1 h).
+	// it is disconnected.
 	SessionExpiry time.Duration
-	// KeepAlive (0: 30 s).
+	// KeepAlive is the MQTT keepalive with the broker.
 	KeepAlive time.Duration
-	// CommandTick is how often due time-driven command changes are checked
-	// (0: 1 s).
+	// CommandTick is how often due time-driven command changes are checked.
 	CommandTick time.Duration
 }
 
+// DefaultConsumerConfig holds external-broker mode's defaults (ClientID's
+// is computed: "kettle-" + hostname); a zero field takes its value.
+func DefaultConsumerConfig() ConsumerConfig {
+	return ConsumerConfig{Share: "kettle", InFlight: 1000, SessionExpiry: time.Hour, KeepAlive: 30 * time.Second, CommandTick: time.Second}
+}
+
 func (c *ConsumerConfig) defaults() {
+	d := DefaultConsumerConfig()
 	if c.ClientID == "" {
 		h, _ := os.Hostname()
 		c.ClientID = "kettle-" + h
 	}
 	if c.Share == "" {
-		c.Share = "kettle"
+		c.Share = d.Share
 	}
 	if c.InFlight <= 0 {
-		c.InFlight = 1000
+		c.InFlight = d.InFlight
 	}
-	if c.InFlight > 65535 {
-		c.InFlight = 65535
-	}
+	c.InFlight = min(c.InFlight, 65535)
 	if c.SessionExpiry <= 0 {
-		c.SessionExpiry = time.Hour
+		c.SessionExpiry = d.SessionExpiry
 	}
 	if c.KeepAlive <= 0 {
-		c.KeepAlive = 30 * time.Second
+		c.KeepAlive = d.KeepAlive
 	}
 	if c.CommandTick <= 0 {
-		c.CommandTick = time.Second
+		c.CommandTick = d.CommandTick
 	}
 }
 
@@ -248,7 +251,7 @@ func (c *Consumer) received(pr paho.PublishReceived) (bool, error) {
 // Close. It reports whether the readings are committed.
 func (c *Consumer) ingest(ms []kettle.Measurement, qos byte) bool {
 	withheld := false
-	backoff := 20 * time.Millisecond
+	retry := ingestBackoff()
 	for {
 		_, _, err := c.svc.Ingest(c.ctx, ms)
 		if err == nil {
@@ -263,17 +266,7 @@ func (c *Consumer) ingest(ms []kettle.Measurement, qos byte) bool {
 			withheld = true
 			c.counters.Withheld.Add(1)
 		}
-		maxWait := time.Second
-		var ke *kettle.Error
-		if errors.As(err, &ke) && ke.RetryAfter > 0 {
-			maxWait = ke.RetryAfter
-		}
-		backoff = min(backoff*2, maxWait)
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-t.C:
-		case <-c.ctx.Done():
-			t.Stop()
+		if !retry.Wait(c.ctx, retryAfter(err)) {
 			c.counters.Unacked.Add(1)
 			return false
 		}

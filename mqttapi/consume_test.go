@@ -94,6 +94,41 @@ func startMosquitto(t *testing.T, listener, scheme string) string {
 	return scheme + "://" + addr
 }
 
+// awaitSubscribed publishes QoS 1 readings of a probe device through pub
+// until every consumer has committed one: then each one's subscription has
+// been confirmed by the broker (its SUBACK sent). It returns the probe's id.
+func awaitSubscribed(t *testing.T, pub *autopaho.ConnectionManager, consumers ...*mqttapi.Consumer) kettle.DeviceID {
+	t.Helper()
+	probe := uuid.New()
+	at := time.Now().Add(-2 * time.Hour).Truncate(time.Millisecond)
+	subscribed := func() bool {
+		for _, c := range consumers {
+			if c.Counters().Readings.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; !subscribed(); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d probes in 30 s not every consumer has committed one", i)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := pub.Publish(ctx, &paho.Publish{Topic: mqttapi.MeasurementTopic(probe), QoS: 1, Payload: reading(at.Add(time.Duration(i)*time.Second), 500)})
+		cancel()
+		if err != nil {
+			t.Fatalf("probe: %v", err)
+		}
+		// The next probe once this one is committed, or after a while
+		// (it found no subscriber and is gone).
+		for wait := time.Now().Add(200 * time.Millisecond); !subscribed() && time.Now().Before(wait); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return probe
+}
+
 // TestConsumeSharedSubscription: two kettle nodes (two fleet services, two
 // PostgreSQL pools, one database) share $share/kettle/…; a plain client
 // publishes N readings at QoS 1 through a real Mosquitto; every reading is
@@ -137,9 +172,6 @@ func TestConsumeSharedSubscription(t *testing.T) {
 			n.store.Close()
 		})
 	}
-	// Let both subscriptions land before publishing.
-	time.Sleep(300 * time.Millisecond)
-
 	// A plain paho client as "the kettles": N readings over several devices.
 	const devices, perDevice = 20, 25
 	ids := make([]kettle.DeviceID, devices)
@@ -171,6 +203,14 @@ func TestConsumeSharedSubscription(t *testing.T) {
 	defer cancel()
 	if err := pub.AwaitConnection(actx); err != nil {
 		t.Fatal(err)
+	}
+	// Both subscriptions confirmed before the readings: a QoS 1 message
+	// the broker takes while no member of the share is subscribed is
+	// dropped, not queued.
+	probe := awaitSubscribed(t, pub, nodes[0].c, nodes[1].c)
+	var probed [2]int64
+	for i, n := range nodes {
+		probed[i] = n.c.Counters().Readings.Load()
 	}
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond)
 	var wg sync.WaitGroup
@@ -212,25 +252,31 @@ func TestConsumeSharedSubscription(t *testing.T) {
 		t.Fatalf("stored %d readings, want %d", total, devices*perDevice)
 	}
 	// A node counts a reading once its commit returned: the store may show
-	// the last ones a moment before the counters do.
+	// the last ones a moment before the counters do. The probes are counted
+	// too: as many as the store holds.
+	probes, err := nodes[0].store.History(ctx, kettle.HistoryQuery{Device: probe, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int64(devices*perDevice + len(probes))
 	var consumed [2]int64
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		for i, n := range nodes {
 			consumed[i] = n.c.Counters().Readings.Load()
 		}
-		if consumed[0]+consumed[1] >= devices*perDevice || time.Now().After(deadline) {
+		if consumed[0]+consumed[1] >= want || time.Now().After(deadline) {
 			break
 		}
 	}
 	for i, n := range nodes {
 		stored, dups := n.svc.Counters()
-		t.Logf("node %d: consumed %d, stored %d, duplicates %d", i, consumed[i], stored, dups)
+		t.Logf("node %d: consumed %d (%d probes before the readings), stored %d, duplicates %d", i, consumed[i], probed[i], stored, dups)
 	}
-	if consumed[0]+consumed[1] != devices*perDevice {
-		t.Errorf("nodes consumed %d + %d, want %d in all (each reading once)", consumed[0], consumed[1], devices*perDevice)
+	if consumed[0]+consumed[1] != want {
+		t.Errorf("nodes consumed %d + %d, want %d readings and %d probes in all (each once)", consumed[0], consumed[1], devices*perDevice, len(probes))
 	}
-	if consumed[0] == 0 || consumed[1] == 0 {
-		t.Errorf("one node consumed nothing: %v", consumed)
+	if consumed[0] == probed[0] || consumed[1] == probed[1] {
+		t.Errorf("one node consumed none of the readings: %v, %v of them probes", consumed, probed)
 	}
 
 	// Commands: published retained through the broker by the nodes that saw
@@ -298,8 +344,6 @@ func TestConsumeOverTLS(t *testing.T) {
 	if err := c.AwaitConnection(actx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the subscription lands
-
 	u, _ := url.Parse(broker)
 	pub, err := autopaho.NewConnection(ctx, autopaho.ClientConfig{
 		ServerUrls: []*url.URL{u}, TlsCfg: &tls.Config{RootCAs: roots}, KeepAlive: 30, CleanStartOnInitialConnection: true,
@@ -312,6 +356,7 @@ func TestConsumeOverTLS(t *testing.T) {
 	if err := pub.AwaitConnection(actx); err != nil {
 		t.Fatal(err)
 	}
+	awaitSubscribed(t, pub, c)
 	id := uuid.New()
 	at := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
 	if _, err := pub.Publish(actx, &paho.Publish{Topic: mqttapi.MeasurementTopic(id), QoS: 1, Payload: reading(at, 500)}); err != nil {

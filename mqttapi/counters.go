@@ -19,17 +19,13 @@ type Counters struct {
 	Dropped         atomic.Int64    // QoS 0 messages dropped because ingest was unavailable
 	Unacked         atomic.Int64    // QoS ≥ 1 messages given up without PUBACK (client gone or shutdown); the client redelivers
 	CommandsPushed  atomic.Int64    // command messages published (on subscribe and on change)
-	// CommandsDropped counts command pushes that did not fit a kettle's
-	// write queue (it is not reading); each is retried at the next command
-	// tick.
+	// CommandsDropped counts command pushes whose write failed (the
+	// kettle stopped reading past the write timeout, or its connection
+	// ended); the kettle gets the current command when it subscribes again.
 	CommandsDropped atomic.Int64
 	// Malformed counts connections closed because a packet crashed the
-	// broker library's decoder (contained: the process survives).
+	// packet codec's decoder (contained: the process survives).
 	Malformed atomic.Int64
-	// TakeoverRepairs counts new sessions put back into the broker
-	// library's client map or topic index after their predecessor's end
-	// removed them (hook.repairTakeover).
-	TakeoverRepairs atomic.Int64
 	// Shed counts CONNECTs refused for capacity, by the reason an MQTT 5
 	// kettle is told (ShedReason; 3.1.1 kettles get 0x03 for each).
 	Shed [shedReasons]atomic.Int64
@@ -60,7 +56,6 @@ type Stats struct {
 	CommandsPushed               int64
 	CommandsDropped              int64
 	Malformed                    int64
-	TakeoverRepairs              int64
 	Shed                         [shedReasons]int64
 	MaxConns                     int64
 }
@@ -79,7 +74,6 @@ func (c *Counters) Snapshot() Stats {
 		CommandsPushed:  c.CommandsPushed.Load(),
 		CommandsDropped: c.CommandsDropped.Load(),
 		Malformed:       c.Malformed.Load(),
-		TakeoverRepairs: c.TakeoverRepairs.Load(),
 	}
 	for i := range s.Publishes {
 		s.Publishes[i] = c.Publishes[i].Load()
@@ -108,7 +102,6 @@ func (s Stats) LogValue() slog.Value {
 		slog.Int64("commands_pushed", s.CommandsPushed),
 		slog.Int64("commands_dropped", s.CommandsDropped),
 		slog.Int64("malformed", s.Malformed),
-		slog.Int64("sessions_restored", s.TakeoverRepairs),
 		slog.Int64("shed_quota_exceeded", s.Shed[ShedQuota]),
 		slog.Int64("shed_server_busy", s.Shed[ShedBusy]),
 		slog.Int64("shed_use_another_server", s.Shed[ShedRedirect]),

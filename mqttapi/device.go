@@ -7,23 +7,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
-// The device-only engine (Config.Engine EngineDevice): an MQTT 3.1.1 and 5
-// listener that knows only what a kettle does — CONNECT as itself, PUBLISH
-// its readings, SUBSCRIBE to its command topic — on mochi's packets codec,
-// with the hook's authentication, ACL, ingest and PUBACK order (ack.go)
-// and the pusher (commands.go) unchanged.
+// The listener's sessions: an MQTT 3.1.1 and 5 server that knows only what
+// a kettle does — CONNECT as itself, PUBLISH its readings, SUBSCRIBE to its
+// command topic — on mochi-mqtt's packets codec (decode, validate, encode:
+// no packet parsing of our own), with the Broker's authentication and
+// ingest, the PUBACK order (ack.go) and the pusher (commands.go).
 //
 // Memory per connection is what it must be. Between packets no goroutine
 // waits for a connected kettle: on Linux, after its CONNECT, a plain-TCP
@@ -36,7 +34,7 @@ import (
 // own, off). A packet's bytes are read into a pooled buffer. The stack a
 // packet grows (JSON, the store's call chain) goes back to the runtime
 // with its goroutine instead of staying with an idle connection until
-// collections shrink it (mochi's reader: 16–32 KiB each). Nothing writes on
+// collections shrink it (a general broker's reader: 16–32 KiB each). Nothing writes on
 // a goroutine of its own: a packet is written whole by whoever has it —
 // the reader (CONNACK, SUBACK, PINGRESP), the commit (PUBACKs, ack.go), a
 // short-lived goroutine per command push (pushes) — in one Write, which
@@ -45,10 +43,9 @@ import (
 // persistent session (clean session 0, or an MQTT 5 session expiry) leaves
 // only its device id, expiry and whether it subscribed.
 
-// devServer is the device engine's shared state.
+// devServer is the sessions' shared state.
 type devServer struct {
 	b *Broker
-	h *hook // authentication, ingest (the mochi engine's own code, no mochi state)
 
 	mu      sync.Mutex
 	live    map[kettle.DeviceID]*devConn // each device's current session
@@ -76,55 +73,41 @@ type resumable struct {
 	subscribed bool
 }
 
-// topicAliasMaximum is the highest inbound topic alias accepted (as mochi's
-// Capabilities.TopicAliasMaximum was).
+// topicAliasMaximum is the highest inbound topic alias accepted (a kettle
+// publishes to one topic).
 const topicAliasMaximum = 4
 
-func startDevice(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.Logger) (*Broker, error) {
-	b := newBroker(ctx, cfg, svc, log)
+func newDevServer(b *Broker) *devServer {
 	d := &devServer{b: b, live: make(map[kettle.DeviceID]*devConn), resume: make(map[kettle.DeviceID]resumable),
 		served: make(chan struct{}), dropLog: logthin.Limiter{Burst: 10}}
-	d.h = &hook{b: b, svc: svc, secret: secret}
 	b.dev = d
-	b.push = newPusher(svc, log, b.counters, cfg.CommandTick, false, d.publish)
-	b.ln = &listener{id: "kettles", addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout,
-		maxConns: int64(cfg.MaxConns), tls: cfg.TLS, tlsFailed: cfg.TLSHandshakeFailed, panics: &b.counters.Malformed,
-		closeAll: d.closeAll, refusing: make(chan struct{}, maxRefusing), start: d.start}
-	b.ln.overCap = func(version byte) packets.Packet { return b.shed(ShedQuota, version) }
-	b.ln.dropped = d.droppedFrom
-	if err := b.ln.Init(log); err != nil {
-		b.cancel()
-		return nil, fmt.Errorf("mqtt: listen on %s: %w (is another kettle serve running? choose --mqtt-addr)", cfg.Addr, err)
-	}
+	return d
+}
+
+// startPoller starts the poller that holds idle connections (Linux), and
+// the keepalive expiry of the connections it holds.
+func (d *devServer) startPoller() {
+	b := d.b
 	p, err := newPoller(func(err error, handedBack int) {
-		log.Error("mqtt: the connection poller failed; every connection now has a reading goroutine of its own (more memory per kettle; restart the node to get the poller back)",
+		b.log.Error("mqtt: the connection poller failed; every connection now has a reading goroutine of its own (more memory per kettle; restart the node to get the poller back)",
 			"err", err, "connections_handed_back", handedBack)
 	})
 	if err != nil {
-		log.Warn("mqtt: no connection poller: every connection keeps a reading goroutine (more memory per kettle)", "err", err)
-	} else if p != nil {
+		b.log.Warn("mqtt: no connection poller: every connection keeps a reading goroutine (more memory per kettle)", "err", err)
+		return
+	}
+	if p != nil {
 		d.poll = p
 		b.bg.Add(1)
 		go func() { defer b.bg.Done(); d.expire(b.ctx) }()
 	}
-	go func() {
-		defer close(d.served)
-		b.ln.Serve(nil) // start serves every connection
-	}()
-	go b.push.run(b.ctx)
-	if cfg.StackTrim > 0 {
-		b.bg.Add(1)
-		go func() { defer b.bg.Done(); b.trimStacks(b.ctx, cfg.StackTrim) }()
-	}
-	log.Info("mqtt listener started", "addr", b.Addr(), "engine", EngineDevice, "max_conns", cfg.MaxConns, "max_packet_bytes", cfg.MaxPacketBytes)
-	return b, nil
 }
 
-// close stops accepting and disconnects every kettle (listener.Close calls
+// close stops accepting and disconnects every kettle (listener.close calls
 // closeAll); Broker.Close then waits for the connections, then stops the
 // poller (stopPoll).
 func (d *devServer) close() {
-	d.b.ln.Close(nil)
+	d.b.ln.close()
 	<-d.served
 }
 
@@ -257,7 +240,7 @@ func (d *devServer) publish(id kettle.DeviceID, body []byte) error {
 	d.mu.Lock()
 	dc := d.live[id]
 	d.mu.Unlock()
-	if dc == nil || !dc.subscribed.Load() || dc.Closed() || d.h.svc.Revoked(id) {
+	if dc == nil || !dc.subscribed.Load() || dc.Closed() || d.b.svc.Revoked(id) {
 		return nil
 	}
 	dc.pend.Store(&body)
@@ -389,8 +372,3 @@ func (l *lenReader) ReadByte() (byte, error) {
 
 // errDisconnected ends a connection whose kettle sent DISCONNECT.
 var errDisconnected = errors.New("client disconnected")
-
-var (
-	_ ackConn = (*devConn)(nil)
-	_ closer  = (*mqtt.Client)(nil)
-)

@@ -18,7 +18,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/wire"
 )
 
-// devConn is one kettle's connection and session on the device engine.
+// devConn is one kettle's connection and session.
 type devConn struct {
 	c *conn // per-write deadlines, the takeover cut, the acker (listener.go)
 	d *devServer
@@ -318,7 +318,7 @@ func (dc *devConn) connect(hdr [2]byte) bool {
 	}
 	dc.maxOut = pk.Properties.MaximumPacketSize
 	dc.noProblemInfo = pk.Properties.RequestProblemInfoFlag && pk.Properties.RequestProblemInfo == 0
-	uid, which, code := d.h.authenticate(pk, dc.c.RemoteAddr().String())
+	uid, which, code := b.authenticate(pk, dc.c.RemoteAddr().String())
 	if code != packets.CodeSuccess {
 		if err := dc.write(connack(refusal(code, dc.version), dc.version)); err != nil {
 			d.dropped(dc, "its refusal ("+code.Reason+") could not be written", err)
@@ -462,7 +462,7 @@ func (dc *devConn) handle(fh packets.FixedHeader, body []byte) error {
 		if code := pk.AuthValidate(); code != packets.CodeSuccess {
 			return dc.violation(code)
 		}
-		return nil // no enhanced authentication: ignored, as mochi does without an auth hook
+		return nil // no enhanced authentication: ignored (as a broker without an auth hook does)
 	case packets.Connect:
 		return dc.violation(packets.ErrProtocolViolationSecondConnect) // [MQTT-3.1.0-2]
 	}
@@ -494,17 +494,17 @@ func (dc *devConn) topic(pk *packets.Packet, own string) string {
 	return "" // an alias never set: dropped, as mochi does
 }
 
-// publish is the hook's OnPublish for this engine: ACL, decode, validate,
+// publish handles a kettle's PUBLISH: ACL, decode, validate,
 // ingest, and the PUBACK after the commit, in arrival order (ack.go).
 func (dc *devConn) publish(pk *packets.Packet) error {
-	b, h := dc.d.b, dc.d.h
+	b := dc.d.b
 	own := MeasurementTopic(dc.id)
 	topic := dc.topic(pk, own)
 	if !mqtt.IsValidFilter(topic, true) {
 		return nil // mochi drops these silently ($SYS, wildcards, no topic)
 	}
 	qos := min(pk.FixedHeader.Qos, 1) // [MQTT-3.2.2-9] Maximum QoS 1
-	if topic != own || h.svc.Revoked(dc.id) {
+	if topic != own || b.svc.Revoked(dc.id) {
 		b.counters.ACLDenied.Add(1) // revoked while connected: nothing more in or out
 		switch {
 		case qos == 0:
@@ -517,10 +517,10 @@ func (dc *devConn) publish(pk *packets.Packet) error {
 	b.counters.Publishes[qos].Add(1)
 	// Over --device-rate the connection is not read until the kettle is
 	// within it again: TCP slows the kettle down, nothing is refused or lost.
-	if wait := h.svc.Pace(dc.id); wait > 0 && !b.sleep(wait) {
+	if wait := b.svc.Pace(dc.id); wait > 0 && !b.sleep(wait) {
 		return nil // shutting down: no PUBACK, the client redelivers
 	}
-	ms, err := wire.DecodeV1(pk.Payload, dc.id, h.svc.Window())
+	ms, err := wire.DecodeV1(pk.Payload, dc.id, b.svc.Window())
 	if err != nil {
 		b.counters.Invalid.Add(1)
 		if ok, skipped := b.badLog.Allow(time.Now()); ok {
@@ -536,7 +536,7 @@ func (dc *devConn) publish(pk *packets.Packet) error {
 		return dc.ackInOrder(pk, code)
 	}
 	if qos == 0 {
-		h.ingest(dc, ms, 0) // on this connection's handling: the kettle's next packet waits for it
+		b.ingest(dc, ms, 0) // on this connection's handling: the kettle's next packet waits for it
 		return nil
 	}
 	// QoS 1, pipelined (ack.go): ingest on its own goroutine, PUBACK in
@@ -551,7 +551,7 @@ func (dc *devConn) publish(pk *packets.Packet) error {
 	b.inflight.Add(1)
 	go func() {
 		defer b.inflight.Done()
-		ok := h.ingest(dc, ms, qos)
+		ok := b.ingest(dc, ms, qos)
 		b.complete(dc, a, p, packets.CodeSuccess, !ok)
 	}()
 	return nil
@@ -596,7 +596,7 @@ func (dc *devConn) writeAcks(due []*pendingAck) {
 // current command after the SUBACK, retained (the subscription's answer),
 // in the same write.
 func (dc *devConn) subscribe(pk *packets.Packet) error {
-	b, h := dc.d.b, dc.d.h
+	b := dc.d.b
 	own := CommandTopic(dc.id)
 	codes := make([]byte, len(pk.Filters))
 	deliver, granted := false, false
@@ -606,7 +606,7 @@ func (dc *devConn) subscribe(pk *packets.Packet) error {
 			codes[i] = packets.ErrTopicFilterInvalid.Code
 		case f.NoLocal && mqtt.IsSharedFilter(f.Filter):
 			codes[i] = packets.ErrProtocolViolationInvalidSharedNoLocal.Code // [MQTT-3.8.3-4]
-		case f.Filter != own || h.svc.Revoked(dc.id):
+		case f.Filter != own || b.svc.Revoked(dc.id):
 			b.counters.ACLDenied.Add(1)
 			codes[i] = packets.ErrNotAuthorized.Code
 		default:
@@ -628,7 +628,7 @@ func (dc *devConn) subscribe(pk *packets.Packet) error {
 	dc.wmu.Lock()
 	defer dc.wmu.Unlock()
 	if granted {
-		body, hash, next := commandJSON(h.svc, dc.id)
+		body, hash, next := commandJSON(b.svc, dc.id)
 		b.push.track(dc.id, dc, hash, next)
 		if deliver {
 			cmd := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Retain: true}, TopicName: own, Payload: body}

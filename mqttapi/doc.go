@@ -39,25 +39,18 @@
 // command is state, not an event — only the latest matters, and it is
 // delivered again on every subscribe and session resume, so a push lost
 // with its connection costs nothing a QoS 1 retry would have saved (clean
-// sessions drop their in-flight messages anyway). QoS 0 also keeps the push
-// worker away from everything that can block in mochi v2.7.9: a QoS 1
-// publish takes the subscriber's client lock (NextPacketID), which mochi
-// holds across the socket write, so one kettle that stopped reading stalled
-// every push; and it adds to the client's inflight map, whose
-// NextImmediate read-locks it twice (on the client's read goroutine, after
-// every packet while a message is unacknowledged): a push arriving between
-// the two deadlocks that map for good — the push worker, mochi's expiry
-// loop and any takeover of that session (ClearInflights: no CONNACK) wait
-// forever. That was the 18,000-kettle run's stall. Measurements are capped
-// at QoS 1 (Maximum QoS 1 in CONNACK) so that no message ever stays in an
-// inflight map. A push that does not fit the kettle's write queue
-// (OnPublishDropped) is published again at the next command tick.
+// sessions drop their in-flight messages anyway). So no message of ours is
+// ever in flight to a kettle: no inflight map, no retry queue, and nothing
+// a push must wait for (in a general broker, a QoS 1 push took the
+// subscriber's lock across its socket write and its inflight map's: the
+// 18,000-kettle run's stall, TestPushWhileKettleAcksSlowly).
+// Measurements are capped at QoS 1 (Maximum QoS 1 in CONNACK).
 //
-// Every write to a kettle has its own deadline (Config.WriteTimeout; mochi
-// sets only the keepalive's, shared with reads); a kettle that does not
-// take a packet off its socket for that long is disconnected. When a kettle
-// reconnects, its old connection gets at most one second to take mochi's
-// DISCONNECT, so a stuck old connection does not hold back the new CONNACK.
+// Every write to a kettle has its own deadline (Config.WriteTimeout); a
+// kettle that does not take a packet off its socket for that long is
+// disconnected. When a kettle reconnects, its old connection gets at most
+// one second to take its DISCONNECT, so a stuck old connection does not
+// hold back the new CONNACK.
 //
 // External broker (Consume): kettle serve consumes measurements from an
 // existing broker through the MQTT 5 shared subscription
@@ -70,50 +63,31 @@
 // Commands are published retained through the broker by the node that saw the
 // change.
 //
-// # Engines
+// # The listener
 //
-// The embedded listener has two engines (Config.Engine). The default,
-// EngineDevice (device.go, device_conn.go), serves kettles and nothing
-// else on mochi's packets codec (decode, validate, encode: no packet
-// parsing of our own) with this package's logic: hook.authenticate, the
-// ACL, ack.go's ordered PUBACKs after the commit, commands.go's pusher.
-// It has one goroutine per connection, waiting in a read through frames
-// small enough for Go's 2 KiB minimum stack; each packet is decoded and
-// handled on a goroutine that ends with it, so the stack that handling
-// grows is not kept by an idle connection. No writer goroutine: a packet
-// is written whole, in one Write (the socket serialises them) under its
-// own deadline, by whoever has it — the reader (CONNACK, SUBACK and the
-// command, PINGRESP), the commit (PUBACKs), a short-lived goroutine per
-// command push. A session is a devConn (a few hundred bytes with its
-// socket); a persistent one outlives its connection as a device id, an
-// expiry and whether it had subscribed. No inflight maps: commands go out
-// at QoS 0 and QoS 1 in is answered by the acker.
-//
-// EngineMochi is github.com/mochi-mqtt/server/v2 (v2.7.9, MIT) with this
-// package's hooks: OnConnect (our own CONNACK codes), OnACLCheck,
-// OnPublish (runs on the connection's read goroutine, so blocking in it is
-// per-connection backpressure and its return decides the PUBACK). It was
-// the only engine first, for what it gives tested: both protocol
-// versions, keepalive, session takeover, QoS 1 flows, retained delivery
-// after SUBACK. Its price: no release since 2025-03, a configuration tuned
-// for a general broker (Start shrinks per-client queues and limits), locks
-// held across socket writes and a deadlock in its outbound QoS 1
-// bookkeeping (see Commands; we avoid both), a once-a-second scan of all
-// clients (housekeeping.go slows it), a TCP listener that stops for good on
-// the first Accept error (listener.go replaces it), and two goroutines per
-// connection whose reader's stack grows to 16–32 KiB with each packet (mochi
-// passes its ~800-byte Packet by value down the call chain) and cannot
-// shrink below 16 KiB while idle (its waiting frames, attachClient and
-// Client.Read, hold about 4.5 KiB of locals, and Go halves a stack only
-// while under a quarter of it is in use). Config.StackTrim forces
-// collections to get stacks back to that floor, for CPU. That floor is why
-// the device engine exists: bench/mqtt-memory.sh puts both engines and a
-// bare Mosquitto side by side. The tests drive both over real TCP with
-// real MQTT clients (TestMochiEngine).
+// The embedded listener (device.go, device_conn.go, poll_linux.go) serves
+// kettles and nothing else, on mochi-mqtt's packets codec (decode,
+// validate, encode: no packet parsing of our own) with this package's
+// logic: Broker.authenticate, the ACL, ack.go's ordered PUBACKs after the
+// commit, commands.go's pusher. On Linux over plain TCP a quiet kettle
+// costs no goroutine: its connection waits in one epoll set, and bytes
+// arriving give it a turn on a pooled goroutine (poll_linux.go); elsewhere
+// and over TLS it has one goroutine, waiting in a read through frames
+// small enough for Go's 2 KiB minimum stack. Either way each packet is
+// decoded and handled on a goroutine that ends with it, so the stack that
+// handling grows is not kept by an idle connection. No writer goroutine:
+// a packet is written whole, in one Write (the socket serialises them)
+// under its own deadline, by whoever has it — the reader (CONNACK, SUBACK
+// and the command, PINGRESP), the commit (PUBACKs), a short-lived
+// goroutine per command push. A session is a devConn (a few hundred bytes
+// with its socket); a persistent one outlives its connection as a device
+// id, an expiry and whether it had subscribed. bench/mqtt-memory.sh puts
+// it beside a bare Mosquitto; the tests drive it over real TCP with real
+// MQTT clients.
 //
 // Over Config.MaxConns the listener still reads the CONNECT and answers
 // with a reason (0x97 quota exceeded, 0x9C use another server with
-// Config.ServerReference; 3.1.1: 0x03), as OnConnect does while the node
+// Config.ServerReference; 3.1.1: 0x03), as devConn.connect does while the node
 // sheds load (0x89): a kettle told why backs off, one whose connection is
 // just closed retries at once. At most maxRefusing refusals run at once;
 // past that the listener stops accepting and the kernel's queue holds the

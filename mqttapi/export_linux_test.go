@@ -2,11 +2,11 @@
 
 package mqttapi
 
-// BreakPoller closes the device engine's epoll set from under its poller,
+// BreakPoller closes the listener's epoll set from under its poller,
 // so that its next wait fails as a failing epoll_wait would; false: b has
 // no poller.
 func BreakPoller(b *Broker) bool {
-	if b.dev == nil || b.dev.poll == nil {
+	if b.dev.poll == nil {
 		return false
 	}
 	return b.dev.poll.ep.Close() == nil

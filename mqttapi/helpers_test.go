@@ -28,11 +28,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var secret = []byte("test-secret")
 
-// testEngine is the listener engine the tests start ("": the default,
-// EngineDevice); MQTT_TEST_ENGINE=mochi runs the whole package on mochi,
-// and TestMochiEngine runs the behaviour tests on it in any case.
-var testEngine = os.Getenv("MQTT_TEST_ENGINE")
-
 // env is one kettle serve's MQTT side on a real SQLite file.
 type env struct {
 	path   string
@@ -75,9 +70,6 @@ func startWith(t testing.TB, fc fleet.Config, mc mqttapi.Config, log *slog.Logge
 		t.Fatal(err)
 	}
 	mc.Addr, mc.CommandTick = "127.0.0.1:0", 100*time.Millisecond
-	if mc.Engine == "" {
-		mc.Engine = testEngine
-	}
 	e.broker, err = mqttapi.Start(ctx, mc, e.svc, secret, log)
 	if err != nil {
 		t.Fatal(err)

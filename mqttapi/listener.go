@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,60 +13,45 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/kettlefleet/kettlefleet/internal/backoff"
 )
 
-var _ listeners.Listener = (*listener)(nil)
-
-// listener replaces mochi's TCP listener, which returns from its accept loop
-// on the first error (EMFILE under load would end MQTT for good). This one
-// backs off and retries like net/http, bounds the time to the CONNECT packet
-// (mochi sets no deadline before it), bounds every write (conn), caps open
-// connections, and lets Close wait for every connection goroutine (so
-// in-flight ingests finish before the fleet service closes).
+// listener accepts kettles' connections: it backs off and retries on an
+// Accept error (EMFILE under load) like net/http, bounds the time to the
+// CONNECT packet, bounds every write (conn), caps open connections, and
+// lets Close wait for every connection goroutine (so in-flight ingests
+// finish before the fleet service closes).
 type listener struct {
-	id, addr       string
+	addr           string
 	ln             net.Listener
 	log            *slog.Logger
 	connectTimeout time.Duration
 	writeTimeout   time.Duration
 	maxConns       int64
 	// tls, when set, makes every connection TLS: the handshake is done on
-	// the connection's goroutine within connectTimeout, before mochi reads.
+	// the connection's goroutine within connectTimeout.
 	tls       *tls.Config
 	tlsFailed func() // nil: not counted
 
 	open   atomic.Int64
 	closed atomic.Bool
 	wg     sync.WaitGroup
-	// panics counts connections whose handler panicked (a malformed packet
-	// that the broker library's decoder does not survive); see Serve.
-	panics *atomic.Int64
-	// closeAll disconnects every client of this listener at Close, in
-	// place of mochi's closeListenerClients: that one calls
-	// Clients.GetByListener, which read-locks the client map twice
-	// (GetByListener, then Len inside it); with connections coming and
-	// going, a writer queued between the two read locks deadlocks the map
-	// for good, and the node never exits (seen stopping a node with
-	// 17,000 kettles). nil: mochi's.
+	// closeAll disconnects every established connection at close.
 	closeAll func()
-	// ended runs on a connection's goroutine once the broker library is
-	// done with its session (see hook.repairTakeover). nil: nothing.
-	ended func(*conn)
 	// overCap builds the CONNACK refusing a CONNECT over maxConns (and
 	// counts it); nil: such connections are closed at accept.
 	overCap func(version byte) packets.Packet
 	// refusing bounds the connections being refused at once: each holds a
 	// file descriptor until its CONNACK is out (refuse).
 	refusing chan struct{}
-	// start, when set, serves an accepted connection on a goroutine of the
-	// engine's own (tc: its TLS side, nil without TLS, handshake not yet
-	// done), which calls l.wg.Done and l.open.Add(-1) at its end; nil:
-	// mochi's establish on a goroutine of the listener's.
+	// start serves an accepted connection on a goroutine of its own (tc:
+	// its TLS side, nil without TLS, handshake not yet done), which calls
+	// l.wg.Done and l.open.Add(-1) at its end.
 	start func(c *conn, tc *tls.Conn)
 	// dropped, when set, logs a connection closed without a CONNACK after
-	// its CONNECT began (thinned by the engine).
+	// its CONNECT began (thinned by the sessions, devServer.droppedFrom).
 	dropped func(remote net.Addr, why string, err error)
 }
 
@@ -85,7 +69,8 @@ const refuseTimeout = 3 * time.Second
 // few hundred bytes (no Will: refused anyway).
 const maxConnectBytes = 4 << 10
 
-func (l *listener) Init(log *slog.Logger) error {
+// listen binds the listen address.
+func (l *listener) listen() error {
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return err
@@ -94,8 +79,9 @@ func (l *listener) Init(log *slog.Logger) error {
 	return nil
 }
 
-func (l *listener) Serve(establish listeners.EstablishFn) {
-	var delay time.Duration
+// serve accepts connections until close.
+func (l *listener) serve() {
+	retry := backoff.Backoff{Initial: 5 * time.Millisecond, Max: time.Second}
 	for {
 		nc, err := l.ln.Accept()
 		if err != nil {
@@ -103,16 +89,12 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 				return
 			}
 			// EMFILE, ENFILE, ECONNABORTED…: wait and try again.
-			if delay == 0 {
-				delay = 5 * time.Millisecond
-			} else if delay *= 2; delay > time.Second {
-				delay = time.Second
-			}
+			delay := retry.Next(0)
 			l.log.Warn("mqtt: accept failed; retrying", "err", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
-		delay = 0
+		retry.Reset()
 		if l.open.Add(1) > l.maxConns {
 			l.open.Add(-1)
 			if l.overCap == nil {
@@ -142,34 +124,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 		}
 		_ = c.SetDeadline(time.Now().Add(l.connectTimeout))
 		l.wg.Add(1)
-		if l.start != nil {
-			l.start(c, tc)
-			continue
-		}
-		go func() {
-			defer l.wg.Done()
-			defer l.open.Add(-1)
-			if tc != nil && l.handshake(tc) != nil {
-				return
-			}
-			// mochi-mqtt v2.7.9 decodes packets on this goroutine and some
-			// malformed packets (a SUBSCRIBE cut inside its filter) panic
-			// its decoder; unrecovered, that would kill the whole process,
-			// HTTP included. Contain it to this connection.
-			defer func() {
-				if r := recover(); r != nil {
-					if l.panics != nil {
-						l.panics.Add(1)
-					}
-					l.log.Error("mqtt: malformed packet crashed this connection's decoder; connection closed", "remote", c.RemoteAddr().String(), "panic", fmt.Sprint(r))
-					c.Close()
-				}
-			}()
-			_ = establish(l.id, c) // refusals are counted and logged by the hook
-			if l.ended != nil {
-				l.ended(c)
-			}
-		}()
+		l.start(c, tc)
 	}
 }
 
@@ -253,28 +208,22 @@ func (l *listener) drop(nc net.Conn, why string, err error) {
 	}
 }
 
-func (l *listener) ID() string       { return l.id }
-func (l *listener) Protocol() string { return "tcp" }
-
-func (l *listener) Address() string {
+func (l *listener) address() string {
 	if l.ln != nil {
 		return l.ln.Addr().String()
 	}
 	return l.addr
 }
 
-func (l *listener) Close(closeClients listeners.CloseFn) {
+// close stops accepting and disconnects every established connection.
+func (l *listener) close() {
 	if l.closed.Swap(true) {
 		return
 	}
 	if l.ln != nil {
 		l.ln.Close()
 	}
-	if l.closeAll != nil {
-		l.closeAll()
-		return
-	}
-	closeClients(l.id)
+	l.closeAll()
 }
 
 // wait waits for every connection goroutine, at most d.
@@ -289,15 +238,13 @@ func (l *listener) wait(d time.Duration) bool {
 	}
 }
 
-// conn bounds every write to a kettle. mochi writes under the client's lock
-// and sets only one deadline, the keepalive's (1.5 × keepalive after the
-// last packet read, none at keepalive 0), for reads and writes alike: a
-// kettle that stops reading while its socket stays open (hung firmware, a
-// half-open connection) would hold that lock, and everything that needs it
-// (its PUBACKs, the takeover of its session), for that long. Here mochi's
-// deadline applies to reads only, each write gets its own, and a write that
-// fails closes the connection (a partial packet may be out: the stream is
-// unusable); mochi's reader then sees the error and ends the session.
+// conn bounds every write to a kettle. The keepalive's deadline (1.5 ×
+// keepalive after the last packet read, none at keepalive 0) applies to
+// reads only (SetDeadline); each write gets its own, so a kettle that stops
+// reading while its socket stays open (hung firmware, a half-open
+// connection) holds up nobody who writes to it for longer than that, and a
+// write that fails ends the connection (a partial packet may be out: the
+// stream is unusable); its reader then sees the error and ends the session.
 type conn struct {
 	net.Conn
 	timeout time.Duration
@@ -307,20 +254,16 @@ type conn struct {
 
 	ack *acker // pipelined QoS 1 PUBACKs (ack.go); set on the read goroutine at the first one
 
-	// raw is the plain-TCP socket the device engine reads and writes with
+	// raw is the plain-TCP socket the listener reads and writes with
 	// raw system calls (poll_linux.go; nil: through Conn); writing keeps
 	// each Write's bytes together when part of them must wait.
 	raw     syscall.RawConn
 	writing sync.Mutex
-
-	// clientID is the id of the session this connection established; set
-	// on its own goroutine (OnSessionEstablished), read there at its end.
-	clientID string
 }
 
 // takeoverGrace is how long the connection of a session being taken over may
-// still take to accept a write (mochi writes it a DISCONNECT, under the lock
-// the new connection's CONNACK waits for).
+// still take to accept a write (its DISCONNECT, or a write already under
+// way).
 const takeoverGrace = time.Second
 
 func (c *conn) Write(p []byte) (int, error) {
@@ -370,7 +313,7 @@ func (c *conn) write(p []byte) (int, error) {
 
 // abort ends the connection from outside its reading: it shuts the socket
 // down both ways, which wakes whoever reads it (its goroutine, or the
-// device engine's poller) to close it and end its session. Closing the fd
+// poller) to close it and end its session. Closing the fd
 // here instead would take it out of the poller's set unseen, and its
 // session would never end.
 func (c *conn) abort() {
@@ -385,7 +328,7 @@ func (c *conn) abort() {
 	_ = c.Conn.Close()
 }
 
-// SetDeadline is mochi's keepalive deadline: reads only.
+// SetDeadline is the keepalive's deadline: reads only.
 func (c *conn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
 
 // cutWrites gives a write in progress, and every later one, at most

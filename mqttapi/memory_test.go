@@ -81,15 +81,12 @@ func TestConnectionMemory(t *testing.T) {
 	if got := e.broker.Counters().Connections.Load(); got != int64(n) {
 		t.Errorf("Connections = %d, want %d", got, n)
 	}
-	// On Linux the device engine holds a quiet kettle in its poller, with
-	// no goroutine of its own (poll_linux.go).
-	if testEngine != mqttapi.EngineMochi && runtime.GOOS == "linux" && after.goroutines-before.goroutines > n/10 {
+	// On Linux the listener holds a quiet kettle in its poller, with no
+	// goroutine of its own (poll_linux.go).
+	if runtime.GOOS == "linux" && after.goroutines-before.goroutines > n/10 {
 		t.Errorf("goroutines %d → %d with %d quiet kettles connected: want no goroutine per connection", before.goroutines, after.goroutines, n)
 	}
-	budget := 8 << 10 // the device engine: a million kettles in 8 GiB
-	if testEngine == mqttapi.EngineMochi {
-		budget = 48 << 10 // 100,000 kettles in < 5 GiB
-	}
+	budget := 8 << 10 // a million kettles in 8 GiB
 	if per := heap + stack; per > float64(budget) {
 		t.Errorf("%.0f B per connection: over the %d KiB budget", per, budget>>10)
 	}

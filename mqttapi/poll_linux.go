@@ -16,7 +16,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/rawio"
 )
 
-// poller holds the device engine's idle plain-TCP connections in one epoll
+// poller holds the listener's idle plain-TCP connections in one epoll
 // set, so that a connected kettle between two packets costs no goroutine:
 // a goroutine parked in a read is a 2 KiB stack and a ~400-byte
 // descriptor per connection, a third of a node's memory per kettle at a
@@ -340,7 +340,7 @@ func (p *poller) remove(dc *devConn) {
 	p.mu.Unlock()
 }
 
-// rawConnOf is nc's descriptor when the engine may read and write it with
+// rawConnOf is nc's descriptor when the listener may read and write it with
 // raw system calls (plain TCP).
 func rawConnOf(nc net.Conn) syscall.RawConn {
 	tc, ok := nc.(*net.TCPConn)

@@ -19,9 +19,6 @@ import (
 // goroutine of its own: their readings are still read, stored and
 // acknowledged, and new kettles still connect.
 func TestPollerFailureHandsConnectionsBack(t *testing.T) {
-	if testEngine == mqttapi.EngineMochi {
-		t.Skip("the device engine's poller")
-	}
 	e := startWith(t, fleet.Config{}, mqttapi.Config{ConnWindow: 1}, testLog(t))
 	addr := e.broker.Addr()
 	t0 := time.Now().Add(-time.Hour).Truncate(time.Second)
@@ -38,7 +35,7 @@ func TestPollerFailureHandsConnectionsBack(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // both read: the second waits in acquire
 
 	if !mqttapi.BreakPoller(e.broker) {
-		t.Fatal("the device engine runs no poller on Linux")
+		t.Fatal("the listener runs no poller on Linux")
 	}
 	time.Sleep(100 * time.Millisecond)
 	unlock()

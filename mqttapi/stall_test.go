@@ -125,15 +125,13 @@ func reconnectsPromptly(t testing.TB, addr string, id kettle.DeviceID, d time.Du
 	return r
 }
 
-// TestPushWhileKettleAcksSlowly is the incident's pattern: a kettle (Receive
-// Maximum 8, as paho sends) keeps one command unacknowledged and talks
-// constantly while its command changes as fast as the store
-// allows. mochi v2.7.9 then calls Inflight.NextImmediate on the kettle's read
-// goroutine after every packet, which read-locks the inflight map twice; a
-// QoS 1 command push (Inflight.Set, a write lock) arriving between the two
-// deadlocks the map for good: the push worker waits forever (no pushes for
-// anyone), and the takeover of that session waits forever in
-// ClearInflights (no CONNACK). Other kettles must keep their pushes and the
+// TestPushWhileKettleAcksSlowly is the 18k-kettle incident's pattern: a
+// kettle (Receive Maximum 8, as paho sends) keeps one command
+// unacknowledged and talks constantly while its command changes as fast as
+// the store allows. In a general broker's outbound QoS 1 bookkeeping that
+// interleaving of reads and pushes deadlocked the kettle's inflight map,
+// and with it the push worker (no pushes for anyone) and the takeover of
+// that session (no CONNACK). Other kettles must keep their pushes and the
 // kettle must be able to reconnect.
 func TestPushWhileKettleAcksSlowly(t *testing.T) {
 	e := start(t, fleet.Config{})
@@ -179,7 +177,7 @@ func TestPushWhileKettleAcksSlowly(t *testing.T) {
 			}
 		}
 	}()
-	go func() { // talk constantly: every packet read runs mochi's NextImmediate check
+	go func() { // talk constantly: every packet read interleaves with the pushes
 		defer wg.Done()
 		// PUBACKs for a packet id never used: answered by nothing, so
 		// the server reads as fast as we write.

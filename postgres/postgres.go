@@ -55,6 +55,10 @@ const (
 	lockRollups   int64 = 0x6b65_7474_6c65_0004 // compactRollups
 )
 
+// DefaultMaxReadLag is Options.MaxReadLag's default (kettle serve
+// --max-read-lag).
+const DefaultMaxReadLag = 5 * time.Second
+
 // Options tune the store. The zero value is usable.
 type Options struct {
 	// MaxConns caps the connection pool. Every in-flight write batch and
@@ -84,7 +88,7 @@ type Options struct {
 	// statistics and the server's own cache loads stay on the primary.
 	ReadDSN string
 	// MaxReadLag: while the replica's replay lag is over it (or cannot be
-	// measured), its reads go to the primary. 0 means 5s.
+	// measured), its reads go to the primary. 0: DefaultMaxReadLag.
 	MaxReadLag time.Duration
 	// CompactEvery is how often the changes writers append to
 	// last_seen_moves are folded into last_seen_counts (the statistic adds
@@ -180,7 +184,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		opts.CompactEvery = time.Second
 	}
 	if opts.MaxReadLag <= 0 {
-		opts.MaxReadLag = 5 * time.Second
+		opts.MaxReadLag = DefaultMaxReadLag
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = min(opts.MinConns, opts.MaxConns)

@@ -70,9 +70,29 @@ type Summary struct {
 	CPUs    int               `json:"cpus"`
 
 	Series   Series    `json:"series"`
+	Faults   []Band    `json:"faults,omitempty"` // drawn over the time-series charts
 	USE      []UseRow  `json:"use"`
 	Verdict  Verdict   `json:"verdict"`
 	Capacity *Capacity `json:"capacity,omitempty"`
+}
+
+// Band is one fault of the run (chaos nemesis), in seconds since Start:
+// the page shades it over every time-series chart, so a reader sees what
+// it cost.
+type Band struct {
+	Name string  `json:"name"`
+	Kind string  `json:"kind"`
+	T0   float64 `json:"t0"`
+	T1   float64 `json:"t1"`
+}
+
+// bands are the results' faults relative to the run's start.
+func bands(r *sim.Results) []Band {
+	var out []Band
+	for _, f := range r.Faults {
+		out = append(out, Band{Name: f.Name, Kind: f.Kind, T0: f.Start.Sub(r.Start).Seconds(), T1: f.End.Sub(r.Start).Seconds()})
+	}
+	return out
 }
 
 // SimTotals are the simulator's own figures.
@@ -148,7 +168,7 @@ func Build(r *sim.Results, o Options) (*Summary, error) {
 		Sim: SimTotals{LateStarts: r.Totals.LateStarts, MaxLagMs: r.Totals.MaxLagMs, CPUSeconds: r.Totals.CPUSeconds,
 			CPUPer10kPerMin: r.Totals.CPUPer10kKettlesPerMin, MaxRSSBytes: r.Totals.MaxRSSBytes,
 			Readings: r.Totals.Readings, Acked: r.Totals.Acked, Dropped: r.Totals.Dropped, Unacked: r.Totals.Unacked},
-		CPUs: r.Params.GOMAXPROCS,
+		CPUs: r.Params.GOMAXPROCS, Faults: bands(r),
 	}
 	if s.Title == "" {
 		s.Title = fmt.Sprintf("kettle swarm: %d kettles, %s", r.Params.Devices, r.Start.UTC().Format("2006-01-02 15:04:05 UTC"))

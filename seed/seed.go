@@ -115,32 +115,32 @@ func (f Fleet) Kettle(i int) *Kettle {
 	id := DeviceID(f.Seed, i)
 	rng := rand.New(rand.NewPCG(f.Seed, uint64(i)^0x6b65_7474_6c65_0000))
 	k := &Kettle{ID: id, rng: rng, interval: f.Interval, dtS: f.Interval.Seconds(), end: f.End}
-	k.lonHours = (rng.Float64()*360 - 180) / 15
-	k.ambBase = 17 + rng.Float64()*8
-	k.ambAmp = 1 + rng.Float64()*4
+	k.lonHours = (float64(rng.Float64()*360) - 180) / 15
+	k.ambBase = 17 + float64(rng.Float64()*8)
+	k.ambAmp = 1 + float64(rng.Float64()*4)
 	k.capML = []float64{1000, 1200, 1500, 1700}[rng.IntN(4)]
 	k.fullMWh = []float64{20000, 30000, 40000, 60000}[rng.IntN(4)]
-	k.drainMW = 200 + rng.Float64()*600
-	k.chargeMW = 3000 + rng.Float64()*4000
-	k.tauS = (40 + rng.Float64()*60) * 60
+	k.drainMW = 200 + float64(rng.Float64()*600)
+	k.chargeMW = 3000 + float64(rng.Float64()*4000)
+	k.tauS = (40 + float64(rng.Float64()*60)) * 60
 	for j := range k.habit {
-		k.habit[j] = 0.3 + rng.Float64()*0.65
+		k.habit[j] = 0.3 + float64(rng.Float64()*0.65)
 	}
 	k.cupsPerDay = rng.Float64() * 2
 	span := f.End.Sub(f.Start)
 	switch r := rng.Float64(); {
 	case r < 0.02: // offline for a while: 2 h … 3 days somewhere in the history
-		d := time.Duration(2+rng.Float64()*70) * time.Hour
+		d := time.Duration(2+float64(rng.Float64()*70)) * time.Hour
 		k.offFrom = f.Start.Add(time.Duration(rng.Float64() * float64(span)))
 		k.offTo = k.offFrom.Add(d)
 	case r < 0.03: // silent for the last 1 … 12 h
-		k.offFrom = f.End.Add(-time.Duration(1+rng.Float64()*11) * time.Hour)
+		k.offFrom = f.End.Add(-time.Duration(1+float64(rng.Float64()*11)) * time.Hour)
 		k.offTo = f.End
 	}
 	// initial state
-	k.level = k.capML * (0.3 + rng.Float64()*0.6)
+	k.level = k.capML * (0.3 + float64(rng.Float64()*0.6))
 	k.water = k.ambBase
-	k.charge = k.fullMWh * (0.3 + rng.Float64()*0.65)
+	k.charge = k.fullMWh * (0.3 + float64(rng.Float64()*0.65))
 	// first reading: the first grid point ≥ Start
 	phase := time.Duration(rng.Int64N(int64(f.Interval))).Truncate(time.Microsecond)
 	since := f.Start.Sub(time.Unix(0, 0).Add(phase))
@@ -185,7 +185,7 @@ func round(x, per float64) float64 { return math.Round(x*per) / per }
 
 func (k *Kettle) ambient(t time.Time) float64 {
 	local := float64(t.Unix()%86400)/3600 + k.lonHours
-	return k.ambBase + k.ambAmp*math.Cos(2*math.Pi*(local-15)/24) + k.ambNoise
+	return k.ambBase + float64(k.ambAmp*cos(2*math.Pi*(local-15)/24)) + k.ambNoise
 }
 
 func (k *Kettle) rate() float64 {
@@ -215,13 +215,14 @@ func (k *Kettle) scheduleTea(t time.Time) {
 }
 
 // step advances the physics by one interval, ending at t.
+// Every product that feeds a sum is float64(…): see fmath.go.
 func (k *Kettle) step(t time.Time) {
 	dt := k.dtS
 	if !k.simulated {
 		k.simulated = true
 		k.water = k.ambient(t)
 	}
-	k.ambNoise = 0.98*k.ambNoise + k.rng.NormFloat64()*0.05
+	k.ambNoise = float64(0.98*k.ambNoise) + float64(k.rng.NormFloat64()*0.05)
 	amb := k.ambient(t)
 
 	// tea: heat ahead, then dispense a cup or a pot
@@ -231,11 +232,11 @@ func (k *Kettle) step(t time.Time) {
 	}
 	if k.heatUntilTea && !t.Before(k.nextTea) {
 		k.heatUntilTea = false
-		k.dispenseLeft += 200 + k.rng.Float64()*400
+		k.dispenseLeft += 200 + float64(k.rng.Float64()*400)
 		k.scheduleTea(t)
 	}
 	if k.rng.Float64() < k.cupsPerDay*dt/86400 {
-		k.dispenseLeft += 150 + k.rng.Float64()*150
+		k.dispenseLeft += 150 + float64(k.rng.Float64()*150)
 		k.heating = true
 	}
 	if k.dispenseLeft > 0 {
@@ -247,21 +248,21 @@ func (k *Kettle) step(t time.Time) {
 		}
 	}
 	// refill from the tap when low
-	if !k.filling && k.dispenseLeft == 0 && k.level < 0.25*k.capML {
+	if !k.filling && k.dispenseLeft == 0 && k.level < float64(0.25*k.capML) {
 		k.filling = true
 	}
 	if k.filling {
-		in := min(fillMLPerS*dt, 0.95*k.capML-k.level)
+		in := min(fillMLPerS*dt, float64(0.95*k.capML)-k.level)
 		if in > 0 {
-			k.water = (k.water*k.level + tapC*in) / (k.level + in)
+			k.water = (float64(k.water*k.level) + float64(tapC*in)) / (k.level + in)
 			k.level += in
 		}
-		if k.level >= 0.95*k.capML-1e-9 {
+		if k.level >= float64(0.95*k.capML)-1e-9 {
 			k.filling = false
 		}
 	}
 	// temperature: cool toward ambient, heat while the heater is on
-	k.water = amb + (k.water-amb)*math.Exp(-dt/k.tauS)
+	k.water = amb + float64((k.water-amb)*exp(-dt/k.tauS))
 	if k.heating && k.level > 10 {
 		k.water = min(k.water+heaterW*dt/(kettle.JoulesPerCmL*k.level), 100)
 		if k.water >= boilC && !k.heatUntilTea {
@@ -271,9 +272,9 @@ func (k *Kettle) step(t time.Time) {
 		k.heating = false
 	}
 	// battery
-	if k.charge < kettle.ChargeStartFraction*k.fullMWh {
+	if k.charge < float64(kettle.ChargeStartFraction*k.fullMWh) {
 		k.charging = true
-	} else if k.charge >= kettle.ChargeStopFraction*k.fullMWh {
+	} else if k.charge >= float64(kettle.ChargeStopFraction*k.fullMWh) {
 		k.charging = false
 	}
 	k.charge = math.Min(math.Max(k.charge+k.rate()*dt/3600, 0), k.fullMWh)

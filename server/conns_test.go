@@ -24,8 +24,7 @@ func TestConnectionCap(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	// Let the server accept them.
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, func() bool { return gathered(t, srv, "kettle_http_connections_open") == 5 }, "the server holds the 5 connections")
 	c, err := net.Dial("tcp", srv.Addr())
 	if err != nil {
 		t.Fatal(err)

@@ -21,16 +21,17 @@ import (
 
 // LogConfig puts a replicated log between the front and the store
 // (kettle serve --log): fronts acknowledge once the log holds a reading,
-// writers (Role "writer") store it. URL empty: the direct path.
+// writers (Role "writer") store it. URL empty: the direct path. Defaults:
+// DefaultConfig().Log (kafka's).
 type LogConfig struct {
 	URL             string        // kafka://h1:9092,h2:9092,h3:9092/topic
-	Partitions      int           // when the topic is created (default 12)
-	Retention       time.Duration // when the topic is created (default 7 days)
-	MaxInflight     int           // readings awaiting the log's ack on a front (default 20000)
-	Timeout         time.Duration // an upload waits this long for the ack (default 10 s)
-	MaxUnwrittenAge time.Duration // refuse uploads past it (default half the retention)
-	Group           string        // the writers' consumer group (default kettle-writers)
-	MonitorEvery    time.Duration // lag measurement interval (default 5 s)
+	Partitions      int           // when the topic is created
+	Retention       time.Duration // when the topic is created
+	MaxInflight     int           // readings awaiting the log's ack on a front
+	Timeout         time.Duration // an upload waits this long for the ack
+	MaxUnwrittenAge time.Duration // refuse uploads past it (0: half the retention)
+	Group           string        // the writers' consumer group
+	MonitorEvery    time.Duration // lag measurement interval
 	// CA, User and Password: TLS to the brokers checked against CA, and
 	// SASL/SCRAM-SHA-512 as User (kafka.Auth). Empty: plain TCP, no SASL.
 	CA       string
@@ -122,7 +123,7 @@ func StartWriter(ctx context.Context, cfg Config) (*Writer, error) {
 	registerPool(m, store)
 	batch := cfg.Ingest.BatchRows
 	if batch <= 0 {
-		batch = 16000
+		batch = PGBatchRows
 	}
 	w := &Writer{cfg: cfg, log: cfg.Logger, store: store, stop: make(chan struct{}), beat: make(chan struct{}), done: make(chan error, 1)}
 	w.w, err = kafka.NewWriter(ctx, store, kafka.WriterConfig{Target: t,

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -76,4 +78,38 @@ func mqttDeviceOn(ctx context.Context, srv *server.Server, conn net.Conn, id uui
 		return nil, fmt.Errorf("MQTT connect: %w", err)
 	}
 	return cl, nil
+}
+
+// TestStartFailureUndoes: when Start fails late (the HTTP address is taken),
+// what it had started is stopped again: the MQTT listener's port is free
+// and the store can be opened by the next Start.
+func TestStartFailureUndoes(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mqttAddr := free.Addr().String()
+	free.Close()
+	dir := t.TempDir()
+	cfg := server.Config{Addr: taken.Addr().String(), DB: "sqlite:" + dir + "/k.db", DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg.MQTT.Addr = mqttAddr
+	if _, err := server.Start(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "listen on") {
+		t.Fatalf("Start on a taken address: %v, want a listen error", err)
+	}
+	l, err := net.Listen("tcp", mqttAddr)
+	if err != nil {
+		t.Fatalf("the failed Start left its MQTT listener open: %v", err)
+	}
+	l.Close()
+	cfg.Addr = "127.0.0.1:0"
+	srv, err := server.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Start after a failed one: %v", err)
+	}
+	srv.Close()
 }

@@ -106,11 +106,63 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	if v := metricValue(t, a, "kettle_pg_wal_segment"); v < 1 {
 		t.Errorf("kettle_pg_wal_segment %v (absent?)", v)
 	}
-	// Alone: over ~20 beats, the first beat's refresh (and one more for
-	// a beat that failed on a loaded machine, which refreshes to be safe).
-	time.Sleep(2 * time.Second)
-	if n, p := refreshes(), metricValue(t, a, "kettle_cache_refresh_peers"); n < 1 || n > 2 || p != 0 {
-		t.Fatalf("alone for 2 s at a beat every %s: %v refreshes, %v peers; want 1 (or 2), 0", every, n, p)
+	// beats watches the node's own row in the nodes table: it returns once
+	// the node has beaten n times more (its seen_at moved n times), with
+	// the seen_at of the first of them. peers waits for the node's count
+	// of other writers (-1, a failed beat, passes on).
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	seenAt := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := db.QueryRow(context.Background(), `SELECT coalesce(max(seen_at), 'epoch') FROM nodes WHERE kind = 'serve'`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	beats := func(n int, what string) (first time.Time) {
+		t.Helper()
+		last := seenAt()
+		for seen, deadline := 0, time.Now().Add(60*time.Second); seen < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the node beat %d times in 60 s, want %d", what, seen, n)
+			}
+			if at := seenAt(); !at.Equal(last) {
+				if seen == 0 {
+					first = at
+				}
+				seen, last = seen+1, at
+			}
+		}
+		return first
+	}
+	peers := func(want float64, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			n, _ := a.Service().RefreshStats() // what kettle_cache_refresh_peers shows, without a scrape every 10 ms
+			p := float64(n)
+			if p == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: peers %v for 30 s, want %v", what, p, want)
+			}
+		}
+	}
+	// A beat has a window of `every` to answer; on a loaded machine one can
+	// miss it, and the node refreshes then to be safe. A node that rescans
+	// at every beat refreshes as often as it beats: a third of the beats is
+	// far from both.
+	spurious := func(beats int) float64 { return float64(beats / 3) }
+
+	// Alone: over 15 beats, the first beat's refresh (and the failed beats').
+	beats(15, "alone")
+	peers(0, "alone")
+	if n := refreshes(); n < 1 || n > 1+spurious(15) {
+		t.Fatalf("alone for 15 beats of %s: %v refreshes; want 1 (at most %v more)", every, n, spurious(15))
 	}
 	alone := refreshes()
 
@@ -155,47 +207,65 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 		t.Errorf("peers while the other beats: %v, want 1", p)
 	}
 
-	// The other stops: three intervals after its last beat the node pauses.
+	// The other stops: three intervals after its last beat the node sees
+	// it gone, refreshes once more (for the other's last writes) and pauses.
 	stop()
 	wg.Wait()
-	time.Sleep(6 * every)
+	peers(0, "the other stopped")
+	beats(1, "after the other stopped") // the refresh after the beat that saw it gone is done
 	before := refreshes()
 	if before <= alone {
 		t.Errorf("refreshes while the other wrote: %v, no more than the %v of before", before, alone)
 	}
-	time.Sleep(2 * time.Second)
-	if n := refreshes(); n > before+1 {
-		t.Errorf("alone again: %v refreshes in 2 s (from %v), want at most 1 (a failed beat)", n-before, before)
+	beats(15, "alone again")
+	if n := refreshes(); n > before+spurious(15) {
+		t.Errorf("alone again: %v refreshes in 15 beats (from %v), want at most %v (failed beats)", n-before, before, spurious(15))
 	}
 
-	// One beat of a process that beats often (its own window 30 ms) is
-	// seen by this node's next beat, 100 ms on: one refresh at least.
-	before = refreshes()
-	if _, err := other.Beat(context.Background(), uuid.New(), "test", 10*time.Millisecond); err != nil {
-		t.Fatal(err)
+	// One beat of a process that beats often (its window 3 × the longer of
+	// its 10 ms and this node's 100 ms) is seen by this node's next beat if
+	// that comes within 300 ms: then the node refreshes before the beat
+	// after.
+	// A next beat later than that (a loaded machine) sees nothing and
+	// proves nothing: the other beats again.
+	for attempt := 1; ; attempt++ {
+		before = refreshes()
+		if _, err := other.Beat(context.Background(), uuid.New(), "test", 10*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		// This node's first beat whose transaction began after the other's
+		// committed (seen_at is the transaction's start), then one more:
+		// the refresh in between is done.
+		var beatAt, committed time.Time
+		if err := db.QueryRow(context.Background(), `SELECT max(seen_at), now() FROM nodes WHERE kind = 'test'`).Scan(&beatAt, &committed); err != nil {
+			t.Fatal(err)
+		}
+		next := beats(1, "after the other's beat")
+		for !next.After(committed) {
+			next = beats(1, "after the other's beat")
+		}
+		beats(1, "after the refresh")
+		if next.Sub(beatAt) < 300*time.Millisecond {
+			if n := refreshes(); n <= before {
+				t.Errorf("no refresh after the beat of a process that beats every 10ms, seen %s later (%v refreshes before and after)", next.Sub(beatAt), n)
+			}
+			break
+		}
+		if attempt == 20 {
+			t.Fatalf("in 20 attempts this node never beat within 300 ms of the other's beat (last %s)", next.Sub(beatAt))
+		}
 	}
-	time.Sleep(6 * every)
-	if n := refreshes(); n <= before {
-		t.Errorf("no refresh after the last beat of a process that beats every 10ms (%v before and after)", n)
-	}
+	peers(0, "the frequent beater gone")
 
 	// A process that beats seldom counts as writing between its beats,
-	// however often this node beats.
+	// however often this node beats: still there 10 beats (1 s) later,
+	// past the window a 100 ms beater would have.
 	if _, err := other.Beat(context.Background(), uuid.New(), "test", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	// A beat has a window of `every` to answer: on a loaded machine one
-	// can fail (peers -1 until the next), so look for 3 s, not once.
-	time.Sleep(6 * every)
-	began := time.Now()
-	p := metricValue(t, a, "kettle_cache_refresh_peers")
-	for p != 1 && time.Since(began) < 3*time.Second {
-		time.Sleep(every)
-		p = metricValue(t, a, "kettle_cache_refresh_peers")
-	}
-	if p != 1 {
-		t.Errorf("peers %v for %s since the beat of a process that beats every minute, want 1", p, time.Since(began).Round(time.Millisecond))
-	}
+	peers(1, "a process that beats every minute")
+	beats(10, "beside a process that beats every minute")
+	peers(1, "10 beats beside a process that beats every minute")
 }
 
 // TestCacheRefreshWhileOldVersionsConnected: kettle versions from before the

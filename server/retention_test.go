@@ -21,7 +21,9 @@ func TestRetention(t *testing.T) { forEachStore(t, testRetention) }
 
 func testRetention(t *testing.T, dsn string) {
 	dir := t.TempDir()
-	base := func(c *server.Config) { c.DataDir, c.Secret, c.OperatorToken = dir, "device-secret-test", "operator-token-test" }
+	base := func(c *server.Config) {
+		c.DataDir, c.Secret, c.OperatorToken = dir, "device-secret-test", "operator-token-test"
+	}
 	now := time.Now().UTC()
 	const keep = 30 * 24 * time.Hour
 	before := kettle.ExpireBefore(now, keep)

@@ -25,7 +25,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/fleet"
@@ -39,83 +38,6 @@ import (
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/web"
 )
-
-// Config is kettle serve's configuration; cmd/kettle/serve.go maps flags
-// and environment onto it.
-type Config struct {
-	Addr          string // listen address, e.g. 127.0.0.1:8080 (":0" for any port)
-	DB            string // sqlite:PATH or postgres://…
-	DataDir       string // where generated secrets are kept
-	OperatorToken string // empty: read or generate DataDir/operator-token
-	Secret        string // empty: read or generate DataDir/secret
-	// PreviousOperatorToken and PreviousSecret, when set, are the operator
-	// token and the device secret being retired: accepted beside the ones
-	// in force while clients and kettles move over, every use counted
-	// (kettle_previous_credentials_used_total{kind}) and logged (thinned).
-	PreviousOperatorToken string
-	PreviousSecret        string
-
-	Ingest fleet.Config
-
-	// MaxConns caps open HTTP connections; the excess is answered 503 and
-	// closed. 0: derived from the process's open-file limit.
-	MaxConns int
-
-	// TLSCert and TLSKey are PEM files (certificate chain, private key).
-	// Both set: the HTTP API and the embedded MQTT listener speak TLS only,
-	// and a renewed pair written over the files is picked up without a
-	// restart (internal/tlscert). Both empty: plain TCP.
-	TLSCert, TLSKey string
-
-	ReadHeaderTimeout time.Duration
-	ReadTimeout       time.Duration
-	WriteTimeout      time.Duration
-	IdleTimeout       time.Duration
-	ShutdownTimeout   time.Duration
-	// DrainDelay is how long Close keeps serving with /readyz answering
-	// 503 before it stops accepting, so a load balancer checking /readyz
-	// takes the node out first and no request meets a closed port. 0: stop
-	// accepting at once.
-	DrainDelay time.Duration
-
-	// Shed: while goroutines wait longer than Shed.Latency for a CPU (see
-	// ShedPolicy), ingest is refused before its body is read, with a
-	// Retry-After of about ShedRetryAfter. Shed.Latency 0: never shed on
-	// CPU (the default: shedding trades acknowledged readings for poll
-	// latency; bench/ingest.sh at 1,000 connections saw 384,282 of 458,001
-	// uploads shed with it at 20 ms). Its other zero fields take
-	// DefaultShedPolicy's values.
-	Shed           ShedPolicy
-	ShedRetryAfter time.Duration // 0: 10 s
-
-	// PublicURL is where operators reach this node through the balancer
-	// (--public-url); https:// makes the dashboard's cookie Secure even
-	// when the balancer speaks plain HTTP to the node.
-	PublicURL string
-	// TrustedProxies are the balancers whose X-Forwarded-For names the
-	// client (--trusted-proxies); empty: the peer is the client.
-	TrustedProxies TrustedProxies
-	// AccessLogSample is the fraction of successful requests logged; failed
-	// and slow ones are all logged (0 = no access log, 1 = all requests).
-	AccessLogSample float64
-
-	Store StoreOptions
-
-	// MQTT is the embedded MQTT listener (MQTT.Addr empty: off).
-	MQTT mqttapi.Config
-	// MQTTBroker consumes from an external broker (BrokerURL empty: off).
-	MQTTBroker mqttapi.ConsumerConfig
-
-	// Log, with a URL, puts the readings log between this front and the
-	// store (log.go); the writers run with StartWriter.
-	Log LogConfig
-
-	// Metrics is the registry /metrics serves; nil: a new one.
-	Metrics *prometheus.Registry
-
-	Logger *slog.Logger
-	Now    func() time.Time // the clock; nil = time.Now
-}
 
 // The fleet service is every service the adapters use.
 var (
@@ -163,85 +85,95 @@ type Server struct {
 	closeErr       error
 }
 
-// DefaultMaxConns is the connection cap derived from the open-file limit:
-// the hard limit is raised to, minus a reserve for the store, logs and
-// outgoing connections.
-func DefaultMaxConns() int {
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-		return 1000
-	}
-	if rl.Cur < rl.Max {
-		rl.Cur = rl.Max
-		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
-		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
-	}
-	n := int(rl.Cur) - 1024
-	if n < 64 {
-		n = 64
-	}
-	return n
-}
-
-func (c *Config) defaults() {
-	if c.Addr == "" {
-		c.Addr = "127.0.0.1:8080"
-	}
-	if c.DB == "" {
-		c.DB = "sqlite:kettle-data/kettle.db"
-	}
-	if c.DataDir == "" {
-		c.DataDir = "kettle-data"
-	}
-	if c.MaxConns <= 0 {
-		c.MaxConns = DefaultMaxConns()
-	}
-	if c.ShedRetryAfter <= 0 {
-		c.ShedRetryAfter = 10 * time.Second
-	}
-	if c.ReadHeaderTimeout <= 0 {
-		c.ReadHeaderTimeout = 5 * time.Second
-	}
-	if c.ReadTimeout <= 0 {
-		c.ReadTimeout = 15 * time.Second
-	}
-	if c.WriteTimeout <= 0 {
-		c.WriteTimeout = 30 * time.Second
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 120 * time.Second
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-}
-
 // Start opens the store, loads the caches, and starts serving. It returns
-// once the listener is bound.
-func Start(ctx context.Context, cfg Config) (*Server, error) {
+// once the listener is bound. On an error, what it started is stopped
+// again, in the reverse order (undo), as Close stops it.
+func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	cfg.defaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, serveErr: make(chan error, 1)}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			undo.run()
+		}
+	}()
+	if err := s.loadSecrets(); err != nil {
+		return nil, err
+	}
+	reg := cfg.Metrics
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	s.metrics = metrics.New(reg)
+	if s.store, err = OpenStore(ctx, cfg.DB, cfg.Store, s.log); err != nil {
+		return nil, err
+	}
+	undo.push(func() { s.store.Close() })
+	s.metrics.RegisterStore(s.store)
+	registerPool(s.metrics, s.store)
+	storeDefaults(cfg.DB, &cfg.Ingest)
+	if err := s.startLog(ctx, &cfg, reg); err != nil {
+		return nil, err
+	}
+	undo.push(s.closeLog)
+	if s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, s.metrics.FleetHooks()); err != nil {
+		return nil, err
+	}
+	undo.push(func() { s.svc.Close() })
+	s.web = web.New(web.Config{SecureCookie: strings.HasPrefix(cfg.PublicURL, "https://"), OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
+	if err := s.loadTLS(&cfg); err != nil {
+		return nil, err
+	}
+	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
+		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
+	if err := s.startMQTT(ctx, &cfg); err != nil {
+		return nil, err
+	}
+	undo.push(s.closeMQTT)
+	s.admit.start()
+	undo.push(s.admit.close)
+	s.mountAPI(cfg)
+	if err := s.serveHTTP(cfg); err != nil {
+		return nil, err
+	}
+	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redact.DSN(cfg.DB), "devices", s.svc.DeviceCount(),
+		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
+		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "login_rate_per_source", s.svc.Config().LoginSourceRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
+		"operator_token_file", s.tokFile, "secret_file", s.secFile, "log", cfg.Log.URL)
+	return s, nil
+}
+
+// undoStack is Start's one cleanup path: what it started, stopped in the
+// reverse order.
+type undoStack []func()
+
+func (u *undoStack) push(f func()) { *u = append(*u, f) }
+
+func (u undoStack) run() {
+	for i := len(u) - 1; i >= 0; i-- {
+		u[i]()
+	}
+}
+
+// loadSecrets reads or generates the operator token and the device secret,
+// and checks the ones being retired against them.
+func (s *Server) loadSecrets() error {
+	cfg := s.cfg
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
+		return fmt.Errorf("create data dir %s: %w", cfg.DataDir, err)
 	}
 	var err error
 	s.opToken, s.tokFile, err = secretValue(cfg.OperatorToken, filepath.Join(cfg.DataDir, "operator-token"))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sec, secFile, err := secretValue(cfg.Secret, filepath.Join(cfg.DataDir, "secret"))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.secret, s.secFile = []byte(sec), secFile
 	if err := errors.Join(credentialErrs(s.opToken, cfg.PreviousOperatorToken, sec, cfg.PreviousSecret)...); err != nil {
-		return nil, err
+		return err
 	}
 	s.previousLog.Every = time.Minute
 	if cfg.PreviousOperatorToken != "" {
@@ -250,70 +182,27 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.PreviousSecret != "" {
 		s.log.Info("device secret rotation: device tokens of the previous secret (--secret-previous) are accepted beside the new secret's; each use is counted in kettle_previous_credentials_used_total{kind=\"device\"}")
 	}
+	return nil
+}
 
-	reg := cfg.Metrics
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+// loadTLS loads --tls-cert and --tls-key, for HTTP and the MQTT listener.
+func (s *Server) loadTLS(cfg *Config) error {
+	if cfg.TLSCert == "" && cfg.TLSKey == "" {
+		return nil
 	}
-	s.metrics = metrics.New(reg)
-	s.store, err = OpenStore(ctx, cfg.DB, cfg.Store, s.log)
-	if err != nil {
-		return nil, err
+	var err error
+	if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
+		return err
 	}
-	s.metrics.RegisterStore(s.store)
-	registerPool(s.metrics, s.store)
-	if !strings.HasPrefix(cfg.DB, "sqlite:") {
-		// CPU, not commit latency (an fsync is ~65 µs here), bounds the
-		// ingest: a transaction has a fixed cost in PostgreSQL (statements,
-		// commit, and a COPY's set-up, ~1 µs a row at 2,000 rows), so
-		// fewer, larger transactions store more per CPU second.
-		// bench/pg-ab.sh, 2 writers of up to 8,000 rows against 4 of
-		// 2,000: batched uploads stored ×1.2–1.3 rows/s at −25–30%
-		// PostgreSQL CPU per row and lower latency, single readings
-		// ×1.1 req/s at −20% PostgreSQL CPU per request. bench/pg-ingest.sh
-		// with 64 uploading connections (32,000 readings in flight):
-		// PostgreSQL used 5.14 µs CPU a row with batches of up to 8,000,
-		// 4.40 with 16,000 (4.35 with 32,000), as little as the raw COPY
-		// ceiling. At idle nothing waits: a batch is whatever is queued
-		// when a writer is free; its memory is ~100 bytes a reading.
-		if cfg.Ingest.Writers <= 0 {
-			cfg.Ingest.Writers = 2
-		}
-		if cfg.Ingest.BatchRows <= 0 {
-			cfg.Ingest.BatchRows = 16000
-		}
-		if cfg.Ingest.Refresh == 0 {
-			cfg.Ingest.Refresh = 5 * time.Second // other nodes may share the database
-		}
-	}
-	if err := s.startLog(ctx, &cfg, reg); err != nil {
-		s.store.Close()
-		return nil, err
-	}
-	started := false
-	defer func() {
-		if !started {
-			s.closeLog()
-		}
-	}()
-	s.svc, err = fleet.New(ctx, s.store, cfg.Ingest, s.log, cfg.Now, s.metrics.FleetHooks())
-	if err != nil {
-		s.store.Close()
-		return nil, err
-	}
-	s.web = web.New(web.Config{SecureCookie: strings.HasPrefix(cfg.PublicURL, "https://"), OperatorToken: s.opToken, PreviousOperatorToken: cfg.PreviousOperatorToken, OnPreviousToken: func() { s.previousUsed("operator", uuid.Nil) }, Now: cfg.Now}, s.log)
-	if cfg.TLSCert != "" || cfg.TLSKey != "" {
-		if s.tls, err = tlscert.Load(cfg.TLSCert, cfg.TLSKey, s.log, cfg.Now); err != nil {
-			s.svc.Close()
-			s.store.Close()
-			return nil, err
-		}
-		s.metrics.RegisterTLS(s.tls, s.handshakeErrors.Load)
-		cfg.MQTT.TLS = s.tls.Config()
-		cfg.MQTT.TLSHandshakeFailed = func() { s.handshakeErrors.Add(1) }
-	}
-	s.admit = newAdmission(reg, cfg.Shed, cfg.ShedRetryAfter, s.svc.Config().RetryAfter,
-		func() (int, int) { return s.svc.QueueLen(), s.svc.Config().QueueRows })
+	s.metrics.RegisterTLS(s.tls, s.handshakeErrors.Load)
+	cfg.MQTT.TLS = s.tls.Config()
+	cfg.MQTT.TLSHandshakeFailed = func() { s.handshakeErrors.Add(1) }
+	return nil
+}
+
+// startMQTT starts the embedded MQTT listener and the external-broker
+// consumer, each if configured; on an error neither runs.
+func (s *Server) startMQTT(ctx context.Context, cfg *Config) (err error) {
 	if cfg.MQTT.Addr != "" {
 		cfg.MQTT.Shedding = s.admit.shedding.Load // new kettles are refused 0x89 while ingest is shed
 		if cfg.MQTT.MaxConns <= 0 {
@@ -323,30 +212,27 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		cfg.MQTT.PreviousSecret, cfg.MQTT.OnPreviousCredential = []byte(cfg.PreviousSecret), s.previousUsed
 		if s.mqtt, err = mqttapi.Start(ctx, cfg.MQTT, s.svc, s.secret, s.log); err != nil {
-			s.svc.Close()
-			s.store.Close()
-			return nil, fmt.Errorf("mqtt listener on %s: %w", cfg.MQTT.Addr, err)
+			return fmt.Errorf("mqtt listener on %s: %w", cfg.MQTT.Addr, err)
 		}
-	}
-	if s.mqtt != nil {
 		c := s.mqtt.Counters()
 		s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
 	}
-	if cfg.MQTTBroker.BrokerURL != "" {
-		if s.mqttc, err = mqttapi.Consume(ctx, cfg.MQTTBroker, s.svc, s.secret, s.log); err != nil {
-			if s.mqtt != nil {
-				s.mqtt.Close()
-			}
-			s.svc.Close()
-			s.store.Close()
-			return nil, fmt.Errorf("mqtt broker %s: %w", cfg.MQTTBroker.BrokerURL, err)
-		}
-		if s.mqtt == nil {
-			c := s.mqttc.Counters()
-			s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
-		}
+	if cfg.MQTTBroker.BrokerURL == "" {
+		return nil
 	}
-	s.admit.start()
+	if s.mqttc, err = mqttapi.Consume(ctx, cfg.MQTTBroker, s.svc, s.secret, s.log); err != nil {
+		s.closeMQTT()
+		return fmt.Errorf("mqtt broker %s: %w", cfg.MQTTBroker.BrokerURL, err)
+	}
+	if s.mqtt == nil {
+		c := s.mqttc.Counters()
+		s.metrics.RegisterMQTT(func() metrics.MQTTStats { return metrics.MQTTStats(c.Snapshot()) })
+	}
+	return nil
+}
+
+// mountAPI builds the HTTP API, the dashboard and /metrics on it.
+func (s *Server) mountAPI(cfg Config) {
 	s.api = httpapi.New(s.svc, httpapi.Config{OperatorToken: s.opToken, Secret: s.secret,
 		PreviousOperatorToken: cfg.PreviousOperatorToken, PreviousSecret: []byte(cfg.PreviousSecret), OnPreviousCredential: s.previousUsed,
 		OperatorSession: s.web.IsOperator, AdmitIngest: s.admitIngest, PollMaxAge: s.admit.pollMaxAge}, s.log)
@@ -354,14 +240,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.metrics.RegisterFleet(s.svc)
 	s.metrics.RegisterRotation(cfg.PreviousOperatorToken != "", cfg.PreviousSecret != "", s.previousOperator.Load, s.previousDevice.Load, s.devicesOnPreviousSecret)
 	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
+}
 
+// serveHTTP binds cfg.Addr and serves the API on it.
+func (s *Server) serveHTTP(cfg Config) error {
 	l, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		s.admit.close()
-		s.closeMQTT()
-		s.svc.Close()
-		s.store.Close()
-		return nil, fmt.Errorf("listen on %s: %w (is another kettle serve running? choose --addr)", cfg.Addr, err)
+		return fmt.Errorf("listen on %s: %w (is another kettle serve running? choose --addr)", cfg.Addr, err)
 	}
 	s.ln = newLimitListener(l, cfg.MaxConns)
 	s.metrics.RegisterConns(s.ln)
@@ -381,12 +266,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ErrorLog:          log.New(httpErrorLog{s.log, &s.handshakeErrors}, "", 0),
 	}
 	go func() { s.serveErr <- s.http.Serve(ln) }()
-	s.log.Info("kettle serve started", "addr", s.Addr(), "tls", s.tls != nil, "mqtt_addr", s.MQTTAddr(), "mqtt_broker", cfg.MQTTBroker.BrokerURL, "db", redact.DSN(cfg.DB), "devices", s.svc.DeviceCount(),
-		"max_conns", cfg.MaxConns, "shed_latency", cfg.Shed.Latency.String(), "shed_policy", fmt.Sprintf("%+v", s.admit.policy), "ingest_queue", s.svc.Config().QueueRows, "batch_rows", s.svc.Config().BatchRows,
-		"device_rate", s.svc.Config().DeviceRate, "login_rate", s.svc.Config().LoginRate, "login_rate_per_source", s.svc.Config().LoginSourceRate, "max_devices", s.svc.Config().MaxDevices, "prune_unreported", s.svc.Config().PruneUnreported.String(),
-		"operator_token_file", s.tokFile, "secret_file", s.secFile, "log", cfg.Log.URL)
-	started = true
-	return s, nil
+	return nil
 }
 
 // httpErrorLog is net/http's ErrorLog: its lines at warn, except failed TLS

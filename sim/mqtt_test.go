@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -112,9 +113,21 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 	var srv2 *server.Server
 	restarted := make(chan error, 1)
 	go func() {
-		time.Sleep(2500 * time.Millisecond)
+		// The restart once every kettle is connected and the server has
+		// taken two readings a kettle, so each has something acknowledged
+		// before and something to resend after.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			c := srv.MQTTCounters()
+			if c.Connections.Load() == 20 && c.Readings.Load() >= 40 {
+				break
+			}
+			if time.Now().After(deadline) {
+				srv.Close()
+				restarted <- fmt.Errorf("after 20 s the server has %d connections and %d readings, want 20 and 40 before the restart", c.Connections.Load(), c.Readings.Load())
+				return
+			}
+		}
 		srv.Close()
-		time.Sleep(500 * time.Millisecond)
 		var err error
 		srv2, err = server.Start(ctx, cfg)
 		restarted <- err

@@ -54,9 +54,20 @@ type Results struct {
 	// Workers are the lab's workers (kettle swarm --workers), one entry
 	// each: its shard, its fate and its own cost (nil for one process).
 	Workers []WorkerResult `json:"workers,omitempty"`
+	// Faults are the faults injected during the run (chaos nemesis writes
+	// them in afterwards); the report draws each as a band over its charts.
+	Faults []FaultInterval `json:"faults,omitempty"`
 	// Acked is every acknowledged reading (Config.ExportAcked); it travels
 	// to the lab's controller by its own route, never in results.json.
 	Acked []DeviceAcked `json:"-"`
+}
+
+// FaultInterval is one fault in force from Start to End (wall clock).
+type FaultInterval struct {
+	Name  string    `json:"name"`
+	Kind  string    `json:"kind"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
 }
 
 // Params are the run's parameters, as used (after defaults and caps).

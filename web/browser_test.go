@@ -8,9 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,12 +37,8 @@ type fleetUnderTest struct {
 	token map[kettle.DeviceID]string
 }
 
-// startFleet starts the real server on :0. When the server mounts the
-// dashboard itself (the wiring in server.Start), the browser talks to it
-// directly. Until then the test mounts the dashboard on the server's mux and
-// puts a thin front in place of the one line of wiring: requests with a live
-// session reach the API as the operator, exactly what
-// httpapi.Config.OperatorSession = web.IsOperator does.
+// startFleet starts the real server on :0, as kettle serve does, with the
+// dashboard it mounts.
 func startFleet(t *testing.T) *fleetUnderTest {
 	t.Helper()
 	dir := t.TempDir()
@@ -61,27 +54,17 @@ func startFleet(t *testing.T) *fleetUnderTest {
 	t.Cleanup(func() { srv.Close() })
 	f := &fleetUnderTest{srv: srv, url: srv.URL(), token: map[kettle.DeviceID]string{}}
 
+	// server.Start mounts the dashboard and lets its sessions reach the API
+	// as the operator (httpapi.Config.OperatorSession): the browser talks
+	// to the server directly.
 	res, err := http.Get(srv.URL() + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
+	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if strings.HasPrefix(res.Header.Get("Content-Type"), "text/html") {
-		t.Log("server.Start serves the dashboard: testing it directly")
-	} else {
-		w := web.New(web.Config{OperatorToken: srv.OperatorToken()}, nil)
-		w.Mount(srv)
-		target, _ := url.Parse(srv.URL())
-		proxy := httputil.NewSingleHostReverseProxy(target)
-		front := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			if strings.HasPrefix(r.URL.Path, "/v1/") && r.Header.Get("Authorization") == "" && w.IsOperator(r) {
-				r.Header.Set("Authorization", "Bearer "+srv.OperatorToken())
-			}
-			proxy.ServeHTTP(rw, r)
-		}))
-		t.Cleanup(front.Close)
-		f.url = front.URL
-		t.Log("server.Start does not mount the dashboard yet: testing through a front that stands in for httpapi.Config.OperatorSession")
+	if ct := res.Header.Get("Content-Type"); res.StatusCode != 200 || !strings.HasPrefix(ct, "text/html") {
+		t.Fatalf("GET / → %d %s %.200q: server.Start does not serve the dashboard", res.StatusCode, ct, body)
 	}
 
 	// Provision four kettles over the API.

@@ -131,7 +131,7 @@ func runCapacity(ctx context.Context, args []string) error {
 func (f *swarmFlags) registerProtocol(fs *flag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&c.Protocol, "protocol", "http", "transport: http (--api v0 or v1) or mqtt (v1 payloads over MQTT 5, QoS 1, commands by subscription)")
-	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT, loopback only (empty: --target's host, port 1883); with --workers a comma-separated list like --target")
+	fs.StringVar(&c.MQTTTarget, "mqtt-target", "", "--protocol mqtt: the MQTT listener HOST:PORT (loopback, or a host named in --allow-target; empty: --target's host, port 1883); with --workers a comma-separated list like --target")
 	fs.IntVar(&c.MQTTInflight, "mqtt-inflight", 1, "--protocol mqtt: publishes a kettle may have awaiting their PUBACK")
 }
 

@@ -2,11 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/server"
@@ -59,17 +58,12 @@ func runDemo(ctx context.Context, args []string) error {
 	defer logf.Close()
 
 	// Both ends of every connection live in this process: give the server
-	// half of the file descriptors.
+	// half of the file descriptors. Otherwise it is `kettle serve` with
+	// these flags (and the KETTLE_* environment serve reads).
 	half := sim.FDBudget(0) / 2
-	scfg := server.Config{
-		Addr:            "127.0.0.1:0",
-		DB:              "sqlite:" + filepath.Join(dir, "kettle.db"),
-		DataDir:         dir,
-		MaxConns:        half,
-		AccessLogSample: 0,
-		Logger:          slog.New(slog.NewJSONHandler(logf, nil)),
-	}
-	if err := errors.Join(scfg.Validate()...); err != nil {
+	db := "sqlite:" + filepath.Join(dir, "kettle.db")
+	scfg, err := serveConfig([]string{"--data-dir", dir, "--db", db, "--addr", "127.0.0.1:0", "--max-conns", strconv.Itoa(half)}, logf)
+	if err != nil {
 		return err
 	}
 	srv, err := server.Start(ctx, scfg)
@@ -100,8 +94,8 @@ func runDemo(ctx context.Context, args []string) error {
 	runErr := f.run(ctx, os.Stderr)
 
 	fmt.Fprintf(os.Stderr, "  data dir (store, secrets, results.json, serve.log): %s\n", dir)
-	fmt.Fprintf(os.Stderr, "  the same run as two processes:\n    kettle serve --data-dir %s --db sqlite:%s --addr 127.0.0.1:8080 &\n    kettle swarm --target http://127.0.0.1:8080 --data-dir %s --devices %d --interval %s --hatch-rate %g --duration %s --conns %s --out %s\n",
-		dir, filepath.Join(dir, "kettle.db"), dir, c.Devices, c.Interval, c.HatchRate, c.Duration, f.conns, dir)
+	fmt.Fprintf(os.Stderr, "  the same run as two processes:\n    kettle serve --data-dir %s --db %s --addr 127.0.0.1:8080 &\n    kettle swarm --target http://127.0.0.1:8080 --data-dir %s --devices %d --interval %s --hatch-rate %g --duration %s --conns %s --out %s\n",
+		dir, db, dir, c.Devices, c.Interval, c.HatchRate, c.Duration, f.conns, dir)
 	if err := srv.Close(); err != nil && runErr == nil {
 		return fmt.Errorf("stop the in-process server: %w", err)
 	}

@@ -284,4 +284,3 @@ func freeTCP(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
-

@@ -32,9 +32,10 @@ func usage() {
 	fmt.Fprintf(os.Stderr, "kettle — the kettlefleet backend and the lab that proves it\n\nUsage: kettle COMMAND [flags]\n\nCommands:\n")
 	for _, name := range order {
 		if c, ok := subcommands[name]; ok {
-			fmt.Fprintf(os.Stderr, "  %-9s %s\n", name, c.summary)
+			fmt.Fprintf(os.Stderr, "  %-12s %s\n", name, c.summary)
 		}
 	}
+	fmt.Fprintf(os.Stderr, "  %-12s %s\n", "swarm worker", "a worker of the distributed lab: kettle swarm --workers and kettle capacity --workers split their fleet over such processes")
 	fmt.Fprintf(os.Stderr, "\nEvery flag has an environment twin: --ingest-queue ↔ KETTLE_INGEST_QUEUE.\nRun `kettle COMMAND --help` for the flags of one command.\n")
 }
 

@@ -2,12 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -26,7 +32,7 @@ func TestReferenceCurrent(t *testing.T) {
 		t.Fatalf("httpapi/openapi.json: %v", err)
 	}
 	docs := map[string]string{
-		filepath.Join("..", "..", "docs", "configuration.md"): configurationReference(),
+		filepath.Join("..", "..", "docs", "configuration.md"): configurationReference(t),
 		filepath.Join("..", "..", "docs", "api.md"):           api,
 	}
 	for path, want := range docs {
@@ -49,7 +55,7 @@ func TestReferenceCurrent(t *testing.T) {
 // TestEveryFlagDocumented holds every flag to a help line and every
 // command's flags to the env twins parseFlags reads.
 func TestEveryFlagDocumented(t *testing.T) {
-	names, _, sets := FlagSets()
+	names, _, sets := allFlagSets(t)
 	for i, fs := range sets {
 		fs.VisitAll(func(f *flag.Flag) {
 			if strings.TrimSpace(f.Usage) == "" {
@@ -59,9 +65,134 @@ func TestEveryFlagDocumented(t *testing.T) {
 	}
 }
 
+// flagSetNames are the names of every flag set the commands make
+// (newFlagSet("swarm worker", …) in cmd/kettle's source): a subcommand such
+// as "swarm worker" is one, reached as `kettle swarm worker`.
+func flagSetNames(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	fset := token.NewFileSet()
+	for _, file := range files {
+		if strings.HasSuffix(file, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, file, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			if id, ok := call.Fun.(*ast.Ident); !ok || id.Name != "newFlagSet" || len(call.Args) == 0 {
+				return true
+			}
+			lit, ok := call.Args[0].(*ast.BasicLit)
+			if !ok {
+				t.Errorf("%s: newFlagSet's name is not a string literal", fset.Position(call.Pos()))
+				return true
+			}
+			name, _ := strconv.Unquote(lit.Value)
+			names = append(names, name)
+			return true
+		})
+	}
+	return names
+}
+
+// kettleHelp is what `kettle --help` lists: each of the named commands it
+// lists (the longest name a line starts with: "swarm worker" before
+// "swarm"), with its summary.
+func kettleHelp(t *testing.T, names []string) map[string]string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	usage()
+	os.Stderr = stderr
+	w.Close()
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(names, func(i, j int) bool { return len(names[i]) > len(names[j]) })
+	listed := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, name := range names {
+			if rest, ok := strings.CutPrefix(line, "  "+name+" "); ok {
+				listed[name] = strings.TrimSpace(rest)
+				break
+			}
+		}
+	}
+	return listed
+}
+
+// describe is the flag set `kettle name [sub]` parses, without running it.
+func describe(name string, sub ...string) (got *flag.FlagSet) {
+	c, ok := subcommands[name]
+	if !ok {
+		return nil
+	}
+	describeFlags = func(fs *flag.FlagSet) { got = fs }
+	defer func() { describeFlags = nil }()
+	c.run(context.Background(), sub)
+	return got
+}
+
+// allFlagSets is FlagSets and the subcommands' flag sets after their parent
+// (kettle swarm worker after kettle swarm), each with its summary from
+// `kettle --help`; every flag set the source makes must be among them, and
+// every command among the listed ones.
+func allFlagSets(t *testing.T) (names, summaries []string, sets []*flag.FlagSet) {
+	t.Helper()
+	top, tops, topSets := FlagSets()
+	byParent := map[string][]string{}
+	help := kettleHelp(t, flagSetNames(t))
+	for _, n := range flagSetNames(t) {
+		if parent, sub, ok := strings.Cut(n, " "); ok {
+			byParent[parent] = append(byParent[parent], sub)
+		}
+	}
+	for i, name := range top {
+		names, summaries, sets = append(names, name), append(summaries, tops[i]), append(sets, topSets[i])
+		sort.Strings(byParent[name])
+		for _, sub := range byParent[name] {
+			fs := describe(name, sub)
+			if fs == nil || fs.Name() != name+" "+sub {
+				t.Errorf("kettle %s %s: kettle %s does not hand %q to its flag set %q", name, sub, name, sub, name+" "+sub)
+				continue
+			}
+			summary, ok := help[name+" "+sub]
+			if !ok {
+				t.Errorf("kettle --help does not list kettle %s %s", name, sub)
+			}
+			names, summaries, sets = append(names, name+" "+sub), append(summaries, summary), append(sets, fs)
+		}
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		seen[strings.Fields(n)[0]] = true
+	}
+	for _, n := range flagSetNames(t) {
+		if !seen[strings.Fields(n)[0]] {
+			t.Errorf("flag set %q: its command is not in kettle --help", n)
+		}
+	}
+	return names, summaries, sets
+}
+
 // configurationReference is docs/configuration.md: every flag of every
-// command with its environment twin, default and help line.
-func configurationReference() string {
+// command and subcommand with its environment twin, default and help line.
+func configurationReference(t *testing.T) string {
 	var b strings.Builder
 	b.WriteString("# Configuration reference\n\n")
 	b.WriteString("<!-- Generated by `make docs` from the flag sets of cmd/kettle: do not edit. -->\n\n")
@@ -69,9 +200,9 @@ func configurationReference() string {
 	b.WriteString("Every flag has an environment twin (`--ingest-queue` ↔ `KETTLE_INGEST_QUEUE`);\n")
 	b.WriteString("a flag given on the command line wins over its environment variable.\n")
 	b.WriteString("How to use them together: [operations.md](operations.md).\n\n")
-	names, summaries, sets := FlagSets()
+	names, summaries, sets := allFlagSets(t)
 	for i, name := range names {
-		fmt.Fprintf(&b, "- [`kettle %s`](#kettle-%s): %s\n", name, name, summaries[i])
+		fmt.Fprintf(&b, "- [`kettle %s`](#kettle-%s): %s\n", name, strings.ReplaceAll(name, " ", "-"), summaries[i])
 	}
 	for i, name := range names {
 		fmt.Fprintf(&b, "\n## kettle %s\n\n%s.\n\n", name, upperFirst(summaries[i]))

@@ -14,21 +14,20 @@ import (
 
 // logFlags defines kettle serve's readings-log flags (--log, --role, …)
 // and returns --role.
-func logFlags(fs *flag.FlagSet, cfg *server.LogConfig) *string {
-	fs.StringVar(&cfg.URL, "log", "", "readings log between the front and the store: kafka://h1:9092,h2:9092,h3:9092/kettle.readings. Uploads are validated, produced (idempotent, acks=all, key = device id) and acknowledged once the log holds them; --role writer processes store them. Empty: the direct path (ack after the store commit), the default")
-	role := fs.String("role", server.RoleFront, "front: the device API, commands and statistics; writer: with --log, consume the log into --db in large transactions (offsets committed after the store commit) and serve only /metrics, /healthz and /readyz on --addr")
-	fs.IntVar(&cfg.Partitions, "log-partitions", 12, "with --log, when the topic does not exist yet: its partitions (the most writers that share the work); replication factor 3 and min.insync.replicas 2 always")
-	fs.DurationVar(&cfg.Retention, "log-retention", 7*24*time.Hour, "with --log, when the topic does not exist yet: its retention.ms (how long Kafka keeps a record, written or not)")
-	fs.IntVar(&cfg.MaxInflight, "log-max-inflight", 20000, "with --log: readings a front node may have waiting for the log's acknowledgement; past it uploads are answered 503 + Retry-After")
-	fs.DurationVar(&cfg.Timeout, "log-timeout", 10*time.Second, "with --log: how long an upload waits for the log's acknowledgement before it is answered 503 + Retry-After")
-	fs.DurationVar(&cfg.MaxUnwrittenAge, "log-max-unwritten-age", 0, "with --log: while a reading in the log has waited longer than this for a writer, uploads are answered 503 (Retry-After 10× the usual), so nothing reaches the topic's retention unwritten; below the retention (0: half of it)")
-	fs.StringVar(&cfg.Group, "log-group", "kettle-writers", "with --log: the writers' consumer group (fronts watch its lag)")
-	fs.DurationVar(&cfg.MonitorEvery, "log-monitor-every", 5*time.Second, "with --log: how often the writers' lag and the age of the oldest unwritten reading are measured")
-	fs.StringVar(&cfg.CA, "log-ca", "", "with --log: PEM file of the CA the brokers' certificates are checked against (each for the address dialed): the log over TLS; empty: plain TCP")
-	fs.StringVar(&cfg.User, "log-user", "", "with --log: SASL/SCRAM-SHA-512 user at the brokers (fronts and writers each their own: the brokers' ACLs let fronts produce and writers consume); empty: no SASL")
-	fs.StringVar(&cfg.Password, "log-password", "", "with --log-user: its SCRAM password (better --log-password-file)")
+func logFlags(fs *flag.FlagSet, cfg *server.LogConfig, role *string) {
+	fs.StringVar(&cfg.URL, "log", cfg.URL, "readings log between the front and the store: kafka://h1:9092,h2:9092,h3:9092/kettle.readings. Uploads are validated, produced (idempotent, acks=all, key = device id) and acknowledged once the log holds them; --role writer processes store them. Empty: the direct path (ack after the store commit), the default")
+	fs.StringVar(role, "role", server.RoleFront, "front: the device API, commands and statistics; writer: with --log, consume the log into --db in large transactions (offsets committed after the store commit) and serve only /metrics, /healthz and /readyz on --addr")
+	fs.IntVar(&cfg.Partitions, "log-partitions", cfg.Partitions, "with --log, when the topic does not exist yet: its partitions (the most writers that share the work); replication factor 3 and min.insync.replicas 2 always")
+	fs.DurationVar(&cfg.Retention, "log-retention", cfg.Retention, "with --log, when the topic does not exist yet: its retention.ms (how long Kafka keeps a record, written or not)")
+	fs.IntVar(&cfg.MaxInflight, "log-max-inflight", cfg.MaxInflight, "with --log: readings a front node may have waiting for the log's acknowledgement; past it uploads are answered 503 + Retry-After")
+	fs.DurationVar(&cfg.Timeout, "log-timeout", cfg.Timeout, "with --log: how long an upload waits for the log's acknowledgement before it is answered 503 + Retry-After")
+	fs.DurationVar(&cfg.MaxUnwrittenAge, "log-max-unwritten-age", cfg.MaxUnwrittenAge, "with --log: while a reading in the log has waited longer than this for a writer, uploads are answered 503 (Retry-After 10× the usual), so nothing reaches the topic's retention unwritten; below the retention (0: half of it)")
+	fs.StringVar(&cfg.Group, "log-group", cfg.Group, "with --log: the writers' consumer group (fronts watch its lag)")
+	fs.DurationVar(&cfg.MonitorEvery, "log-monitor-every", cfg.MonitorEvery, "with --log: how often the writers' lag and the age of the oldest unwritten reading are measured")
+	fs.StringVar(&cfg.CA, "log-ca", cfg.CA, "with --log: PEM file of the CA the brokers' certificates are checked against (each for the address dialed): the log over TLS; empty: plain TCP")
+	fs.StringVar(&cfg.User, "log-user", cfg.User, "with --log: SASL/SCRAM-SHA-512 user at the brokers (fronts and writers each their own: the brokers' ACLs let fronts produce and writers consume); empty: no SASL")
+	fs.StringVar(&cfg.Password, "log-password", cfg.Password, "with --log-user: its SCRAM password (better --log-password-file)")
 	secretFileVars(fs, "log-password")
-	return role
 }
 
 // runWriter is kettle serve --role writer.

@@ -132,7 +132,7 @@ type swarmFlags struct {
 	auditAfter   string
 	seed         *uint64
 	command      string // the command line, recorded in results.json
-	// System sampling and the report (see runs.go).
+	// System sampling and the report (see instrument, report.go).
 	sample      bool
 	serverPID   int
 	postgresPID int

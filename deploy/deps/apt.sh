@@ -11,3 +11,10 @@ apt_need() {
 	# shellcheck disable=SC2086
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
 }
+
+# apt_missing PKG… prints the packages of the list that are not installed
+# (a leading space before each), for the scripts' --check.
+apt_missing() {
+	local p
+	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || printf ' %s' "$p"; done
+}

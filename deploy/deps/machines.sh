@@ -11,11 +11,18 @@ toxiproxy_version=v2.5.0
 bin=$repo/.deps/bin
 
 pkgs="iproute2 nftables e2fsprogs util-linux mount faketime curl python3"
+stamp=$bin/.toxiproxy-$toxiproxy_version
 . "$(dirname "$0")/apt.sh"
+if [ "${1:-}" = --check ]; then
+	# shellcheck disable=SC2086
+	missing=$(apt_missing $pkgs)
+	[ -z "$missing" ] || { echo "machines.sh: missing$missing"; exit 1; }
+	[ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ] || { echo "machines.sh: toxiproxy-server $toxiproxy_version not in $bin"; exit 1; }
+	exit 0
+fi
 # shellcheck disable=SC2086
 apt_need "machines.sh" $pkgs
 
-stamp=$bin/.toxiproxy-$toxiproxy_version
 if [ -x "$bin/toxiproxy-server" ] && [ -f "$stamp" ]; then
 	echo "machines.sh: toxiproxy-server $toxiproxy_version in $bin"
 	exit 0

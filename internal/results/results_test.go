@@ -3,13 +3,12 @@ package results
 import (
 	"flag"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-var update = flag.Bool("update", false, "write docs/results.md, the README's headline table and docs/operations.md's MQTT nodes per million kettles from bench/results.jsonl (make results)")
+var update = flag.Bool("update", false, "write docs/results.md, the README's headline table, docs/operations.md's MQTT nodes per million kettles and the figures docs/performance.md cites from bench/results.jsonl (make results)")
 
 // TestRenderedResultsCurrent fails when docs/results.md or the README's
 // headline table differ from what bench/results.jsonl renders to.
@@ -40,10 +39,19 @@ func TestRenderedResultsCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("docs/operations.md: %v", err)
 	}
+	perf, err := os.ReadFile(filepath.Join(root, "docs", "performance.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPerf, err := Cite(string(perf), recs, "../bench/results.jsonl")
+	if err != nil {
+		t.Fatalf("docs/performance.md: %v", err)
+	}
 	files := map[string]string{
-		filepath.Join(root, "docs", "results.md"):    Page(recs),
-		filepath.Join(root, "README.md"):             wantReadme,
-		filepath.Join(root, "docs", "operations.md"): wantOps,
+		filepath.Join(root, "docs", "performance.md"): wantPerf,
+		filepath.Join(root, "docs", "results.md"):     Page(recs),
+		filepath.Join(root, "README.md"):              wantReadme,
+		filepath.Join(root, "docs", "operations.md"):  wantOps,
 	}
 	for path, want := range files {
 		if *update {
@@ -110,6 +118,21 @@ func TestLatestAndHeadline(t *testing.T) {
 	if h := Headline(other); h != "swarm 70 us; locust 420 us; ceiling target 140 us; ratio 6" {
 		t.Errorf("Headline with another ratio: %q", h)
 	}
+	// A benchmark's headline is the figure it exists for: ha-sync.sh's upload
+	// p99 with a synchronous standby, then with an asynchronous one, then its
+	// rates, in readings a second (its older records say "s").
+	ha, err := Read(strings.NewReader(`{"bench":"ha-sync.sh","commit":"1","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/ha-sync.sh","figures":[{"name":"sync_single_acked_per_s","value":499,"unit":"s"},{"name":"sync_single_upload_p99_ms","value":30,"unit":"ms"},{"name":"async_single_upload_p99_ms","value":20,"unit":"ms"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := Headline(ha[0]); h != "sync_single_upload_p99_ms 30 ms; async_single_upload_p99_ms 20 ms; sync_single_acked_per_s 499 readings/s" {
+		t.Errorf("ha-sync.sh's headline: %q", h)
+	}
+	for bench, names := range headlines {
+		if _, err := os.Stat(filepath.Join("..", "..", "bench", bench)); err != nil || len(names) == 0 {
+			t.Errorf("headlines[%q]: no such benchmark, or no figures named (%v)", bench, err)
+		}
+	}
 	page := Page(recs)
 	if !strings.Contains(page, "| 2026-11-27 19:00 | b.sh | `3`") || strings.Index(page, "19:00 | b.sh") > strings.Index(page, "18:00 | b.sh") {
 		t.Errorf("history not newest first:\n%s", page)
@@ -119,28 +142,18 @@ func TestLatestAndHeadline(t *testing.T) {
 	}
 }
 
-// TestRecordPy runs bench/record.py, what every bench script records its run
-// with, and reads its line back: the writer and the renderer agree on the
-// record's shape.
-func TestRecordPy(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatal("python3 not found: apt-get install -y python3 (make deps)")
-	}
+// TestRecord writes a run as the bench scripts do (a figures file,
+// Collect, Append) and reads it back: the writer and the renderer agree on
+// the record's shape, and a figure the run did not measure fails the record.
+func TestRecord(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "results.jsonl")
-	figs := filepath.Join(t.TempDir(), "figs")
-	if err := os.WriteFile(figs, []byte("figure from a file=7.5:ms\nratio 0.25\n"), 0o644); err != nil {
+	figs := "figure kettle serve=1234.5:req/s\nfigure from a name=with=7.5:ms\nceiling bare=2000:req/s\nratio 0.25\n"
+	rec, err := Collect(strings.NewReader(figs), "x.sh", "N=1 bench/x.sh", ".")
+	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(py, filepath.Join("..", "..", "bench", "record.py"), "--bench", "x.sh", "--command", "N=1 bench/x.sh",
-		"--figure", "kettle serve=1234.5:req/s", "--figure", "not printed=:ms", "--ceiling", "bare=2000:req/s", "--from", figs)
-	cmd.Env = append(os.Environ(), "KETTLE_RESULTS="+log)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("record.py: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "not printed") {
-		t.Errorf("record.py did not warn of the figure without a value:\n%s", out)
+	if err := Append(log, rec); err != nil {
+		t.Fatal(err)
 	}
 	f, err := os.Open(log)
 	if err != nil {
@@ -156,9 +169,90 @@ func TestRecordPy(t *testing.T) {
 	}
 	r := recs[0]
 	if r.Bench != "x.sh" || r.Command != "N=1 bench/x.sh" || r.Commit == "" || r.Machine.Cores < 1 || r.Machine.LoadAvg == "" ||
-		len(r.Figures) != 2 || r.Figures[0] != (Figure{"kettle serve", 1234.5, "req/s"}) || r.Figures[1] != (Figure{"from a file", 7.5, "ms"}) ||
+		len(r.Figures) != 2 || r.Figures[0] != (Figure{"kettle serve", 1234.5, "req/s"}) || r.Figures[1] != (Figure{"from a name=with", 7.5, "ms"}) ||
 		r.Ceiling == nil || *r.Ceiling != (Figure{"bare", 2000, "req/s"}) || r.Ratio == nil || *r.Ratio != 0.25 {
 		t.Errorf("record read back: %+v", r)
+	}
+
+	bad := func(figs, want string) {
+		t.Helper()
+		_, err := Collect(strings.NewReader(figs), "x.sh", "bench/x.sh", ".")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Collect(%q) = %v, want an error with %q", figs, err, want)
+		}
+	}
+	bad("figure not printed=:ms\n", `"not printed": value "" is not a number`)
+	bad("figure nan=NaN:ms\n", `value "NaN" is not a number`)
+	bad("figure no unit=3\n", "want NAME=VALUE:UNIT")
+	bad("ratio x\nfigure a=1:s\n", `ratio "x"`)
+	bad("printed something else\n", "not a figure, ceiling or ratio line")
+	bad("", "a run without figures is not recorded")
+}
+
+// TestCite renders a document's citations from the log and refuses one
+// that names a line of another benchmark or a figure the record lacks.
+func TestCite(t *testing.T) {
+	log := `{"bench":"a.sh","commit":"1","time_utc":"2026-11-27T18:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/a.sh","figures":[{"name":"kettle","value":90,"unit":"req/s"}],"ceiling":{"name":"bare","value":100,"unit":"req/s"},"ratio":0.9}
+
+{"bench":"b.sh","commit":"2","time_utc":"2026-11-27T19:00:00Z","machine":{"cores":2,"cpu_model":"x","loadavg":"1"},"command":"bench/b.sh","figures":[{"name":"p99, worst","value":12.5,"unit":"ms"}]}`
+	recs, err := Read(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(doc, want, wantErr string) {
+		t.Helper()
+		got, err := Cite(doc, recs, "log.jsonl")
+		if wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), wantErr) {
+				t.Errorf("Cite(%q): error %v, want one with %q", doc, err, wantErr)
+			}
+			return
+		}
+		if err != nil || got != want {
+			t.Errorf("Cite(%q) = %q, %v; want %q", doc, got, err, want)
+		}
+	}
+	f(`holds <!--fig a.sh:1 "kettle"-->old<!--/fig--> of <!--fig a.sh:1 "bare"--><!--/fig-->, <!--fig a.sh:1 "ratio"--><!--/fig-->`,
+		`holds <!--fig a.sh:1 "kettle"-->[90 req/s](log.jsonl#L1)<!--/fig--> of <!--fig a.sh:1 "bare"-->[100 req/s](log.jsonl#L1)<!--/fig-->, <!--fig a.sh:1 "ratio"-->[0.9×](log.jsonl#L1)<!--/fig-->`, "")
+	f(`<!--fig b.sh:3 "p99, worst"--><!--/fig-->`, `<!--fig b.sh:3 "p99, worst"-->[12.5 ms](log.jsonl#L3)<!--/fig-->`, "")
+	f(`<!--fig a.sh:3 "p99, worst"--><!--/fig-->`, "", "line 3 of the log is not a run of a.sh")
+	f(`<!--fig b.sh:2 "p99"--><!--/fig-->`, "", "line 2 of the log is not a run of b.sh")
+	f(`<!--fig b.sh:3 "p50"--><!--/fig-->`, "", "the record has no such figure")
+}
+
+// TestFiguresOf reads the figures of what the scripts run: a swarm's
+// results.json, RESULT lines, a JSON path, the swarm's progress windows.
+func TestFiguresOf(t *testing.T) {
+	swarm := `{"totals":{"endpoints":{"measurement":{"p99_ms":12.5,"per_second":100},"command":{"p99_ms":1,"per_second":99}},"errors":2},"audit":{"lost":0,"duplicated":1}}`
+	got, err := SwarmFigures(strings.NewReader(swarm), "fleet")
+	want := []string{"figure fleet command p99=1:ms", "figure fleet command req/s=99:req/s", "figure fleet measurement p99=12.5:ms",
+		"figure fleet measurement req/s=100:req/s", "figure fleet errors=2:requests", "figure fleet audit lost=0:readings", "figure fleet audit duplicated=1:readings"}
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("SwarmFigures = %q, %v; want %q", got, err, want)
+	}
+	got, err = ResultFigures(strings.NewReader("noise\nRESULT ingest rows_per_s=812.5 p99_ms=3 errors=0 mode=v1\n"), "")
+	want = []string{"figure ingest rows_per_s=812.5:rows/s", "figure ingest p99_ms=3:ms", "figure ingest errors=0:count"}
+	if err != nil || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("ResultFigures = %q, %v; want %q", got, err, want)
+	}
+	var doc any = map[string]any{"holds": 40000.0, "steps": []any{map[string]any{"p99": 2.5}}}
+	jf := func(spec, want string, wantErr bool) {
+		t.Helper()
+		line, _, err := JSONFigure(doc, spec)
+		if line != want || (err != nil) != wantErr {
+			t.Errorf("JSONFigure(%q) = %q, %v; want %q (error %v)", spec, line, err, want, wantErr)
+		}
+	}
+	jf("holds=.holds:kettles", "figure holds=40000:kettles", false)
+	jf("first p99=.steps.0.p99:ms", "figure first p99=2.5:ms", false)
+	jf("breaks=.breaks_at:kettles", "", true)
+	jf("breaks=.breaks_at?:kettles", "", false)
+	log := "[   5s] kettles 10/10 | measurement 2/s p50 1.0ms p99 9.0ms | command 2/s p50 0.5ms p99 1.0ms\n" +
+		"[  10s] kettles 10/10 | measurement 2/s p50 3.0ms p99 4.0ms | command 2/s p50 0.5ms p99 7.0ms\n" +
+		"[  15s] kettles 10/10 | measurement 2/s p50 2.0ms p99 5.0ms | command 2/s p50 0.5ms p99 1.0ms\n"
+	p99, p50, n, err := Windows(strings.NewReader(log), "measurement", 10, -1)
+	if err != nil || p99 != 5 || p50 != 2.5 || n != 2 {
+		t.Errorf("Windows(measurement, from 10 s) = %v %v %d %v; want 5 2.5 2", p99, p50, n, err)
 	}
 }
 

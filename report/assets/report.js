@@ -77,6 +77,15 @@
       t.textContent = (spec.xLabel || (x => x + 's'))(v);
     }
     el('path', {d: `M${m.l},${m.t}V${H - m.b}H${W - m.r}`, fill: 'none'}, ax);
+    // Faults (chaos nemesis) as bands over the time series, each labelled.
+    if (spec.x === T) (D.faults || []).forEach((b, k) => {
+      const a = Math.max(b.t0, x0), z = Math.min(Math.max(b.t1, b.t0 + 1), x1);
+      if (!(z > a)) return;
+      const r = el('rect', {x: X(a), y: m.t, width: Math.max(X(z) - X(a), 1), height: H - m.t - m.b, class: 'band'}, svg);
+      el('title', {}, r).textContent = b.name + ' (' + clock(b.t0) + '–' + clock(b.t1) + ')';
+      const t = el('text', {x: X(a) + 2, y: m.t + 10 + 11 * (k % 3), class: 'band'}, svg);
+      t.textContent = b.kind;
+    });
     for (const h of spec.hlines || []) {
       if (!(h.y <= yt.hi)) continue;
       el('line', {x1: m.l, x2: W - m.r, y1: Y(h.y), y2: Y(h.y), class: 'hline', stroke: h.color || '#b42318'}, svg);

@@ -119,10 +119,10 @@ func writeFindings(e *env, rs []*Result, w func(string, ...any)) {
 				if strings.Contains(row.Detail, "DIED") {
 					item("**An authenticated kettle can crash kettle serve with one 7-byte MQTT packet.** After a valid MQTT 5 CONNECT, the SUBSCRIBE `82 05 00 40 00 00 00` " +
 						"(remaining length 5, ending inside its topic filter) panics in mochi-mqtt v2.7.9 `packets.(*Packet).SubscribeDecode` (packets.go:959, index out of range) " +
-						"on the connection goroutine that `mqttapi/listener.go` starts for `establish`; nothing recovers it, so the process exits and every kettle, HTTP and MQTT, " +
-						"loses its server. Found by `FuzzMQTTPacket` (the input is in `chaos/testdata/crashers/`), reproduced against a real `kettle serve --mqtt-addr` by " +
-						"`go run ./chaos/cmd/chaos badinput`. Fix: recover (log, close the connection) in that goroutine, and report the decoder bug upstream; then move the " +
-						"crasher into `mqttapi/testdata/fuzz/FuzzMQTTPacket/` so `make test` keeps it fixed.\n")
+						"on the goroutine that decodes it, and the recover that should contain it to the connection (`devConn.guard`, mqttapi/device_conn.go) did not: the process exits " +
+						"and every kettle, HTTP and MQTT, loses its server. Found by `FuzzMQTTPacket` (the input is in `chaos/testdata/crashers/`), reproduced against a real " +
+						"`kettle serve --mqtt-addr` by `go run ./chaos/cmd/chaos badinput`. Fix: decode only inside `devConn.guard`, and keep the crasher in " +
+						"`mqttapi/testdata/fuzz/FuzzMQTTPacket/` so `make test` keeps it fixed.\n")
 				}
 			}
 		case "overload":

@@ -114,12 +114,16 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
             active controller killed (each: ≤ 1 s over the usual p99 for 30 foreign kettles), a writer killed
   log-failover  --log on the Patroni topology: kill -9 of the primary and a switchover, 0 non-200 (go test ./ha/, long)
   mqttstorm a node holding 16,000 MQTT kettles takes 16,000 more reconnecting within 10 s: CONNACKs, p99, audit
+  nemesis   a seeded nemesis on the HA topology, 3 seeds × 10 min, then the checker (chaos nemesis --help: --seed, --duration, --faults)
   doc       regenerate docs/reliability.md from OUT/*.json of an earlier run
 
 Flags:
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "nemesis" {
+		os.Exit(nemesisMain(os.Args[2:])) // its own flags: nemesis.go
+	}
 	fs := flag.NewFlagSet("chaos", flag.ExitOnError)
 	out := fs.String("out", "", "results directory (default: ROOT/chaos-results)")
 	doc := fs.String("doc", "", "the generated page (default: ROOT/docs/reliability.md)")

@@ -29,7 +29,7 @@
 # checkpoint storms.
 
 # Every script that sources this one records its run (bench/lib/record.sh).
-. "$(dirname "${BASH_SOURCE[0]}")/lib/record.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 
 PG_SETTINGS=(
 	-c shared_buffers=${PG_SHARED_BUFFERS:-2GB}
@@ -68,7 +68,7 @@ pg_start() {
 	PG_DIR=$(mktemp -d /tmp/pgbench-XXXXXX)
 	[ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
 	PG_BIN=$bin
-	PG_PORT=${PG_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+	PG_PORT=${PG_PORT:-$(free_port)}
 	pg_as "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C >"$PG_DIR/initdb.log" 2>&1 ||
 		{ cat "$PG_DIR/initdb.log" >&2; return 1; }
 	pg_as "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w -t 60 \
@@ -157,11 +157,10 @@ median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2
 # at the top of every run (the load others put on this shared machine).
 machine_line() { echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%Y-%m-%dT%H:%M:%SZ)${1:+ $1}"; }
 # free_port: a free TCP port on 127.0.0.1.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # build_kettle DIR: DIR/kettle, built from the tree or copied from
 # KETTLE_BIN (a prebuilt kettle, e.g. when the working tree has unrelated
 # work in progress).
-build_kettle() { if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$1/kettle"; else go build -o "$1/kettle" ./cmd/kettle; fi; }
+build_kettle() { if [ -n "${KETTLE_BIN:-}" ]; then cp "$KETTLE_BIN" "$1/kettle"; else bench_build "$1/kettle" ./cmd/kettle; fi; }
 
 # ab_start NAME A_BIN B_BIN: for an A/B script, a work dir (work) holding
 # the two binaries as A and B, kpid for the kettle serve it runs (killed at

@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestBenchmarksDocumented fails when a script is missing from
+// docs/benchmarks.md, which says what each measures and how to run it.
+func TestBenchmarksDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "benchmarks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(scripts(t), "lib/pg-cluster.sh") {
+		if !bytes.Contains(doc, []byte("bench/"+s)) {
+			t.Errorf("docs/benchmarks.md does not describe bench/%s", s)
+		}
+	}
+}
+
+// TestMakefileListsChaosParts fails when the Makefile's `make chaos`
+// comment does not name every part of chaos/cmd/chaos (its parts table),
+// or names one that is not there.
+func TestMakefileListsChaosParts(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "chaos", "cmd", "chaos", "main.go"), nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || len(vs.Names) != 1 || vs.Names[0].Name != "parts" || len(vs.Values) != 1 {
+			return true
+		}
+		lit, ok := vs.Values[0].(*ast.CompositeLit)
+		if !ok {
+			t.Fatal("chaos/cmd/chaos: parts is not a composite literal")
+		}
+		for _, e := range lit.Elts {
+			p, ok := e.(*ast.CompositeLit)
+			if !ok || len(p.Elts) == 0 {
+				continue
+			}
+			if s, ok := p.Elts[0].(*ast.BasicLit); ok {
+				name, _ := strconv.Unquote(s.Value)
+				parts = append(parts, name)
+			}
+		}
+		return false
+	})
+	if len(parts) == 0 {
+		t.Fatal("chaos/cmd/chaos/main.go: no parts found")
+	}
+	mk, err := os.ReadFile(filepath.Join("..", "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The comment block right above the chaos target.
+	m := regexp.MustCompile(`(?m)((?:^#.*\n)+)chaos:`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("Makefile: no comment above the chaos target")
+	}
+	listed := map[string]bool{}
+	words := strings.Fields(strings.NewReplacer("#", " ", ",", " ", "|", " ").Replace(string(m[1])))
+	for _, w := range words {
+		listed[w] = true
+	}
+	for _, p := range parts {
+		if !listed[p] {
+			t.Errorf("the Makefile's chaos comment does not name the part %q", p)
+		}
+	}
+	if i := bytes.Index(m[1], []byte("PART one of")); i < 0 {
+		t.Error(`the Makefile's chaos comment has no "PART one of" list`)
+	} else {
+		known := map[string]bool{}
+		for _, p := range parts {
+			known[p] = true
+		}
+		list := string(m[1][i+len("PART one of"):])
+		list = list[:strings.Index(list, "(")]
+		for _, w := range strings.Fields(strings.ReplaceAll(list, "#", " ")) {
+			if !known[w] {
+				t.Errorf("the Makefile's chaos comment names %q, not a part of chaos/cmd/chaos", w)
+			}
+		}
+	}
+}
