@@ -20,6 +20,9 @@ import (
 // and the loss of one and then both standbys.
 func TestHA(t *testing.T) {
 	tp := up(t, 2)
+	if !tlsOff {
+		checkTLS(tp)
+	}
 	metricsExist(t, tp.client(), patroni(1, "/metrics"), "patroni_primary{", "patroni_sync_standby{", "patroni_replica{", "patroni_postgres_timeline{",
 		"patroni_postgres_running{", "patroni_xlog_location{", "patroni_xlog_replayed_location{")
 	metricsExist(t, http.DefaultClient, "http://"+haNet+".30:8404/metrics", `haproxy_backend_active_servers{proxy="kettle_nodes"}`, `haproxy_backend_active_servers{proxy="kettle_nodes_live"}`,

@@ -39,6 +39,7 @@ type topo struct {
 	root string // module root
 	dir  string // KETTLE_HA_DIR
 	bin  string // the kettle binary
+	pw   string // every database role's password
 	env  []string
 }
 
@@ -64,8 +65,8 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp := &topo{t: t, root: root, dir: dir, bin: bin}
 	pw := uuid.NewString()
+	tp := &topo{t: t, root: root, dir: dir, bin: bin, pw: pw}
 	// Reads that tolerate lag go to a standby (--db-read), lag measured.
 	read := fmt.Sprintf("postgres://kettle:%s@%[2]s.11:5432,%[2]s.12:5432,%[2]s.13:5432/kettle?target_session_attrs=prefer-standby&connect_timeout=2&%[3]s", pw, haNet, dsnTLS(dir))
 	tp.env = append(os.Environ(), "KETTLE_HA_NET="+haNet, "KETTLE_HA_DIR="+dir, "KETTLE_BIN="+bin, fmt.Sprintf("KETTLE_HA_NODES=%d", nodes),

@@ -187,7 +187,7 @@ tls_users() {
 scram_args() {
 	local u
 	[ "$tls" = 1 ] || return 0
-	for u in "${users[@]}"; do echo "--add-scram=SCRAM-SHA-512=[name=$u,password=$(cat "$1/users/$u.password")]"; done
+	for u in "${users[@]}"; do printf '%s\n' --add-scram "SCRAM-SHA-512=[name=$u,password=$(cat "$1/users/$u.password")]"; done
 }
 
 # acl DIR ARGS…: AclCommand as admin, again while the cluster is not ready for it.
@@ -226,12 +226,13 @@ java_opts() {
 }
 
 format() {
-	local dir=$1 n=$2 id
+	local dir=$1 n=$2 id scram=()
 	id=$(cat "$dir/cluster.id")
+	mapfile -t scram < <(scram_args "$dir")
 	# A short-lived JVM: the C1 compiler only (starts faster, no C2 threads).
 	# shellcheck disable=SC2046
 	java $(java_opts) -XX:TieredStopAtLevel=1 -cp "$libs/*" kafka.tools.StorageTool format --ignore-formatted \
-		--cluster-id="$id" --config="$dir/node$n/server.properties" $(scram_args "$dir") >"$dir/node$n/format.log" 2>&1 ||
+		--cluster-id="$id" --config="$dir/node$n/server.properties" "${scram[@]}" >"$dir/node$n/format.log" 2>&1 ||
 		{ cat "$dir/node$n/format.log" >&2; die "format node $n failed"; }
 }
 
