@@ -253,9 +253,11 @@ mcurl() {
 	curl $(tls_args) "$@"
 }
 
-# renew_cert MEMBER: a new key and certificate from the same CA, taken up in
-# place: etcd, HAProxy's check and Kafka read theirs at each new connection
-# or on reload; PostgreSQL and Patroni on SIGHUP (patronictl reload).
+# renew_cert MEMBER: a new key and certificate from the same CA, taken up
+# without a restart where the member can: etcd reads its files at each new
+# connection, PostgreSQL and Patroni's REST API on SIGHUP (sent here; on real
+# machines patronictl reload); a Kafka node restarts (kafka.sh renew-cert:
+# the other two serve meanwhile).
 renew_cert() {
 	local m=${1:?usage: renew-cert MEMBER}
 	[ "$TLS" = 1 ] || die "renew-cert: the topology runs without TLS (KETTLE_HA_TLS=0)"
