@@ -7,7 +7,7 @@
 #   etcd × 3        @NET@.1-3      :2379 (clients) :2380 (peers)
 #   Patroni × 3     @NET@.11-13    :8008 (REST) and PostgreSQL :5432
 #   kettle serve×N  @NET@.21-2N    :8080 (HTTP) :1883 (MQTT)
-#   HAProxy         @NET@.30       :8080 (HTTP) :1883 (MQTT) :8404 (/metrics, /stats)
+#   HAProxy         @NET@.30       :8080 (HTTP) :1883 (MQTT) :8443 (HTTPS) :8883 (MQTT over TLS) :8404 (/metrics, /stats)
 #   Kafka × 3       @NET@.41-43    :9092 (brokers) :9093 (controllers) :9094 (fronts, with Toxiproxy)   --log only
 #   writer          @NET@.45       :8080 (kettle serve --role writer)                                 --log only
 #   swarm workers   @NET@.101-1KK  :7070 (kettle swarm worker)                                        `workers K`
@@ -369,6 +369,11 @@ start_haproxy() {
 	alive haproxy && return 0
 	machine haproxy
 	start_toxi haproxy
+	# its TLS frontends' key and certificate, in one file as HAProxy reads them
+	if [ "$TLS" = 1 ]; then
+		tls_cert haproxy root
+		(umask 077; cat "$TLSDIR/haproxy.crt" "$TLSDIR/haproxy.key" >"$TLSDIR/haproxy.pem")
+	fi
 	local n lines=""
 	for n in $(seq 1 "$NODES"); do lines="$lines $n"; done
 	# Each template line holding @N@ is written once per node.

@@ -6,17 +6,22 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kettlefleet/kettlefleet"
 )
 
 // checkTLS holds the topology's links to TLS (docs/security.md): plain TCP
 // refused by PostgreSQL (hostssl only) and by Patroni's REST API, etcd
-// refusing a client without a certificate, every standby streaming over
-// TLS; then renews a standby's certificate (cluster.sh renew-cert) and sees
+// refusing a client without a certificate, kettles served over TLS by the
+// balancer (HTTPS, MQTT), every standby streaming over TLS; then renews a standby's certificate (cluster.sh renew-cert) and sees
 // the member present the new one to a new client, which trusts it through
 // the CA, without a restart.
 func checkTLS(tp *topo) {
@@ -41,6 +46,15 @@ func checkTLS(tp *topo) {
 	if r, err := tp.client().Get(fmt.Sprintf("https://%s.1:2379/health", haNet)); err == nil {
 		r.Body.Close()
 		t.Errorf("etcd answered a client without a certificate: %d", r.StatusCode)
+	}
+	// Kettles over TLS through the balancer: HTTPS on 8443, MQTT on 8883.
+	if r, err := tp.client().Get(fmt.Sprintf("https://%s.30:8443/readyz", haNet)); err != nil || r.StatusCode != 200 {
+		t.Errorf("HTTPS through HAProxy: %v %v", r, err)
+	} else {
+		r.Body.Close()
+	}
+	if err := mqttOverTLS(tp, fmt.Sprintf("%s.30:8883", haNet)); err != nil {
+		t.Errorf("MQTT over TLS through HAProxy: %v", err)
 	}
 	if got := tp.must(10*time.Second, "psql", "-c", "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) WHERE s.ssl"); got != "2" {
 		t.Errorf("standbys streaming over TLS: %s, want 2", got)
@@ -87,6 +101,33 @@ func checkTLS(tp *topo) {
 		t.Errorf("Patroni's REST API of %s serves %s after renew-cert, want the new %s", member, served, after)
 	}
 	tp.waitHealthy(time.Minute)
+}
+
+// mqttOverTLS connects a kettle to addr over TLS (the topology's CA) and
+// returns nil once its CONNECT is accepted.
+func mqttOverTLS(tp *topo, addr string) error {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM([]byte(tp.readFile("tls/ca.crt")))
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{RootCAs: pool})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	id := uuid.New()
+	connect := &packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, Properties: &packets.Properties{}, ClientID: id.String(), CleanStart: true, KeepAlive: 30,
+		UsernameFlag: true, Username: id.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken([]byte(tp.readFile("secret")), id))}
+	if _, err := connect.WriteTo(c); err != nil {
+		return err
+	}
+	cp, err := packets.ReadPacket(c)
+	if err != nil {
+		return fmt.Errorf("connack: %w", err)
+	}
+	if ack, ok := cp.Content.(*packets.Connack); !ok || ack.ReasonCode != 0 {
+		return fmt.Errorf("connect not accepted: %v", cp.Content)
+	}
+	return nil
 }
 
 // serialOf is a PEM certificate's serial number, hex.
