@@ -90,6 +90,8 @@
 #              dial with sslmode=verify-full against the CA
 #   Kafka      (--log) SASL_SSL for clients, SCRAM-SHA-512, one user for the fronts and
 #              one for the writers with ACLs; SSL between brokers (deploy/kafka/kafka.sh)
+#   HAProxy    kettles over TLS on :8443 (HTTPS) and :8883 (MQTT), terminated there;
+#              plain :8080 and :1883 besides; plain to the nodes
 # docs/security.md says which side checks what, and how a certificate is renewed.
 #
 # Environment (defaults in brackets):
