@@ -29,12 +29,17 @@ vet:
 	$(GO) vet $(PKGS)
 	cd deploy/dist && $(GO) mod tidy -diff && $(GO) vet ./...
 
+# deploy/dist (releases, the image, the chart: a module of its own) runs
+# beside the main suite, whose packages wait on servers much of the time.
+# Under -race internal/rawio is syscall.Read/Write: the packages that import
+# it run once more without -race, on the raw system calls they ship.
 test: deps-ensure vet
-	$(GO) test -race -timeout 12m -count=1 $(PKGS)
-# Under -race internal/rawio is syscall.Read/Write: the packages that
-# import it run once more without -race, on the raw system calls they ship.
-	$(GO) test -timeout 5m -count=1 $$($(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' $(PKGS) | awk '/internal\/rawio/ {print $$1}')
-	cd deploy/dist && $(GO) test -timeout 12m -count=1 ./...
+	@mkdir -p .deps; rm -f .deps/dist-test.rc; \
+	( cd deploy/dist && $(GO) test -timeout 20m -count=1 ./... >../../.deps/dist-test.log 2>&1; echo $$? >../../.deps/dist-test.rc ) & \
+	rc=0; $(GO) test -race -timeout 14m -count=1 $(PKGS) || rc=$$?; \
+	$(GO) test -timeout 5m -count=1 $$($(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' $(PKGS) | awk '/internal\/rawio/ {print $$1}') || rc=$$?; \
+	wait; echo "== deploy/dist"; cat .deps/dist-test.log; \
+	[ "$$(cat .deps/dist-test.rc 2>/dev/null)" = 0 ] || rc=1; exit $$rc
 
 test-short: vet
 	$(GO) test -short -count=1 $(PKGS)
@@ -79,7 +84,7 @@ bench: bench-ingest
 # crash outage outage-blackhole overload slow badinput auth failover pause
 # log-outage log-broker log-broker-pause log-controller log-writer
 # log-failover mqttstorm nemesis nem-primary-cut nem-node-cut nem-wal-full
-# nem-broker-disk-full nem-sqlite-disk-full nem-clock nem-worker-cut
+# nem-broker-disk-full nem-sqlite-disk-full nem-clock nem-worker-cut machines bench-smoke
 # (every part of chaos/cmd/chaos; bench/docs_test.go holds this list to it).
 # The seeded nemesis (3 seeds × 10 min on the machines of deploy/cluster.sh)
 # runs here only, its 2-minute form too: the machines' up and down, the
@@ -102,14 +107,18 @@ results:
 	$(GO) test -count=1 -run '^TestRenderedResultsCurrent$$' ./internal/results/ -update
 
 # The README's images, taken in Chromium (make deps) by the browser tests:
-# the report of a recorded demo run (report/testdata) and the dashboard on a
-# real kettle serve; written to docs/img/.
+# the report of a recorded demo run (report/testdata), the comparison of two
+# recorded runs, the dashboard on a real kettle serve and kettle swarm --ui
+# live against one (a shaped run); written to docs/img/.
 SHOTS := .deps/screenshots
 screenshots:
 	rm -rf $(SHOTS)
-	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
+	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^(TestReportInBrowser|TestCompareInBrowser|TestDashboardInBrowser)$$' ./report/ ./web/
+	KETTLE_TEST_OUT=$(CURDIR)/$(SHOTS) $(GO) test -count=1 -run '^TestLiveInBrowser$$' ./cmd/kettle/
 	mkdir -p docs/img
 	cp $(SHOTS)/report.png docs/img/report.png
+	cp $(SHOTS)/compare.png docs/img/compare.png
+	cp $(SHOTS)/live.png docs/img/live.png
 	cp $(SHOTS)/fleet-1280.png docs/img/dashboard.png
 
 # Static binaries for linux/amd64 and linux/arm64, tarballs and SHA256SUMS

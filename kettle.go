@@ -327,6 +327,17 @@ func CheckDayStart(t time.Time) error {
 	return nil
 }
 
+// StoreClock is a store with a clock of its own that every node using it
+// shares (PostgreSQL's clock_timestamp()). A node compares its clock with
+// it: retention, the statistics' reporting window and overrides' expiry are
+// judged by the node's clock, and nodes whose clocks disagree would judge
+// them differently. A store in the node's own process (SQLite) has no
+// second clock and does not implement it.
+type StoreClock interface {
+	// Now is the store's current time.
+	Now(ctx context.Context) (time.Time, error)
+}
+
 // Nodes is implemented by a store that several processes may write at once
 // (PostgreSQL: kettle serve nodes behind one load balancer, kettle seed):
 // each says it is alive, so that a node learns whether anyone else writes

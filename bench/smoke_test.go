@@ -36,6 +36,11 @@ func smokeArgs(script, bins string) []string {
 	return nil
 }
 
+// heavySmoke are the scripts whose smoke run brings up the HA topology or
+// Kafka: over a minute each on two cores, so make test leaves them to make
+// chaos (bench-smoke), which runs every script.
+var heavySmoke = map[string]bool{"ha-sync.sh": true, "sizing.sh": true, "log-vs-direct.sh": true}
+
 // TestBenchSmoke runs every benchmark script in its smoke mode (SMOKE=1:
 // tiny sizes, seconds) and checks that it exits 0 and records one run of
 // itself, into a scratch log: a benchmark that cannot start, or whose record
@@ -62,6 +67,9 @@ func TestBenchSmoke(t *testing.T) {
 	t.Cleanup(func() { t.Logf("every benchmark's smoke run in %s", time.Since(start).Round(time.Second)) })
 	for _, s := range scripts(t) {
 		t.Run(s, func(t *testing.T) {
+			if heavySmoke[s] && os.Getenv("KETTLE_HA_LONG") == "" {
+				t.Skip("KETTLE_HA_LONG: brings up the HA topology or Kafka (a minute and more each); make chaos's bench-smoke part runs it")
+			}
 			t.Parallel()
 			if s == "ha-sync.sh" || s == "sizing.sh" {
 				topology.Lock()

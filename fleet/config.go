@@ -74,6 +74,12 @@ type Config struct {
 	// dropped, not refused) a call would otherwise wait until TCP gives up,
 	// minutes, and every upload with it.
 	StoreTimeout time.Duration
+	// MaxClockSkew bounds how far this node's clock may be from the
+	// store's (kettle.StoreClock: PostgreSQL), measured at start, at every
+	// cache-refresh beat and before every expiry. Past it the node is not
+	// ready, refuses readings with 503 + Retry-After and expires nothing,
+	// until the clocks agree again (clock.go). Negative: not checked.
+	MaxClockSkew time.Duration
 	// Log, when set (kettle serve --log), takes validated readings in
 	// place of the ingest queue and the store (log.go).
 	Log Log
@@ -96,6 +102,7 @@ func DefaultConfig() Config {
 		LoginSourceBurst: 100,
 		MaxDevices:       1_000_000,
 		StoreTimeout:     DefaultStoreTimeout,
+		MaxClockSkew:     DefaultMaxClockSkew,
 	}
 }
 
@@ -103,6 +110,16 @@ func DefaultConfig() Config {
 // longer than any healthy commit of a full batch, short enough that a kettle
 // hears 503 + Retry-After long before its own request times out.
 const DefaultStoreTimeout = 5 * time.Second
+
+// DefaultMaxClockSkew is Config.MaxClockSkew's default (--max-clock-skew):
+// NTP keeps a synchronised host within milliseconds of true time, so 5 s
+// is far past any clock that is being kept, and past the measurement's own
+// error (half a round trip to the database) on any database that answers
+// within --store-timeout; yet it is small against every window the node
+// judges by its clock (the 5-minute reporting window of the statistics, a
+// retention bound of days, overrides' expiry in minutes), so a node within
+// it gets none of them noticeably wrong.
+const DefaultMaxClockSkew = 5 * time.Second
 
 // defaults fills the zero fields that have no meaning of their own with
 // DefaultConfig's values.
@@ -123,5 +140,8 @@ func (c *Config) defaults() {
 		if *f.v <= 0 {
 			*f.v = *f.def
 		}
+	}
+	if c.MaxClockSkew == 0 { // negative is off
+		c.MaxClockSkew = d.MaxClockSkew
 	}
 }

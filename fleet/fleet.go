@@ -48,13 +48,14 @@ type Service struct {
 
 	// One part per concern, each in its own file; they share the
 	// configuration, the clock, the log and the store above.
-	ingestQueue         // ingest.go: the bounded queues, the batchers
-	registry            // registry.go: the device cache, overrides, watchers
-	rateLimits          // ratelimit.go: per-device and login rates
-	cacheRefresh        // refresh.go: merging what other nodes wrote
-	pruning             // prune.go: removing devices that never reported
-	lookups             // lookup.go: credentials this node has not seen yet
-	expiry       expiry // retention.go: expiring old readings
+	ingestQueue             // ingest.go: the bounded queues, the batchers
+	registry                // registry.go: the device cache, overrides, watchers
+	rateLimits              // ratelimit.go: per-device and login rates
+	cacheRefresh            // refresh.go: merging what other nodes wrote
+	pruning                 // prune.go: removing devices that never reported
+	lookups                 // lookup.go: credentials this node has not seen yet
+	expiry       expiry     // retention.go: expiring old readings
+	clock        clockCheck // clock.go: this node's clock against the store's
 }
 
 // New loads every device from the store into memory and starts the batchers.
@@ -112,6 +113,11 @@ func New(ctx context.Context, store kettle.Store, cfg Config, log *slog.Logger, 
 		s.stopRefresh = make(chan struct{})
 		s.refreshDone = make(chan struct{})
 		go s.refresher()
+	}
+	// Before the first expiry, which runs at once: a node started with a
+	// wrong clock must not delete by it.
+	if err := s.CheckClock(ctx); err != nil {
+		s.log.Warn("could not compare this node's clock with the database's; comparing again at the next beat", "err", err)
 	}
 	if cfg.Retention > 0 || cfg.PruneUnreported > 0 {
 		s.startExpirer()

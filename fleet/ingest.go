@@ -71,6 +71,10 @@ func (s *Service) Ingest(ctx context.Context, rows []kettle.Measurement) (stored
 	if len(rows) == 0 {
 		return 0, 0, nil
 	}
+	if err := s.clockErr("readings refused"); err != nil {
+		s.reject("clock_skew", len(rows))
+		return 0, 0, err
+	}
 	if s.cfg.Log != nil {
 		return s.ingestLog(ctx, rows)
 	}

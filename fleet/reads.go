@@ -10,8 +10,13 @@ import (
 // history, readiness) go through the service, never around it: each is
 // bounded by Config.StoreTimeout and its failure mapped by storeErr.
 
-// Statistics is the fleet statistics of q, from the store.
+// Statistics is the fleet statistics of q, from the store. Refused while
+// this node's clock is off the store's: q's reporting window is of its
+// clock (clock.go).
 func (s *Service) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Statistics, error) {
+	if err := s.clockErr("statistics"); err != nil {
+		return kettle.Statistics{}, err
+	}
 	ctx, cancel := s.storeContext(ctx)
 	defer cancel()
 	st, err := s.store.Statistics(ctx, q)
@@ -60,7 +65,8 @@ func (s *Service) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.
 }
 
 // Ping reports whether this node can take uploads (readiness; the error
-// is for the log, readiness has no answer to map): whether the store
+// is for the log, readiness has no answer to map): whether its clock agrees
+// with the store's (clock.go), and whether the store
 // answers within Config.StoreTimeout. With the readings log in front
 // (Config.Log) uploads are acknowledged by the log and the store is the
 // writers' business, so readiness is the log's (its Ping, when it has
@@ -69,6 +75,9 @@ func (s *Service) History(ctx context.Context, q kettle.HistoryQuery) ([]kettle.
 // the balancer refuse every kettle at once, turning the writers' lag into
 // refusals.
 func (s *Service) Ping(ctx context.Context) error {
+	if err := s.clockErr("not ready"); err != nil {
+		return err
+	}
 	ctx, cancel := s.storeContext(ctx)
 	defer cancel()
 	if s.cfg.Log != nil {

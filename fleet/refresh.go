@@ -41,6 +41,9 @@ func (s *Service) refresher() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Refresh)
+			if err := s.CheckClock(ctx); err != nil {
+				s.log.Debug("could not compare this node's clock with the database's", "err", err)
+			}
 			if s.needRefresh(ctx) {
 				if err := s.Refresh(ctx); err != nil {
 					s.log.Warn("device cache refresh failed; polls answer from the last known state", "err", err)

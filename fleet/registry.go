@@ -171,8 +171,12 @@ func (s *Service) Command(id kettle.DeviceID) (kettle.Command, time.Duration) {
 }
 
 // SetOverride stores an override durably, then applies it to the cache so
-// the kettle's next poll sees it.
+// the kettle's next poll sees it. Refused while this node's clock is off
+// the store's: the override's expiry is of its clock (clock.go).
 func (s *Service) SetOverride(ctx context.Context, id kettle.DeviceID, o kettle.Override) error {
+	if err := s.clockErr("set override"); err != nil {
+		return err
+	}
 	ctx, cancel := s.storeContext(ctx)
 	defer cancel()
 	if err := s.store.SetOverride(ctx, id, o); err != nil {

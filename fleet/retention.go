@@ -28,9 +28,16 @@ type ExpiryStats struct {
 }
 
 // Window is the device time a reading must fall in to be accepted now
-// (Oldest set by Config.Retention).
+// (Oldest set by Config.Retention). While this node's clock is past
+// Config.MaxClockSkew from the store's (clock.go) it is judged by the
+// store's clock: a reading it would wrongly call too old is not refused
+// as invalid (an MQTT 3.1.1 kettle's invalid reading is acknowledged and
+// dropped), but waits, like every other, for Ingest's 503.
 func (s *Service) Window() kettle.Window {
 	now := s.now()
+	if s.clock.skewed.Load() {
+		now = now.Add(-time.Duration(s.clock.skew.Load()))
+	}
 	w := kettle.Window{Now: now}
 	if s.cfg.Retention > 0 {
 		w.Oldest = now.Add(-s.cfg.Retention)
@@ -51,6 +58,17 @@ func (s *Service) ExpiryStats() ExpiryStats {
 func (s *Service) Expire(ctx context.Context) (int64, error) {
 	if s.cfg.Retention <= 0 {
 		return 0, fmt.Errorf("expire: no retention configured")
+	}
+	// Expiry deletes by this node's clock: compare it with the store's
+	// right before (a clock stepped since the last beat counts too).
+	if err := s.CheckClock(ctx); err != nil {
+		if ctx.Err() != nil {
+			return 0, err // shutting down: not a failed round
+		}
+		return 0, s.expireFailed(fmt.Errorf("expire: %w", err))
+	}
+	if err := s.clockErr("expiring readings older than the retention window"); err != nil {
+		return 0, s.expireFailed(err)
 	}
 	start := time.Now()
 	before := kettle.ExpireBefore(s.now(), s.cfg.Retention)
@@ -84,6 +102,16 @@ func (s *Service) Expire(ctx context.Context) (int64, error) {
 		s.log.Info("expired readings older than the retention window", "before", before, "removed", n, "took", d.Round(time.Millisecond))
 	}
 	return n, err
+}
+
+// expireFailed counts and logs an expiry that did not run, and returns err.
+func (s *Service) expireFailed(err error) error {
+	s.expiry.mu.Lock()
+	s.expiry.st.Runs++
+	s.expiry.st.Errors++
+	s.expiry.mu.Unlock()
+	s.log.Warn("expiring readings older than the retention window failed; trying again next round", "err", err, "next_in", s.cfg.ExpireEvery)
+	return err
 }
 
 // autoPrune is the housekeeping loop's prune (Config.PruneUnreported).

@@ -5,11 +5,13 @@
 package httpapi
 
 import (
+	"errors"
 	"log/slog"
 	"net/http"
 	"time"
 
 	kettle "github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/fleet"
 	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
@@ -109,6 +111,12 @@ func New(svc Fleet, cfg Config, log *slog.Logger) *API {
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := a.health.Ping(r.Context()); err != nil {
 		id := w.Header().Get(RequestIDHeader)
+		var ke *kettle.Error
+		if errors.Is(err, fleet.ErrClockSkew) && errors.As(err, &ke) {
+			// Logged by the clock check when the clock went off.
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "clock": ke.Public(), "request_id": id})
+			return
+		}
 		if ok, skipped := a.errLog.Allow(time.Now()); ok {
 			a.log.Warn("not ready: the store does not answer", "request_id", id, "err", err, "similar_not_logged_since_last_line", skipped)
 		}

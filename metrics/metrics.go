@@ -39,7 +39,7 @@ var BatchBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 500
 // Rejection reasons of kettle_ingest_rejected_total. Reasons the fleet
 // service reports that are not in this list are counted as "other", so the
 // label stays bounded whatever a future caller passes.
-var RejectReasons = []string{"queue_full", "shutting_down", "store_error", "log", "other"}
+var RejectReasons = []string{"queue_full", "shutting_down", "store_error", "log", "clock_skew", "other"}
 
 // StoreErrorKinds are the values of kettle_store_errors_total's kind label
 // (see ErrorKind).
@@ -109,7 +109,7 @@ func New(reg *prometheus.Registry) *Server {
 		}, []string{"kind"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kettle_ingest_rejected_total",
-			Help: "Readings refused with 503 + Retry-After, by reason: queue_full (the bounded ingest queue), shutting_down, store_error (their transaction failed).",
+			Help: "Readings refused with 503 + Retry-After, by reason: queue_full (the bounded ingest queue), shutting_down, store_error (their transaction failed), log (the readings log refused), clock_skew (this node's clock is past --max-clock-skew from the database's).",
 		}, []string{"reason"}),
 	}
 	// Pre-create every bounded label value so rates and alerts see a zero
@@ -331,6 +331,7 @@ type Fleet interface {
 	Pruned() int64
 	PruneErrors() int64
 	Lookups() fleet.LookupStats
+	ClockSkew() (time.Duration, bool)
 }
 
 var _ Fleet = (*fleet.Service)(nil)
@@ -446,6 +447,14 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_devices_max",
 			Help: "Devices this server registers at most (--max-devices; 0: no bound). Compare with kettle_devices_registered.",
 		}, func() float64 { return float64(f.Config().MaxDevices) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_clock_skew_seconds",
+			Help: "This node's clock minus the database's (PostgreSQL's clock_timestamp()), measured at start, at every cache-refresh beat and before every expiry; 0 on SQLite, which has no clock but the node's. Past kettle_clock_max_skew_seconds either way the node is not ready, refuses readings (503, reason clock_skew) and expires nothing: synchronise its clock (NTP).",
+		}, func() float64 { d, _ := f.ClockSkew(); return d.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kettle_clock_max_skew_seconds",
+			Help: "The most this node's clock may be from the database's before it stops serving (--max-clock-skew; negative: not checked).",
+		}, func() float64 { return f.Config().MaxClockSkew.Seconds() }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_retention_seconds",
 			Help: "How long readings are kept, by device time (--retention); 0: everything is kept.",

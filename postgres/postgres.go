@@ -518,6 +518,18 @@ func (s *Store) Ping(ctx context.Context) error {
 
 var _ kettle.Nodes = (*Store)(nil)
 
+var _ kettle.StoreClock = (*Store)(nil)
+
+// Now is the database server's clock (clock_timestamp(): the time of the
+// call, not of a transaction's start), which every node shares.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t); err != nil {
+		return time.Time{}, unavailable("clock", err)
+	}
+	return t, nil
+}
+
 // appName is the application_name of kettle's connections (unless the DSN
 // names one); legacyAppName that of kettle versions that do not beat.
 const (

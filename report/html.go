@@ -8,13 +8,12 @@ import (
 	"html/template"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
-//go:embed assets/report.html assets/report.css assets/report.js
+//go:embed assets/report.html assets/report.css assets/report.js assets/live.js
 var assets embed.FS
 
 var page = template.Must(template.New("report.html").Funcs(template.FuncMap{
@@ -23,7 +22,10 @@ var page = template.Must(template.New("report.html").Funcs(template.FuncMap{
 }).ParseFS(assets, "assets/report.html"))
 
 // WriteHTML writes the page: one self-contained HTML document.
-func (s *Summary) WriteHTML(w io.Writer) error {
+func (s *Summary) WriteHTML(w io.Writer) error { return s.writeHTML(w, false) }
+
+// writeHTML writes the page, in its live form (live.go) when live is set.
+func (s *Summary) writeHTML(w io.Writer, live bool) error {
 	js, _ := assets.ReadFile("assets/report.js")
 	css, _ := assets.ReadFile("assets/report.css")
 	data, err := json.Marshal(s) // escapes <, > and &: safe inside <script>
@@ -56,13 +58,21 @@ func (s *Summary) WriteHTML(w io.Writer) error {
 	var buf bytes.Buffer
 	err = page.Execute(&buf, map[string]any{
 		"S": s, "JSON": template.JS(data), "JS": template.JS(js), "CSS": template.CSS(css),
-		"Params": params, "Sustain": sustainS,
+		"Params": params, "Sustain": sustainS, "Live": live, "LiveJS": liveJS(live),
 	})
 	if err != nil {
 		return err
 	}
 	_, err = w.Write(buf.Bytes())
 	return err
+}
+
+func liveJS(live bool) template.JS {
+	if !live {
+		return ""
+	}
+	js, _ := assets.ReadFile("assets/live.js")
+	return template.JS(js)
 }
 
 func hatch(r float64) string {
@@ -73,19 +83,7 @@ func hatch(r float64) string {
 }
 
 // WriteFile writes the page to path.
-func (s *Summary) WriteFile(path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	if err := s.WriteHTML(&buf); err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	return nil
-}
+func (s *Summary) WriteFile(path string) error { return writePage(path, "report", s.WriteHTML) }
 
 // WriteJSON writes the summary's JSON to path; the error names the file.
 func (s *Summary) WriteJSON(path string) error {

@@ -3,20 +3,15 @@ package report
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/browsertest"
 
-	"github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/kettlefleet/kettlefleet/sim"
@@ -58,25 +53,7 @@ func TestSummaryGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "demo.summary.golden.json")
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run go test ./report -run Golden -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		gl, wl := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
-		for i := range min(len(gl), len(wl)) {
-			if gl[i] != wl[i] {
-				t.Fatalf("summary differs from %s at line %d:\n got: %s\nwant: %s\n(go test ./report -run Golden -update if intended)", golden, i+1, gl[i], wl[i])
-			}
-		}
-		t.Fatalf("summary differs from %s in length: %d vs %d lines", golden, len(gl), len(wl))
-	}
+	checkGolden(t, filepath.Join("testdata", "demo.summary.golden.json"), got, "Golden")
 	// What the summary must say whatever the golden holds.
 	if len(s.USE) != 8 || s.Verdict.Text == "" || len(s.Series.T) != len(loadRecorded(t).Seconds) {
 		t.Errorf("USE rows %d, verdict %q, %d seconds", len(s.USE), s.Verdict.Text, len(s.Series.T))
@@ -105,12 +82,7 @@ func TestOldResultsReadable(t *testing.T) {
 // draws, the console stays clean, the percentile selector redraws, and a
 // screenshot is kept ($KETTLE_TEST_OUT or a temp dir).
 func TestReportInBrowser(t *testing.T) {
-	out := os.Getenv("KETTLE_TEST_OUT")
-	if out == "" {
-		out = t.TempDir()
-	} else if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := browsertest.OutDir(t)
 	r := loadRecorded(t)
 	plain, err := Build(r, Options{})
 	if err != nil {
@@ -123,47 +95,14 @@ func TestReportInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	bctx := browsertest.New(t, ctx, 1400, 1000)
-	var mu sync.Mutex
-	var problems []string
-	if err := chromedp.Listen(bctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch ev := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning || ev.Type == runtime.ConsoleAPICalledTypeAssert {
-				var args []string
-				for _, a := range ev.Args {
-					args = append(args, string(a.Value)+a.Description)
-				}
-				problems = append(problems, "console."+string(ev.Type)+": "+strings.Join(args, " "))
-			}
-		case *runtime.EventExceptionThrown:
-			d := ev.ExceptionDetails
-			desc := d.Text
-			if d.Exception != nil {
-				desc += " " + d.Exception.Description
-			}
-			problems = append(problems, fmt.Sprintf("exception at line %d: %s", d.LineNumber+1, desc))
-		case *log.EventEntryAdded:
-			if ev.Entry.Level == log.EntryLevelError {
-				problems = append(problems, "browser log: "+ev.Entry.Text+" "+ev.Entry.URL)
-			}
-		}
-	}); err != nil {
-		t.Fatalf("start Chromium: %v", err)
-	}
+	problems := browsertest.Watch(t, bctx)
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	eval := func(expr string, v any) {
-		t.Helper()
-		raw, err := chromedp.Run(bctx, chromedp.Evaluate[[]byte](expr))
-		must(expr, err)
-		must("decode "+expr, json.Unmarshal(raw, v))
-	}
+	eval := func(expr string, v any) { t.Helper(); browsertest.Eval(t, bctx, expr, v) }
 	for _, name := range []string{"report", "capacity-report"} {
 		path := filepath.Join(out, name+".html")
 		must("write", pages[name].WriteFile(path))
@@ -208,10 +147,8 @@ func TestReportInBrowser(t *testing.T) {
 		must("write screenshot", os.WriteFile(filepath.Join(out, name+".png"), png, 0o644))
 		t.Logf("screenshot: %s", filepath.Join(out, name+".png"))
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Errorf("the page complained:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page complained:\n%s", strings.Join(p, "\n"))
 	}
 }
 

@@ -71,6 +71,7 @@ type Summary struct {
 
 	Series   Series    `json:"series"`
 	Faults   []Band    `json:"faults,omitempty"` // drawn over the time-series charts
+	Stages   []Band    `json:"stages,omitempty"` // the load shape's, drawn as the faults are
 	USE      []UseRow  `json:"use"`
 	Verdict  Verdict   `json:"verdict"`
 	Capacity *Capacity `json:"capacity,omitempty"`
@@ -168,7 +169,7 @@ func Build(r *sim.Results, o Options) (*Summary, error) {
 		Sim: SimTotals{LateStarts: r.Totals.LateStarts, MaxLagMs: r.Totals.MaxLagMs, CPUSeconds: r.Totals.CPUSeconds,
 			CPUPer10kPerMin: r.Totals.CPUPer10kKettlesPerMin, MaxRSSBytes: r.Totals.MaxRSSBytes,
 			Readings: r.Totals.Readings, Acked: r.Totals.Acked, Dropped: r.Totals.Dropped, Unacked: r.Totals.Unacked},
-		CPUs: r.Params.GOMAXPROCS, Faults: bands(r),
+		CPUs: r.Params.GOMAXPROCS, Faults: bands(r), Stages: stageBands(r.Params),
 	}
 	if s.Title == "" {
 		s.Title = fmt.Sprintf("kettle swarm: %d kettles, %s", r.Params.Devices, r.Start.UTC().Format("2006-01-02 15:04:05 UTC"))

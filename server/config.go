@@ -66,6 +66,10 @@ type Config struct {
 	Shed           ShedPolicy
 	ShedRetryAfter time.Duration
 
+	// MetricsAddr, when set, is the operators' listener: /metrics is served
+	// there and not on Addr, which kettles (and, behind a balancer, anyone
+	// reaching it) use (--metrics-addr). Empty: /metrics on Addr.
+	MetricsAddr string
 	// PublicURL is where operators reach this node through the balancer
 	// (--public-url); https:// makes the dashboard's cookie Secure even
 	// when the balancer speaks plain HTTP to the node.

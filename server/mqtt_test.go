@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/google/uuid"
 
@@ -63,9 +64,14 @@ func mqttDevice(ctx context.Context, t *testing.T, srv *server.Server, id uuid.U
 }
 
 // mqttDeviceOn sends device id's CONNECT (its token as the password) on conn
-// and waits for a successful CONNACK.
+// and waits for a successful CONNACK. The conn is wrapped in paho's
+// ThreadSafeConn: paho writes a packet in several Writes, and its pinger
+// sends a PINGREQ right after the CONNACK from a goroutine of its own, so
+// over TLS (whose Conn is no sync.Locker and writes each piece as a record)
+// that PINGREQ could land inside the test's first PUBLISH, which the server
+// then rightly refuses (0x99 "body is not valid UTF-8", or a malformed packet).
 func mqttDeviceOn(ctx context.Context, srv *server.Server, conn net.Conn, id uuid.UUID) (*paho.Client, error) {
-	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: id.String()})
+	cl := paho.NewClient(paho.ClientConfig{Conn: packets.NewThreadSafeConn(conn), ClientID: id.String()})
 	ca, err := cl.Connect(ctx, &paho.Connect{
 		ClientID: id.String(), CleanStart: true, KeepAlive: 30,
 		UsernameFlag: true, Username: id.String(),

@@ -60,6 +60,8 @@ type Server struct {
 	// producer is the readings log's (Config.Log), nil without
 	producer *kafka.Producer
 	http     *http.Server
+	ops      *http.Server // --metrics-addr: the operators' listener (nil: none)
+	opsAddr  string
 	ln       *limitListener
 	tls      *tlscert.Reloader
 	// handshakeErrors counts failed TLS handshakes (HTTP and MQTT): a
@@ -133,6 +135,10 @@ func Start(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.admit.start()
 	undo.push(s.admit.close)
 	s.mountAPI(cfg)
+	if err := s.serveMetrics(cfg); err != nil {
+		return nil, err
+	}
+	undo.push(s.closeMetrics)
 	if err := s.serveHTTP(cfg); err != nil {
 		return nil, err
 	}
@@ -239,7 +245,37 @@ func (s *Server) mountAPI(cfg Config) {
 	s.web.Mount(s.api)
 	s.metrics.RegisterFleet(s.svc)
 	s.metrics.RegisterRotation(cfg.PreviousOperatorToken != "", cfg.PreviousSecret != "", s.previousOperator.Load, s.previousDevice.Load, s.devicesOnPreviousSecret)
-	s.api.HandleRoute("GET /metrics", s.metrics.Handler())
+	if cfg.MetricsAddr == "" {
+		s.api.HandleRoute("GET /metrics", s.metrics.Handler())
+	}
+}
+
+// serveMetrics serves /metrics on --metrics-addr, the operators' listener,
+// when one is set.
+func (s *Server) serveMetrics(cfg Config) error {
+	if cfg.MetricsAddr == "" {
+		return nil
+	}
+	l, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics.Handler())
+	s.ops = &http.Server{Handler: mux, ReadHeaderTimeout: cfg.ReadHeaderTimeout, ReadTimeout: cfg.ReadTimeout, WriteTimeout: cfg.WriteTimeout,
+		ErrorLog: log.New(httpErrorLog{s.log, &s.handshakeErrors}, "", 0)}
+	s.opsAddr = l.Addr().String()
+	go s.ops.Serve(l)
+	return nil
+}
+
+// MetricsURL is where /metrics is served: the operators' listener
+// (--metrics-addr) if set, else the API's.
+func (s *Server) MetricsURL() string {
+	if s.ops != nil {
+		return "http://" + s.opsAddr + "/metrics"
+	}
+	return s.URL() + "/metrics"
 }
 
 // serveHTTP binds cfg.Addr and serves the API on it.
@@ -378,6 +414,13 @@ func (s *Server) Routes() []string { return s.api.Routes() }
 // Handle mounts an extra handler on the API mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.api.Handle(pattern, h) }
 
+// closeMetrics stops the operators' listener, if there is one.
+func (s *Server) closeMetrics() {
+	if s.ops != nil {
+		s.ops.Close()
+	}
+}
+
 // Done reports a serve error (nil after Close).
 func (s *Server) Done() <-chan error { return s.serveErr }
 
@@ -394,6 +437,7 @@ func (s *Server) Close() error {
 		defer cancel()
 		s.log.Info("shutting down: no new connections, draining in-flight requests and the ingest queue")
 		err := s.http.Shutdown(ctx)
+		s.closeMetrics()
 		s.admit.close()
 		s.closeMQTT() // before the queue drains: readings handed to ingest get their PUBACK
 		s.svc.Close()

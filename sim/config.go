@@ -63,6 +63,15 @@ type ScheduleConfig struct {
 	Jitter    time.Duration // each send is due at phase + k×Interval ± Jitter
 	HatchRate float64       // kettles started per second; 0 starts all at once with random phases
 	Duration  time.Duration // whole run, hatching included
+	// Stages, if set, shape the fleet over time instead of HatchRate (see
+	// Stage and shape.go): Devices defaults to their peak, Duration to
+	// their sum. Their targets count the whole fleet, also in a lab's shard.
+	Stages []Stage
+	// Rollout, if set, switches a share of the fleet to another batch
+	// size mid-run.
+	Rollout *Rollout
+	// Scenario names the scenario file the shape came from (recorded).
+	Scenario string
 	// Ready, if set, is called once the kettles are set up; it returns the
 	// wall-clock time the run starts (the fleet's common start) and the
 	// run waits until then.
@@ -159,6 +168,12 @@ func (c *Config) defaults() {
 	if c.Interval <= 0 {
 		c.Interval = 30 * time.Second
 	}
+	if len(c.Stages) > 0 {
+		if c.Devices <= 0 {
+			c.Devices = StagesPeak(c.Stages)
+		}
+		c.Duration = max(c.Duration, StagesDuration(c.Stages))
+	}
 	if c.Jitter < 0 || c.Jitter > c.Interval/4 {
 		c.Jitter = c.Interval / 4
 	}
@@ -195,12 +210,14 @@ func (c *Config) Validate() []error {
 	if _, err := CheckTarget(c.Target, c.AllowHosts); err != nil {
 		errs = append(errs, err)
 	}
-	if c.Devices <= 0 {
+	shaped := len(c.Stages) > 0 // then Devices and Duration default to the stages'
+	if c.Devices < 0 || c.Devices == 0 && !shaped {
 		add("--devices must be > 0, got %d", c.Devices)
 	}
-	if c.Duration <= 0 {
+	if c.Duration < 0 || c.Duration == 0 && !shaped {
 		add("--duration must be > 0")
 	}
+	errs = append(errs, c.validateShape()...)
 	switch c.API {
 	case "", "v0", "v1":
 	default:
@@ -250,11 +267,19 @@ func ClientTLS(caPEM []byte, resume bool) (*tls.Config, error) {
 	return c, nil
 }
 
+// PlannedParams is what Results.Params will say of the configuration
+// before the run (what the live view shows while it goes).
+func (c Config) PlannedParams() Params {
+	c.defaults()
+	return c.params()
+}
+
 // params is what Results.Params says of the configuration itself; the
 // swarm and the lab add what their run chose (connections, TLS, protocol).
 func (c *Config) params() Params {
 	return Params{Target: c.Target, API: c.API, Devices: c.Devices, IntervalS: c.Interval.Seconds(),
 		JitterS: c.Jitter.Seconds(), HatchRate: c.HatchRate, DurationS: c.Duration.Seconds(), Batch: c.Batch,
 		TimeoutS: c.Timeout.Seconds(), Seed: c.Seed, GOMAXPROCS: runtime.GOMAXPROCS(0),
-		SLOP99Ms: float64(c.SLOP99) / 1e6, MaxErrorRate: max(c.MaxErrorRate, 0)}
+		SLOP99Ms: float64(c.SLOP99) / 1e6, MaxErrorRate: max(c.MaxErrorRate, 0),
+		Scenario: c.Scenario, Stages: stageMarks(c.Stages), Rollout: rolloutMark(c.Rollout)}
 }

@@ -27,6 +27,10 @@ type transport interface {
 	initKettle(i int, k *kettleState)
 	// fire handles one due event and returns the kettle's next tick.
 	fire(ev event) (event, bool)
+	// join and leave are kettle i joining the fleet in a step at ns, and
+	// leaving it (a shaped fleet, see shape.go).
+	join(i int, k *kettleState, ns int64)
+	leave(i int, k *kettleState)
 	// drain ends the run's exchanges (finished: none is outstanding).
 	drain(finished bool)
 	// close closes every connection.
@@ -120,7 +124,7 @@ func (s *httpTransport) fire(ev event) (event, bool) {
 		if !w.poll {
 			s.st.add(&s.st.pollsDeferred, 1)
 		}
-		w.upload = len(k.pending) >= s.cfg.Batch && ev.at >= k.retryAt
+		w.upload = len(k.pending) >= s.batch(int(ev.k), ev.at) && ev.at >= k.retryAt
 	} else {
 		w.upload = len(k.pending) > 0 && ev.at >= k.retryAt
 	}
@@ -308,7 +312,7 @@ func (s *httpTransport) runWork(i int, k *kettleState, w work, sl *slot) {
 			s.noConn(i, k, w, err)
 			return
 		}
-		defer s.pool.put(i, sl)
+		defer s.release(i, k, sl)
 	}
 	at := w.at
 	if s.cfg.API == "v0" && !k.loggedIn {

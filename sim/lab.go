@@ -270,6 +270,8 @@ type lab struct {
 	cl    *labClient
 	ws    []*labWorker
 	mu    sync.Mutex // the workers' fields while all runs
+	// emitted is the last merged second handed to Config.OnSecond.
+	emitted int
 }
 
 // all runs f on every worker at once and waits for them.
@@ -367,6 +369,7 @@ func (l *lab) follow(ctx context.Context, start time.Time) {
 	interrupted := false
 	for {
 		l.all(func(w *labWorker) { l.status(ctx, w) })
+		l.emitSeconds(false)
 		running := 0
 		for _, w := range l.ws {
 			if w.state == stateLost && w.err != "" {
@@ -383,6 +386,7 @@ func (l *lab) follow(ctx context.Context, start time.Time) {
 			lastProgress = time.Now()
 		}
 		if running == 0 {
+			l.emitSeconds(true)
 			return
 		}
 		if time.Now().After(end) {
@@ -499,7 +503,7 @@ func shardPlans(lc *LabConfig, runID string) []Plan {
 		p := Plan{Run: runID, Target: lc.Targets[i%len(lc.Targets)], Protocol: cfg.Protocol, API: cfg.API,
 			First: i, Stride: w, Devices: n, Fleet: cfg.Devices, Interval: cfg.Interval, Jitter: cfg.Jitter, HatchRate: cfg.HatchRate,
 			Duration: cfg.Duration, Batch: cfg.Batch, Conns: cfg.Conns, MQTTInflight: cfg.MQTTInflight, MQTTKeepAlive: cfg.MQTTKeepAlive,
-			Timeout: cfg.Timeout, Seed: cfg.Seed}
+			Timeout: cfg.Timeout, Seed: cfg.Seed, Stages: cfg.Stages, Rollout: cfg.Rollout}
 		// Each secret goes only where it is used: the device secret to
 		// workers that derive v1 tokens (HTTP v1, MQTT passwords), the
 		// operator token only when there is no secret and they provision

@@ -158,7 +158,7 @@ func (s *mqttTransport) fireMQTT(ev event) (event, bool) {
 		return next, false
 	case evTick:
 		next, hasNext = s.tick(k, ev), true
-		upload = len(k.pending) >= s.cfg.Batch && ev.at >= k.retryAt
+		upload = len(k.pending) >= s.batch(int(ev.k), ev.at) && ev.at >= k.retryAt
 		if k.ticks == 1 && m.state == mqDown {
 			// First tick: the kettle comes online now; its reading goes out
 			// once connected, latency still counted from now.

@@ -97,6 +97,10 @@ type Params struct {
 	// The run's service-level objective, as judged (0: none given).
 	SLOP99Ms     float64 `json:"slo_p99_ms,omitempty"`
 	MaxErrorRate float64 `json:"max_error_rate,omitempty"`
+	// The load shape (kettle swarm --stages, --scenario), if any.
+	Scenario string       `json:"scenario,omitempty"`
+	Stages   []StageMark  `json:"stages,omitempty"`
+	Rollout  *RolloutMark `json:"rollout,omitempty"`
 }
 
 // Endpoint names used as keys below.

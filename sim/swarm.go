@@ -32,6 +32,9 @@ type event struct {
 	at   int64 // ns since start
 	k    int32
 	kind uint8
+	// gen is the kettle's join generation its tick belongs to (a shaped
+	// fleet): a tick left from before the kettle last left is dropped.
+	gen uint16
 }
 
 // When orders the scheduler's heap.
@@ -76,6 +79,13 @@ type kettleState struct {
 	acked    ackLog      // device times of acknowledged readings
 	etag     string      // of the command obeyed
 	mq       *mqttKettle // MQTT kettles only
+	// A shaped fleet (Config.Stages): in the fleet now, and how many
+	// times it joined. Only the dispatcher touches them.
+	active bool
+	gen    uint16
+	// dropConn: it left while its exchange held its connection, which
+	// closes when the exchange ends (k.mu).
+	dropConn bool
 }
 
 // Swarm is one run in progress.
@@ -96,6 +106,7 @@ type Swarm struct {
 	wg       sync.WaitGroup // exchanges outstanding
 	stop     atomic.Bool
 	st       *stats
+	shape    *shape // nil: the fleet hatches (Config.HatchRate) and stays
 	hatched  atomic.Int64
 	busy     atomic.Int64
 	params   Params
@@ -239,10 +250,16 @@ func (s *Swarm) setup(ctx context.Context) error {
 		}
 		s.tr.initKettle(i, k)
 	}
-	// The schedule: every kettle's first tick.
+	// The schedule: every kettle's first tick, or first join.
 	s.heap = make(minheap.Heap[event], 0, cfg.Devices+cfg.Devices/8)
-	for i := range s.kettles {
-		s.heap.Push(event{at: s.kettles[i].phase, k: int32(i)})
+	s.endAt = int64(cfg.Duration)
+	if len(cfg.Stages) > 0 {
+		s.shape = newShape(cfg.Stages)
+		s.shapeSetup()
+	} else {
+		for i := range s.kettles {
+			s.heap.Push(event{at: s.kettles[i].phase, k: int32(i)})
+		}
 	}
 	// Setup's garbage (provisioning answers, token derivation) goes back
 	// to the system before the run: the run's RSS is then the kettles'
@@ -348,6 +365,9 @@ func (s *Swarm) dispatch(ctx context.Context) {
 		next = next[:0]
 		for _, ev := range due {
 			s.st.lag(now - ev.at)
+			if s.shape != nil && !s.shapeFire(ev, &next) {
+				continue
+			}
 			if n, ok := s.tr.fire(ev); ok {
 				next = append(next, n)
 			}
@@ -379,8 +399,8 @@ func (s *Swarm) dispatch(ctx context.Context) {
 // oldest is dropped past maxPending) and returns its next tick. The caller
 // holds k.mu. Shared by the HTTP and MQTT paths.
 func (s *Swarm) tick(k *kettleState, ev event) event {
-	if k.ticks == 0 {
-		s.hatched.Add(1)
+	if k.ticks == 0 && s.shape == nil {
+		s.hatched.Add(1) // a shaped fleet counts its joins
 	}
 	k.model.Step(&k.rng, s.tickTime(k, ev.at))
 	if len(k.pending) >= maxPending {
@@ -395,7 +415,7 @@ func (s *Swarm) tick(k *kettleState, ev event) event {
 	if s.cfg.Jitter > 0 {
 		j = int64((2*k.rng.Float64() - 1) * float64(s.cfg.Jitter))
 	}
-	return event{at: k.phase + int64(k.ticks)*int64(s.cfg.Interval) + j, k: ev.k}
+	return event{at: k.phase + int64(k.ticks)*int64(s.cfg.Interval) + j, k: ev.k, gen: ev.gen}
 }
 
 // tickTime is the device time of a reading due at ns: its intended time, but

@@ -63,6 +63,10 @@ type Plan struct {
 	MQTTKeepAlive time.Duration `json:"mqtt_keepalive_ns,omitempty"`
 	Timeout       time.Duration `json:"timeout_ns"`
 	Seed          uint64        `json:"seed"`
+	// The fleet's load shape: the whole fleet's, each shard's kettles
+	// joining and leaving by their index in it.
+	Stages  []Stage  `json:"stages,omitempty"`
+	Rollout *Rollout `json:"rollout,omitempty"`
 	// Secret derives device tokens offline; Operator provisions them (one of
 	// the two). The control channel carries them: keep it on a network you
 	// trust, or loopback.
@@ -85,6 +89,9 @@ func (p *Plan) validate(w *WorkerConfig) error {
 	}
 	if p.Duration <= 0 || p.Duration > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("duration %s: want (0, 24h]", p.Duration))
+	}
+	if len(p.Stages) > maxStages {
+		errs = append(errs, fmt.Errorf("stages: %d, want at most %d", len(p.Stages), maxStages))
 	}
 	if _, err := CheckTarget(p.Target, w.AllowHosts); err != nil {
 		errs = append(errs, fmt.Errorf("this worker %w (kettle swarm worker --allow-target names a host it may load)", err))
@@ -120,7 +127,7 @@ func (p *Plan) config(w *WorkerConfig) Config {
 	return Config{
 		TargetConfig:    TargetConfig{Target: p.Target, TLS: tlsCfg, Secret: p.Secret, Operator: p.Operator, AllowHosts: w.AllowHosts},
 		FleetConfig:     FleetConfig{First: p.First, Stride: p.Stride, Devices: p.Devices, Seed: p.Seed},
-		ScheduleConfig:  ScheduleConfig{Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate, Duration: p.Duration},
+		ScheduleConfig:  ScheduleConfig{Interval: p.Interval, Jitter: p.Jitter, HatchRate: p.HatchRate, Duration: p.Duration, Stages: p.Stages, Rollout: p.Rollout},
 		TransportConfig: TransportConfig{Protocol: p.Protocol, MQTTTarget: p.MQTTTarget, API: p.API, Batch: p.Batch, Conns: p.Conns, MQTTInflight: p.MQTTInflight, MQTTKeepAlive: p.MQTTKeepAlive, Timeout: p.Timeout, SourceAddrs: w.SourceAddrs, ReserveFDs: w.ReserveFDs},
 		AuditConfig:     AuditConfig{NoAudit: true, ExportAcked: true},
 		OutputConfig:    OutputConfig{Log: w.Log},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -191,6 +192,16 @@ func (s *Sampler) Series() *Series {
 		c.Missing = append(c.Missing, "metrics (the server's /metrics never answered)")
 	}
 	return &c
+}
+
+// Since returns a copy of the samples taken after t (the live view asks
+// for the last few seconds each second, not the whole run).
+func (s *Sampler) Since(t time.Time) (cpus int, samples []Sample) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := s.series.Samples
+	i := sort.Search(len(all), func(i int) bool { return all[i].Time.After(t) })
+	return s.series.CPUs, append([]Sample(nil), all[i:]...)
 }
 
 // sample reads everything once; keep records it (false: baseline only).

@@ -187,12 +187,7 @@ func (b *browserEvents) listen(ev any) {
 func TestDashboardInBrowser(t *testing.T) {
 	start := time.Now()
 	f := startFleet(t)
-	out := os.Getenv("KETTLE_TEST_OUT")
-	if out == "" {
-		out = t.TempDir()
-	} else if err := os.MkdirAll(out, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	out := browsertest.OutDir(t)
 	t.Logf("screenshots in %s", out)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)

@@ -31,7 +31,7 @@ func node(t *testing.T, dsn string, t0 time.Time, skew time.Duration, retention 
 	t.Helper()
 	start := time.Now()
 	srv, err := server.Start(context.Background(), server.Config{Addr: "127.0.0.1:0", DB: dsn, DataDir: t.TempDir(),
-		OperatorToken: "op", Secret: "s", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OperatorToken: opToken, Secret: secret, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Now:    func() time.Time { return t0.Add(time.Since(start) + skew) },
 		Ingest: fleet.Config{Retention: retention}})
 	if err != nil {
@@ -39,6 +39,17 @@ func node(t *testing.T, dsn string, t0 time.Time, skew time.Duration, retention 
 	}
 	t.Cleanup(func() { srv.Close() })
 	return srv.URL()
+}
+
+func get(t *testing.T, url string) (string, int) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.StatusCode
 }
 
 func do(t *testing.T, method, url string, hdr map[string]string, body string, out any) int {
@@ -84,27 +95,70 @@ func TestNodeClockSkew(t *testing.T) {
 	}
 }
 
+const (
+	secret  = "clock-test-device-secret"
+	opToken = "clock-test-operator-token"
+)
+
 func testClockSkew(t *testing.T, skew time.Duration) {
 	dsn := pgtest.Start(t)
-	// The true clock at 23:30 UTC, 30 days of retention: the oldest
-	// reading kept is one of 23:30 thirty days ago, whose day is not over
-	// until midnight — the hour a skewed clock gets wrong.
-	t0 := time.Date(2026, 11, 28, 23, 30, 0, 0, time.UTC)
+	// The true clock (the database's), 30 days of retention.
+	t0 := time.Now().UTC()
 	const keep = 30 * 24 * time.Hour
 	good := node(t, dsn, t0, 0, keep)
-	op := map[string]string{"Authorization": "Bearer op"}
+	op := map[string]string{"Authorization": "Bearer " + opToken}
 	dev := uuid.New()
-	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte("s"), dev)}
+	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte(secret), dev)}
 	// Inside the true window by 10 minutes.
 	oldest := t0.Add(-keep + 10*time.Minute)
 	if c := do(t, "POST", good+"/v1/measurements", tok, reading(oldest, 61), nil); c != 200 {
 		t.Fatalf("a reading 10 minutes inside retention, on the true clock: %d", c)
 	}
 	skewed := node(t, dsn, t0, skew, keep)
-	var ready struct{ Status string }
-	if c := do(t, "GET", skewed+"/readyz", nil, "", &ready); c != 200 {
-		t.Logf("the node %s off says not ready (%d): it refuses to serve", skew, c)
-		return // refusing is an allowed answer; the rest is for nodes that serve
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	kept := func() {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM measurements WHERE device = $1 AND t = $2`, dev, oldest).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("retention: the reading of %s (inside the 30 days by 10 minutes) is gone after a node %s off started", oldest.Format(time.RFC3339), skew)
+		}
+	}
+	inside := t0.Add(-keep + 30*time.Minute)
+	if b, c := get(t, skewed+"/readyz"); c != 200 {
+		// Refusing is an allowed answer, if it is clear and whole: not
+		// ready, saying why; readings refused for a retry elsewhere (never
+		// a 400 by the wrong clock); statistics refused; nothing expired.
+		t.Logf("figure: the node %s off says not ready (%d): %s", skew, c, strings.TrimSpace(b))
+		if !strings.Contains(b, "clock") {
+			t.Errorf("/readyz of the node %s off does not say its clock is the reason: %s", skew, b)
+		}
+		req, _ := http.NewRequest("POST", skewed+"/v1/measurements", strings.NewReader(reading(inside, 62)))
+		req.Header.Set("Authorization", tok["Authorization"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Logf("figure: a reading 30 minutes inside retention, to the node %s off: %d Retry-After %q %s", skew, resp.StatusCode, resp.Header.Get("Retry-After"), strings.TrimSpace(string(body)))
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("a reading 30 minutes inside retention, to the node %s off: %d, want 503 + Retry-After", skew, resp.StatusCode)
+		}
+		if c := do(t, "GET", skewed+"/v1/statistics", op, "", nil); c != 503 {
+			t.Errorf("statistics from the node %s off: %d, want 503", skew, c)
+		}
+		if c := do(t, "POST", good+"/v1/measurements", tok, reading(inside, 62), nil); c != 200 {
+			t.Errorf("the same reading to the node on time: %d", c)
+		}
+		kept()
+		return
 	}
 
 	// Credentials: a v1 token and a v0 login work on both nodes.
@@ -167,19 +221,8 @@ func testClockSkew(t *testing.T, skew time.Duration) {
 	// Retention: the node off by an hour expires (at its start, above) and
 	// refuses by its own clock. The reading 10 minutes inside the true
 	// window must still be stored, and one 30 minutes inside accepted.
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	var n int
-	if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM measurements WHERE device = $1 AND t = $2`, dev, oldest).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
-		t.Errorf("retention: the reading of %s (inside the 30 days by 10 minutes) is gone after a node %s off started", oldest.Format(time.RFC3339), skew)
-	}
-	if c := do(t, "POST", skewed+"/v1/measurements", tok, reading(t0.Add(-keep+30*time.Minute), 62), nil); c != 200 {
+	kept()
+	if c := do(t, "POST", skewed+"/v1/measurements", tok, reading(inside, 62), nil); c != 200 {
 		t.Errorf("retention: a reading 30 minutes inside the 30 days, refused by the node %s off: %d", skew, c)
 	}
 }

@@ -24,9 +24,9 @@ func TestStatisticsAgainstRows(t *testing.T) {
 	dsn := pgtest.Start(t)
 	now := time.Now().UTC()
 	u := node(t, dsn, now, 0, 0)
-	op := map[string]string{"Authorization": "Bearer op"}
+	op := map[string]string{"Authorization": "Bearer " + opToken}
 	for d := range 4 {
-		tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte("s"), uuid.New())}
+		tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte(secret), uuid.New())}
 		for i := range 6 {
 			at := now.Add(-time.Duration(d*5+i) * 47 * time.Minute)
 			if c := do(t, "POST", u+"/v1/measurements", tok, reading(at, 40+float64(d*7+i)), nil); c != 200 {
@@ -36,7 +36,7 @@ func TestStatisticsAgainstRows(t *testing.T) {
 	}
 	check := func() nemesis.Check {
 		t.Helper()
-		served, err := nemesis.ServedStats(t.Context(), u, "op")
+		served, err := nemesis.ServedStats(t.Context(), u, opToken)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestStatisticsAgainstRows(t *testing.T) {
 func TestMembersOfOneDatabase(t *testing.T) {
 	dsn := pgtest.Start(t)
 	u := node(t, dsn, time.Now(), 0, 0)
-	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte("s"), uuid.New())}
+	tok := map[string]string{"Authorization": "Bearer " + kettle.DeviceToken([]byte(secret), uuid.New())}
 	do(t, "POST", u+"/v1/measurements", tok, reading(time.Now().Add(-time.Minute), 55), nil)
 	a, b := nemesis.ReadMember(t.Context(), "a", dsn), nemesis.ReadMember(t.Context(), "b", dsn)
 	if a.Err != "" || a.Rows != 1 || len(a.Checksum) != 32 || a.Checksum != b.Checksum {
@@ -99,7 +99,7 @@ func TestMemberDSNs(t *testing.T) {
 func TestOverrideDriver(t *testing.T) {
 	dsn := pgtest.Start(t)
 	u := node(t, dsn, time.Now(), 0, 0)
-	d, err := nemesis.StartOverrides(t.Context(), u, "op", 3, 100*time.Millisecond)
+	d, err := nemesis.StartOverrides(t.Context(), u, opToken, 3, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestOverrideDriver(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatal("no override acknowledged in 10 s")
 		}
-		if c := do(t, "GET", u+"/v1/devices?limit=10", map[string]string{"Authorization": "Bearer op"}, "", nil); c == 200 {
+		if c := do(t, "GET", u+"/v1/devices?limit=10", map[string]string{"Authorization": "Bearer " + opToken}, "", nil); c == 200 {
 			time.Sleep(time.Second)
 			break
 		}
@@ -132,7 +132,7 @@ func TestOverrideDriver(t *testing.T) {
 	defer fake.Close()
 	defer func(w time.Duration) { nemesis.OverrideMaxWait = w }(nemesis.OverrideMaxWait)
 	nemesis.OverrideMaxWait = 2 * time.Second
-	d, err = nemesis.StartOverrides(t.Context(), fake.URL, "op", 1, 100*time.Millisecond)
+	d, err = nemesis.StartOverrides(t.Context(), fake.URL, opToken, 1, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}

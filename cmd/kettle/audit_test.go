@@ -1,19 +1,12 @@
 package main_test
 
 import (
-	"context"
-	"errors"
-	"io"
-	"log/slog"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/liar"
-	"github.com/kettlefleet/kettlefleet/server"
 )
 
 // TestSwarmAuditCanFail runs the kettle binary against a real server behind
@@ -21,35 +14,15 @@ import (
 // status: acknowledged but not stored → 3 naming the reading, stored twice
 // → 4; no operator token → "audit: skipped" and 1 unless --audit=false.
 func TestSwarmAuditCanFail(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv, _ := startSQLite(t)
 	secret := string(srv.Secret())
 
 	// run runs kettle swarm through p and returns its exit status and output.
 	run := func(p *liar.Proxy, extra ...string) (int, string) {
 		t.Helper()
-		args := append([]string{"swarm", "--target", p.URL(), "--secret", secret,
+		return runKettle(t, append([]string{"swarm", "--target", p.URL(), "--secret", secret,
 			"--devices", "5", "--interval", "200ms", "--jitter", "20ms", "--duration", "2s",
-			"--slo-p99", "0", "--max-error-rate", "-1", "--sample=false", "--report=false"}, extra...)
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, kettleBin, args...).CombinedOutput()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			return 0, string(out)
-		case errors.As(err, &ee):
-			return ee.ExitCode(), string(out)
-		}
-		t.Fatalf("kettle swarm: %v\n%s", err, out)
-		return -1, ""
+			"--slo-p99", "0", "--max-error-rate", "-1", "--sample=false", "--report=false"}, extra...)...)
 	}
 	op := "--operator-token=" + srv.OperatorToken()
 	f := func(p *liar.Proxy, extra []string, wantCode int, wantText ...string) string {

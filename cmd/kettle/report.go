@@ -43,7 +43,13 @@ otherwise it says what broke and, for failures, their kinds (http_401, …).
 kettle swarm --out DIR and kettle demo write DIR/report.html themselves.
 --system FILE uses system samples recorded elsewhere (sysstat.Series JSON,
 e.g. by the server sampling itself) in place of the results' own.
---json also writes the report's summary as JSON (what the page shows).`
+--json also writes the report's summary as JSON (what the page shows).
+
+With --baseline the comparison's page and JSON go next to the report
+(compare.html, compare.json): kettle report --baseline A/results.json
+B/results.json. Its SLO checks (--junit) are the run's own (slo_p99_ms,
+max_error_rate in its params; 0.001 when the run had no error gate).
+` + ciDoc
 
 func runReport(ctx context.Context, args []string) error {
 	fs := newFlagSet("report", "RESULTS.json [-o report.html]", reportDoc)
@@ -51,6 +57,8 @@ func runReport(ctx context.Context, args []string) error {
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
 	title := fs.String("title", "", "page title (default: kettles and start time)")
 	system := fs.String("system", "", "system samples to use instead of the results' own (e.g. written by a server sampling itself)")
+	var ci ciFlags
+	ci.register(fs)
 	// The results file may come before or after the flags.
 	var path string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -63,8 +71,16 @@ func runReport(ctx context.Context, args []string) error {
 		return err
 	}
 	if path == "" && fs.NArg() > 0 {
+		// Flags may follow the results file too (--baseline A B --junit F).
 		path = fs.Arg(0)
-	} else if fs.NArg() > 0 {
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+		if err := flagsFromEnv(fs); err != nil {
+			return err
+		}
+	}
+	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if path == "" {
@@ -76,6 +92,9 @@ func runReport(ctx context.Context, args []string) error {
 	}
 	if *out == "" {
 		*out = filepath.Join(filepath.Dir(path), "report.html")
+	}
+	if err := ci.validate(); err != nil {
+		return err
 	}
 	r, err := sim.ReadResults(path)
 	if err != nil {
@@ -99,7 +118,11 @@ func runReport(ctx context.Context, args []string) error {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "verdict: %s\nreport: %s\n", s.Verdict.Text, *out)
-	return nil
+	maxErr := r.Params.MaxErrorRate
+	if maxErr == 0 {
+		maxErr = 0.001 // kettle swarm's default gate
+	}
+	return ci.apply(ctx, r, path, filepath.Dir(*out), report.Checks(r, r.Params.SLOP99Ms, maxErr), os.Stderr)
 }
 
 // instrument starts what watches a run besides the simulator itself: the
@@ -141,9 +164,10 @@ func (f *swarmFlags) instrument(ctx context.Context) (stop func() *sysstat.Serie
 			cfg.Client = &http.Client{Timeout: 800 * time.Millisecond, Transport: &http.Transport{TLSClientConfig: f.cfg.TLS}}
 		}
 		smp, err = sysstat.Start(ctx, cfg)
+		f.sampler = smp
 		if err != nil {
 			fmt.Fprintf(w, "swarm: system not sampled: %v\n", err)
-			smp = nil
+			smp, f.sampler = nil, nil
 		} else if pid > 0 {
 			fmt.Fprintf(w, "swarm: sampling server pid %d, PostgreSQL, the simulator and the machine each second\n", pid)
 		}

@@ -121,7 +121,7 @@ func runServe(ctx context.Context, args []string) error {
 // sampleServer is --sample: system samples every second, written to
 // <data-dir>/system.json by stop.
 func sampleServer(ctx context.Context, srv *server.Server, dataDir string, log *slog.Logger) (stop func(), err error) {
-	smp, err := sysstat.Start(ctx, sysstat.Config{ServerPID: os.Getpid(), SimulatorPID: -1, MetricsURL: srv.URL() + "/metrics"})
+	smp, err := sysstat.Start(ctx, sysstat.Config{ServerPID: os.Getpid(), SimulatorPID: -1, MetricsURL: srv.MetricsURL()})
 	if err != nil {
 		return nil, fmt.Errorf("--sample: %w", err)
 	}

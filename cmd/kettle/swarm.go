@@ -10,11 +10,13 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/report"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
@@ -72,6 +74,19 @@ workers' histograms merged exactly, each worker's CPU, RSS and lag beside)
 and audited once; a worker lost mid-run is marked with its share and the
 run still ends with its report (exit 1). See docs/operations.md.
 
+Load shapes: --stages 2m:20000,5m:20000,30s:40000,5m:40000 gives the fleet a
+size over time (linear between points from 0; a 0s stage is a step): kettles
+join in index order as it grows and the last to join leave first, switched
+off (connection closed, readings kept) until they join again; one joining in
+a step after the start sends at that instant (a power cut's reconnect storm).
+--scenario FILE reads stages and a firmware rollout from YAML or JSON
+(contrib/scenarios; docs/operations.md, "Load shapes").
+
+Live view: --ui 127.0.0.1:9102 serves the report page while the run goes,
+fed every second (server-sent events), with a button that stops the run as
+an interrupt does (audit, results and report still written). Off loopback
+it needs --ui-token-file.
+
 Only this machine can be loaded: --target must be 127.0.0.0/8, ::1 or
 localhost, unless the operator names a host exactly in --allow-target (and
 each worker in its own --allow-target). Connections: --conns per-device (one keep-alive connection per
@@ -107,7 +122,9 @@ Exit status:
   3  audit: acknowledged readings lost
   4  audit: acknowledged readings stored more than once
   5  SLO breached: a p99 above --slo-p99 or an error rate above --max-error-rate
-A failure prints one line saying why.`
+  6  compared with --baseline, a figure regressed
+A failure prints one line saying why.
+` + ciDoc
 
 // Exit codes of kettle swarm (and kettle demo).
 const (
@@ -149,6 +166,9 @@ type swarmFlags struct {
 	workerKey   string   // --worker-key
 	targets     []string // --target split (several server nodes)
 	mqttTargets []string
+	ci          ciFlags // --baseline, --junit, --remote-write (see ci.go)
+	shapeFlags          // --stages, --scenario (swarm_shape.go)
+	liveFlags           // --ui (swarm_live.go)
 }
 
 // register adds the flags of a run (shared by swarm and demo).
@@ -230,7 +250,13 @@ func runSwarm(ctx context.Context, args []string) error {
 	f.register(fs, 1000, time.Minute, 0, "per-device")
 	f.registerTarget(fs)
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve Go's pprof profiles of the swarm itself on this address, e.g. 127.0.0.1:6062 (empty: off)")
+	f.ci.register(fs)
+	f.registerShape(fs)
+	f.registerLive(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := f.resolveShape(fs); err != nil {
 		return err
 	}
 	if f.debugAddr != "" {
@@ -244,6 +270,9 @@ func runSwarm(ctx context.Context, args []string) error {
 		return err
 	}
 	if err := f.validate(); err != nil {
+		return err
+	}
+	if err := f.ci.validate(); err != nil {
 		return err
 	}
 	f.command = commandLine("swarm", args)
@@ -350,11 +379,18 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 			c.Devices, c.Target, c.API, c.Interval, c.HatchRate, c.Duration)
 	}
 	f.log = w
+	f.describeShape(w)
 	stop, err := f.instrument(ctx)
 	if err != nil {
 		return err
 	}
+	ctx, endLive, err := f.startLive(ctx)
+	if err != nil {
+		stop()
+		return err
+	}
 	res, err := f.runOnce(ctx)
+	defer endLive(res, err)
 	sys := stop()
 	if res != nil {
 		res.Command = f.command
@@ -375,7 +411,17 @@ func (f *swarmFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return f.judge(res)
+	judged := f.judge(res)
+	resPath := ""
+	if f.out != "" {
+		resPath = filepath.Join(f.out, "results.json")
+	}
+	if err := f.ci.apply(ctx, res, resPath, f.out, report.Checks(res, float64(f.sloP99)/1e6, f.maxErrorRate), w); judged == nil {
+		return err
+	} else if err != nil {
+		fmt.Fprintf(w, "  %v\n", err)
+	}
+	return judged
 }
 
 // judge turns the results into an exit status.

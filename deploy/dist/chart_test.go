@@ -252,7 +252,7 @@ func TestChartMatchesCode(t *testing.T) {
 				t.Errorf("%s: %s probe port %q is not a container port %v", name, what, port, ports)
 			}
 		}
-		for envName, portName := range map[string]string{"KETTLE_ADDR": "http", "KETTLE_MQTT_ADDR": "mqtt", "KETTLE_LISTEN": "control"} {
+		for envName, portName := range map[string]string{"KETTLE_ADDR": "http", "KETTLE_MQTT_ADDR": "mqtt", "KETTLE_LISTEN": "control", "KETTLE_METRICS_ADDR": "metrics"} {
 			addr, ok := env[envName]
 			if !ok {
 				continue

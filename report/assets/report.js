@@ -2,12 +2,13 @@
 // embedded in the page. No network, no libraries.
 (function () {
   'use strict';
-  const D = JSON.parse(document.getElementById('report-data').textContent);
+  // D is the summary; the live view (live.js) replaces it and calls
+  // window.kettleReport.update as the run goes.
+  let D = JSON.parse(document.getElementById('report-data').textContent);
   const NS = 'http://www.w3.org/2000/svg';
   const COLORS = ['#2563eb', '#dc2626', '#059669', '#d97706', '#7c3aed', '#0891b2', '#db2777', '#4b5563', '#65a30d', '#ea580c'];
   const charts = []; // {el, spec} for redraws
-  const S = D.series || {};
-  const T = S.t || [];
+  let S = {}, T = [];
 
   function el(tag, attrs, parent) {
     const e = document.createElementNS(NS, tag);
@@ -77,15 +78,16 @@
       t.textContent = (spec.xLabel || (x => x + 's'))(v);
     }
     el('path', {d: `M${m.l},${m.t}V${H - m.b}H${W - m.r}`, fill: 'none'}, ax);
-    // Faults (chaos nemesis) as bands over the time series, each labelled.
-    if (spec.x === T) (D.faults || []).forEach((b, k) => {
+    // Bands over the time series, each labelled: the faults (chaos
+    // nemesis) and the load shape's stages (params.stages, the rollout).
+    if (spec.x === T) [[D.faults, 'band'], [D.stages, 'band stage']].forEach(([list, cls]) => (list || []).forEach((b, k) => {
       const a = Math.max(b.t0, x0), z = Math.min(Math.max(b.t1, b.t0 + 1), x1);
       if (!(z > a)) return;
-      const r = el('rect', {x: X(a), y: m.t, width: Math.max(X(z) - X(a), 1), height: H - m.t - m.b, class: 'band'}, svg);
+      const r = el('rect', {x: X(a), y: m.t, width: Math.max(X(z) - X(a), 1), height: H - m.t - m.b, class: cls}, svg);
       el('title', {}, r).textContent = b.name + ' (' + clock(b.t0) + '–' + clock(b.t1) + ')';
-      const t = el('text', {x: X(a) + 2, y: m.t + 10 + 11 * (k % 3), class: 'band'}, svg);
+      const t = el('text', {x: X(a) + 2, y: m.t + 10 + 11 * (k % 3), class: cls}, svg);
       t.textContent = b.kind;
-    });
+    }));
     for (const h of spec.hlines || []) {
       if (!(h.y <= yt.hi)) continue;
       el('line', {x1: m.l, x2: W - m.r, y1: Y(h.y), y2: Y(h.y), class: 'hline', stroke: h.color || '#b42318'}, svg);
@@ -163,82 +165,92 @@
   }
   function redraw() { for (const c of charts) draw(c.f, c.specFn()); }
 
-  const vline = D.verdict && D.verdict.t ? D.verdict.t : undefined;
-  const timeSpec = (series, extra) => Object.assign({x: T, series, vline}, extra || {});
-  const names = o => Object.keys(o || {}).sort();
-  const slo = D.params && D.params.slo_p99_ms ? [{y: D.params.slo_p99_ms, label: 'SLO p99 ' + D.params.slo_p99_ms + ' ms'}] : [];
-  const selected = () => Array.from(document.querySelectorAll('#pct input:checked')).map(i => i.value);
-  const PCOL = {'p50': '#2563eb', 'p95': '#059669', 'p99': '#d97706', 'p99.9': '#dc2626', 'max': '#6b7280'};
+  // build makes every chart from D (again, when the live view updates it).
+  function build() {
+    charts.length = 0;
+    for (const id of ['charts', 'capacity-charts']) { const c = document.getElementById(id); if (c) c.textContent = ''; }
+    S = D.series || {};
+    T = S.t || [];
+    const vline = D.verdict && D.verdict.t ? D.verdict.t : undefined;
+    const timeSpec = (series, extra) => Object.assign({x: T, series, vline}, extra || {});
+    const names = o => Object.keys(o || {}).sort();
+    const slo = D.params && D.params.slo_p99_ms ? [{y: D.params.slo_p99_ms, label: 'SLO p99 ' + D.params.slo_p99_ms + ' ms'}] : [];
+    const selected = () => Array.from(document.querySelectorAll('#pct input:checked')).map(i => i.value);
+    const PCOL = {'p50': '#2563eb', 'p95': '#059669', 'p99': '#d97706', 'p99.9': '#dc2626', 'max': '#6b7280'};
 
-  // Capacity steps.
-  if (D.capacity && D.capacity.steps && D.capacity.steps.length) {
-    const st = D.capacity.steps, kx = st.map(s => s.kettles), parent = document.getElementById('capacity-charts');
-    add('capacity-p99', 'Capacity: steady-state p99 by fleet size (ms)', () => ({
-      x: kx, xLabel: fmt, points: true, unit: 'ms',
-      series: [{name: 'p99 (worst endpoint)', y: st.map(s => s.p99_ms), color: '#d97706'}, {name: 'p50', y: st.map(s => s.p50_ms), color: '#2563eb'}],
-      hlines: [{y: D.capacity.slo_p99_ms, label: 'SLO ' + D.capacity.slo_p99_ms + ' ms'}]}), parent);
-    add('capacity-rate', 'Capacity: throughput and errors by fleet size', () => ({
-      x: kx, xLabel: fmt, points: true,
-      series: [{name: 'offered req/s', y: st.map(s => s.offered_per_s), dash: true, color: '#6b7280'},
-        {name: 'completed req/s', y: st.map(s => s.completed_per_s), color: '#059669'},
-        {name: 'errors per 1000 requests', y: st.map(s => s.error_rate * 1000), color: '#dc2626'}]}), parent);
-  }
+    // Capacity steps.
+    if (D.capacity && D.capacity.steps && D.capacity.steps.length) {
+      const st = D.capacity.steps, kx = st.map(s => s.kettles), parent = document.getElementById('capacity-charts');
+      add('capacity-p99', 'Capacity: steady-state p99 by fleet size (ms)', () => ({
+        x: kx, xLabel: fmt, points: true, unit: 'ms',
+        series: [{name: 'p99 (worst endpoint)', y: st.map(s => s.p99_ms), color: '#d97706'}, {name: 'p50', y: st.map(s => s.p50_ms), color: '#2563eb'}],
+        hlines: [{y: D.capacity.slo_p99_ms, label: 'SLO ' + D.capacity.slo_p99_ms + ' ms'}]}), parent);
+      add('capacity-rate', 'Capacity: throughput and errors by fleet size', () => ({
+        x: kx, xLabel: fmt, points: true,
+        series: [{name: 'offered req/s', y: st.map(s => s.offered_per_s), dash: true, color: '#6b7280'},
+          {name: 'completed req/s', y: st.map(s => s.completed_per_s), color: '#059669'},
+          {name: 'errors per 1000 requests', y: st.map(s => s.error_rate * 1000), color: '#dc2626'}]}), parent);
+    }
 
-  for (const ep of names(S.endpoints)) {
-    add('latency-' + ep, 'Latency: ' + ep + ' (ms, from the intended send time)', () => ({
-      x: T, vline, unit: 'ms', hlines: slo,
-      series: selected().map(p => ({name: p, y: S.endpoints[ep].latency_ms[p], color: PCOL[p]}))}));
+    for (const ep of names(S.endpoints)) {
+      add('latency-' + ep, 'Latency: ' + ep + ' (ms, from the intended send time)', () => ({
+        x: T, vline, unit: 'ms', hlines: slo,
+        series: selected().map(p => ({name: p, y: S.endpoints[ep].latency_ms[p], color: PCOL[p]}))}));
+    }
+    add('throughput', 'Throughput: offered (dashed) vs completed (req/s)', () => timeSpec(
+      names(S.endpoints).flatMap((ep, k) => [
+        {name: ep + ' offered', y: S.endpoints[ep].offered, dash: true, color: COLORS[k]},
+        {name: ep + ' completed', y: S.endpoints[ep].completed, color: COLORS[k]}]), {unit: 'req/s'}));
+    add('status', 'Responses by status, errors by kind (per second)', () => timeSpec(
+      names(S.status).map((c, k) => ({name: 'HTTP ' + c, y: S.status[c], color: c.startsWith('2') || c === '304' ? COLORS[[2, 5, 8][k % 3]] : COLORS[1 + (k % 3)]}))
+        .concat(names(S.error_kinds).map((c, k) => ({name: c, y: S.error_kinds[c], dash: true, color: COLORS[(k + 3) % COLORS.length]})))));
+    add('kettles', 'Active kettles and exchanges in flight', () => timeSpec([
+      {name: 'kettles hatched', y: S.kettles, color: '#2563eb'}, {name: 'in flight', y: S.in_flight, color: '#d97706'}]));
+    const roleColor = {server: '#2563eb', postgres: '#7c3aed', simulator: '#059669', machine: '#1f2937', other: '#9ca3af', iowait: '#d97706'};
+    add('cpu', 'CPU by process (%, 100 = one core)', () => timeSpec(
+      names(S.cpu).map(r => ({name: r === 'machine' ? 'machine busy' : r === 'other' ? 'other processes' : r, y: S.cpu[r], color: roleColor[r], dash: r === 'machine' || r === 'iowait'})),
+      {unit: '%', hlines: [{y: 100 * (D.cpus || 1), label: 'machine: ' + 100 * (D.cpus || 1) + ' %', color: '#6b7280'}], empty: 'not sampled (results have no system section)'}));
+    add('memory', 'Resident memory by process, and the server\'s live Go heap (MiB)', () => timeSpec(
+      names(S.rss_mib).filter(r => r !== 'available').map(r => r === 'server live heap'
+        ? {name: 'server live heap (after GC)', y: S.rss_mib[r], color: roleColor.server, dash: true}
+        : {name: r, y: S.rss_mib[r], color: roleColor[r]}), {unit: 'MiB', empty: 'not sampled'}));
+    add('disk', 'Disk await (ms per I/O)', () => timeSpec(
+      names(S.disk_await_ms).map(d => ({name: d + ' await', y: S.disk_await_ms[d]})), {unit: 'ms', empty: 'no block device sampled'}));
+    add('queue', 'Ingest queue depth (rows) and 503 refusals (readings/s)', () => {
+      const q = S.queue || {};
+      const cap = (q.capacity || []).find(v => v !== null);
+      return timeSpec([{name: 'queue rows', y: q.rows, color: '#2563eb'}, {name: 'refused 503/s', y: q.rejected_per_s, color: '#dc2626'}, {name: 'commit ms (mean)', y: q.commit_ms, color: '#6b7280', dash: true}],
+        {hlines: cap ? [{y: cap, label: 'capacity ' + fmt(cap) + ' rows', color: '#6b7280'}] : [], empty: 'not scraped (no server /metrics)'});
+    });
+    add('pool', 'DB pool: connections in use, requests waiting', () => {
+      const p = S.pool || {};
+      if (p.max) return timeSpec([{name: 'acquired', y: p.acquired, color: '#7c3aed'}, {name: 'waiting (acquire wait s/s)', y: p.wait, color: '#dc2626'}],
+        {hlines: [{y: (p.max.find(v => v !== null) || 0), label: 'pool size', color: '#6b7280'}]});
+      return timeSpec([{name: 'SQLite busy retries/s (no pool: SQLite store)', y: p.sqlite_busy_per_s, color: '#6b7280'}], {empty: 'no PostgreSQL pool in this run'});
+    });
+    if ((S.pool || {}).pg_fpi_per_s) add('wal', 'PostgreSQL: full-page images and WAL MiB written per second (images surge after a checkpoint begins)', () => timeSpec([
+      {name: 'full-page images/s', y: S.pool.pg_fpi_per_s, color: '#7c3aed'},
+      {name: 'WAL MiB/s', y: S.pool.pg_wal_mib_per_s, color: '#6b7280', dash: true},
+      {name: 'checkpoints begun', y: S.pool.pg_checkpoints_per_s, color: '#dc2626'}]));
+    if ((S.pool || {}).pg_checkpoint_buffers_per_s) add('ckptbuf', 'PostgreSQL: buffers checkpoints wrote per second (they stop for the sync phase, which fsyncs them all)', () => timeSpec([
+      {name: 'checkpoint buffers/s', y: S.pool.pg_checkpoint_buffers_per_s, color: '#7c3aed'}]));
+    if ((S.pool || {}).pg_wal_segments_ready) add('walseg', 'PostgreSQL: WAL segment files created per second (16 MiB zero-filled while commits wait) and ready ahead (recycled)', () => timeSpec([
+      {name: 'new segment files/s', y: S.pool.pg_wal_segments_created_per_s, color: '#dc2626'},
+      {name: 'segment files ready', y: S.pool.pg_wal_segments_ready, color: '#6b7280', dash: true}]));
+    add('lag', 'Simulator: dispatch lag (ms) and late starts (per second)', () => timeSpec([
+      {name: 'lag ms', y: S.lag_ms, color: '#dc2626'}, {name: 'late starts', y: S.late_starts, color: '#d97706', dash: true}],
+    {hlines: [{y: 500, label: 'lag limit 500 ms', color: '#6b7280'}]}));
+    add('pressure', 'Run queue and pressure stall (% of time some task waited)', () => timeSpec(
+      [{name: 'run queue (procs running)', y: S.run_queue, color: '#1f2937'}].concat(names(S.psi).map((r, k) => ({name: 'PSI ' + r, y: S.psi[r], color: COLORS[k + 1], dash: true}))),
+      {empty: 'not sampled'}));
+
+    redraw();
+    window.reportCharts = charts.length;
   }
-  add('throughput', 'Throughput: offered (dashed) vs completed (req/s)', () => timeSpec(
-    names(S.endpoints).flatMap((ep, k) => [
-      {name: ep + ' offered', y: S.endpoints[ep].offered, dash: true, color: COLORS[k]},
-      {name: ep + ' completed', y: S.endpoints[ep].completed, color: COLORS[k]}]), {unit: 'req/s'}));
-  add('status', 'Responses by status, errors by kind (per second)', () => timeSpec(
-    names(S.status).map((c, k) => ({name: 'HTTP ' + c, y: S.status[c], color: c.startsWith('2') || c === '304' ? COLORS[[2, 5, 8][k % 3]] : COLORS[1 + (k % 3)]}))
-      .concat(names(S.error_kinds).map((c, k) => ({name: c, y: S.error_kinds[c], dash: true, color: COLORS[(k + 3) % COLORS.length]})))));
-  add('kettles', 'Active kettles and exchanges in flight', () => timeSpec([
-    {name: 'kettles hatched', y: S.kettles, color: '#2563eb'}, {name: 'in flight', y: S.in_flight, color: '#d97706'}]));
-  const roleColor = {server: '#2563eb', postgres: '#7c3aed', simulator: '#059669', machine: '#1f2937', other: '#9ca3af', iowait: '#d97706'};
-  add('cpu', 'CPU by process (%, 100 = one core)', () => timeSpec(
-    names(S.cpu).map(r => ({name: r === 'machine' ? 'machine busy' : r === 'other' ? 'other processes' : r, y: S.cpu[r], color: roleColor[r], dash: r === 'machine' || r === 'iowait'})),
-    {unit: '%', hlines: [{y: 100 * (D.cpus || 1), label: 'machine: ' + 100 * (D.cpus || 1) + ' %', color: '#6b7280'}], empty: 'not sampled (results have no system section)'}));
-  add('memory', 'Resident memory by process, and the server\'s live Go heap (MiB)', () => timeSpec(
-    names(S.rss_mib).filter(r => r !== 'available').map(r => r === 'server live heap'
-      ? {name: 'server live heap (after GC)', y: S.rss_mib[r], color: roleColor.server, dash: true}
-      : {name: r, y: S.rss_mib[r], color: roleColor[r]}), {unit: 'MiB', empty: 'not sampled'}));
-  add('disk', 'Disk await (ms per I/O)', () => timeSpec(
-    names(S.disk_await_ms).map(d => ({name: d + ' await', y: S.disk_await_ms[d]})), {unit: 'ms', empty: 'no block device sampled'}));
-  add('queue', 'Ingest queue depth (rows) and 503 refusals (readings/s)', () => {
-    const q = S.queue || {};
-    const cap = (q.capacity || []).find(v => v !== null);
-    return timeSpec([{name: 'queue rows', y: q.rows, color: '#2563eb'}, {name: 'refused 503/s', y: q.rejected_per_s, color: '#dc2626'}, {name: 'commit ms (mean)', y: q.commit_ms, color: '#6b7280', dash: true}],
-      {hlines: cap ? [{y: cap, label: 'capacity ' + fmt(cap) + ' rows', color: '#6b7280'}] : [], empty: 'not scraped (no server /metrics)'});
-  });
-  add('pool', 'DB pool: connections in use, requests waiting', () => {
-    const p = S.pool || {};
-    if (p.max) return timeSpec([{name: 'acquired', y: p.acquired, color: '#7c3aed'}, {name: 'waiting (acquire wait s/s)', y: p.wait, color: '#dc2626'}],
-      {hlines: [{y: (p.max.find(v => v !== null) || 0), label: 'pool size', color: '#6b7280'}]});
-    return timeSpec([{name: 'SQLite busy retries/s (no pool: SQLite store)', y: p.sqlite_busy_per_s, color: '#6b7280'}], {empty: 'no PostgreSQL pool in this run'});
-  });
-  if ((S.pool || {}).pg_fpi_per_s) add('wal', 'PostgreSQL: full-page images and WAL MiB written per second (images surge after a checkpoint begins)', () => timeSpec([
-    {name: 'full-page images/s', y: S.pool.pg_fpi_per_s, color: '#7c3aed'},
-    {name: 'WAL MiB/s', y: S.pool.pg_wal_mib_per_s, color: '#6b7280', dash: true},
-    {name: 'checkpoints begun', y: S.pool.pg_checkpoints_per_s, color: '#dc2626'}]));
-  if ((S.pool || {}).pg_checkpoint_buffers_per_s) add('ckptbuf', 'PostgreSQL: buffers checkpoints wrote per second (they stop for the sync phase, which fsyncs them all)', () => timeSpec([
-    {name: 'checkpoint buffers/s', y: S.pool.pg_checkpoint_buffers_per_s, color: '#7c3aed'}]));
-  if ((S.pool || {}).pg_wal_segments_ready) add('walseg', 'PostgreSQL: WAL segment files created per second (16 MiB zero-filled while commits wait) and ready ahead (recycled)', () => timeSpec([
-    {name: 'new segment files/s', y: S.pool.pg_wal_segments_created_per_s, color: '#dc2626'},
-    {name: 'segment files ready', y: S.pool.pg_wal_segments_ready, color: '#6b7280', dash: true}]));
-  add('lag', 'Simulator: dispatch lag (ms) and late starts (per second)', () => timeSpec([
-    {name: 'lag ms', y: S.lag_ms, color: '#dc2626'}, {name: 'late starts', y: S.late_starts, color: '#d97706', dash: true}],
-  {hlines: [{y: 500, label: 'lag limit 500 ms', color: '#6b7280'}]}));
-  add('pressure', 'Run queue and pressure stall (% of time some task waited)', () => timeSpec(
-    [{name: 'run queue (procs running)', y: S.run_queue, color: '#1f2937'}].concat(names(S.psi).map((r, k) => ({name: 'PSI ' + r, y: S.psi[r], color: COLORS[k + 1], dash: true}))),
-    {empty: 'not sampled'}));
 
   document.querySelectorAll('#pct input').forEach(i => i.addEventListener('change', redraw));
   let pending = 0;
   window.addEventListener('resize', () => { clearTimeout(pending); pending = setTimeout(redraw, 120); });
-  redraw();
-  window.reportCharts = charts.length;
+  build();
+  window.kettleReport = {data: () => D, update(d) { D = d; build(); }};
 })();

@@ -97,7 +97,7 @@ func (e *env) logf(format string, a ...any) {
 	fmt.Fprintf(e.log, "%s %s\n", time.Now().Format("15:04:05.000"), msg)
 }
 
-const usage = `usage: chaos [flags] PART...
+const usage = `usage: chaos [flags] PART...   (chaos parts: list them)
 
 Parts (run in the order given; "all" = every part, then docs/reliability.md):
   crash     kill -9 kettle serve under a swarm, restart it; audit (PostgreSQL and SQLite)
@@ -123,6 +123,12 @@ Flags:
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "nemesis" {
 		os.Exit(nemesisMain(os.Args[2:])) // its own flags: nemesis.go
+	}
+	if len(os.Args) == 2 && os.Args[1] == "parts" { // every part, a name a line (the Makefile's list is checked against it)
+		for _, p := range parts {
+			fmt.Println(p.name)
+		}
+		return
 	}
 	fs := flag.NewFlagSet("chaos", flag.ExitOnError)
 	out := fs.String("out", "", "results directory (default: ROOT/chaos-results)")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,14 +159,23 @@ func nemesisMain(args []string) int {
 	defer stop()
 	start := time.Now()
 	r := runNemesisSeeds(ctx, e, o)
-	r.Part, r.Title, r.Start, r.Seconds = "nemesis", "Seeded nemesis", start, time.Since(start).Seconds()
+	r.Part, r.Title, r.Start, r.Seconds = "nemesis", find("nemesis").title, start, time.Since(start).Seconds()
 	verdict := "PASS"
 	if !r.Pass {
 		verdict = "FAIL"
 	}
 	fmt.Printf("chaos nemesis: %s — %s (%.0fs)\n", verdict, r.Verdict, r.Seconds)
+	// Seeds run one at a time (each holds the machine's lock for one run)
+	// add up to one result: the page shows every seed of the same options.
+	path := filepath.Join(e.out, "nemesis.json")
+	if b, err := os.ReadFile(path); err == nil {
+		var prev Result
+		if json.Unmarshal(b, &prev) == nil {
+			r = mergeNemesis(&prev, r, o)
+		}
+	}
 	b, _ := json.MarshalIndent(r, "", " ")
-	os.WriteFile(filepath.Join(e.out, "nemesis.json"), b, 0o644)
+	os.WriteFile(path, b, 0o644)
 	if !r.Pass {
 		return 1
 	}
@@ -182,11 +192,7 @@ func partNemesis(ctx context.Context, e *env) *Result {
 }
 
 func runNemesisSeeds(ctx context.Context, e *env, o nemOpts) *Result {
-	r := &Result{Pass: true, Done: fmt.Sprintf("deploy/cluster.sh up (%s mode: etcd × 3, PostgreSQL × 3 under Patroni, %d kettle serve nodes, HAProxy%s); "+
-		"kettle swarm through HAProxy: %d HTTP v1, %d HTTP v0 and %d MQTT kettles every 2 s, and an operator setting an override every 2 s; "+
-		"a seeded schedule of faults (%s) over %s, each healed; then the checker. One fresh topology per seed (%s).",
-		haMode(), o.nodes, map[bool]string{true: ", Kafka × 3 and a writer (--log)", false: ""}[o.log], o.v1, o.v0, o.mqtt,
-		strings.Join(o.kinds, ", "), o.duration, joinSeeds(o.seeds))}
+	r := &Result{Pass: true, Done: nemDone(o)}
 	var failed []string
 	for _, seed := range o.seeds {
 		if ctx.Err() != nil {
@@ -197,6 +203,21 @@ func runNemesisSeeds(ctx context.Context, e *env, o nemOpts) *Result {
 			failed = append(failed, fmt.Sprint(seed))
 		}
 	}
+	return nemVerdict(r, o, failed)
+}
+
+// nemDone is what a run of the seeds of o does.
+func nemDone(o nemOpts) string {
+	return fmt.Sprintf("deploy/cluster.sh up (%s mode: etcd × 3, PostgreSQL × 3 under Patroni, %d kettle serve nodes, HAProxy%s); "+
+		"kettle swarm through HAProxy: %d HTTP v1, %d HTTP v0 and %d MQTT kettles every 2 s, and an operator setting an override every 2 s; "+
+		"a seeded schedule of faults (%s) over %s, each healed; then the checker. One fresh topology per seed (%s).",
+		haMode(), o.nodes, map[bool]string{true: ", Kafka × 3 and a writer (--log)", false: ""}[o.log], o.v1, o.v0, o.mqtt,
+		strings.Join(o.kinds, ", "), o.duration, joinSeeds(o.seeds))
+}
+
+// nemVerdict sets r's command and verdict for the seeds of o, of which
+// failed failed.
+func nemVerdict(r *Result, o nemOpts, failed []string) *Result {
 	r.Command = fmt.Sprintf("go run ./chaos/cmd/chaos nemesis --seed %s --duration %s --faults %s --nodes %d --log=%v --kettles %d",
 		joinSeeds(o.seeds), o.duration, strings.Join(o.kinds, ","), o.nodes, o.log, o.v1)
 	if len(failed) > 0 {
@@ -204,6 +225,65 @@ func runNemesisSeeds(ctx context.Context, e *env, o nemOpts) *Result {
 	}
 	r.Verdict = fmt.Sprintf("%d seed(s) × %s: every acknowledged reading stored once, statistics equal to the rows, overrides delivered, members equal", len(o.seeds), o.duration)
 	return r
+}
+
+// mergeNemesis adds the earlier result prev to r when prev ran other seeds
+// with the same options (a seed of both: r's run counts).
+func mergeNemesis(prev, r *Result, o nemOpts) *Result {
+	cmd := func(seeds []uint64) string {
+		q := o
+		q.seeds = seeds
+		return nemVerdict(&Result{}, q, nil).Command
+	}
+	var ps []uint64
+	m := regexp.MustCompile(`--seed ([0-9,]+) `).FindStringSubmatch(prev.Command)
+	if m == nil {
+		return r
+	}
+	for _, f := range strings.Split(m[1], ",") {
+		n, _ := strconv.ParseUint(f, 10, 64)
+		ps = append(ps, n)
+	}
+	if prev.Command != cmd(ps) {
+		return r // other options: not the same experiment
+	}
+	var failed []string
+	if m := regexp.MustCompile(`seed\(s\) ([0-9,]+) failed`).FindStringSubmatch(prev.Verdict); m != nil {
+		failed = strings.Split(m[1], ",")
+	}
+	seeds := slices.Clone(o.seeds)
+	var lines []string
+	for _, n := range ps {
+		if slices.Contains(o.seeds, n) {
+			failed = slices.DeleteFunc(failed, func(f string) bool { return f == fmt.Sprint(n) })
+			continue
+		}
+		seeds = append(seeds, n)
+		for _, l := range prev.Measured {
+			if strings.HasPrefix(l, fmt.Sprintf("seed %d: ", n)) {
+				lines = append(lines, l)
+			}
+		}
+	}
+	if m := regexp.MustCompile(`seed\(s\) ([0-9,]+) failed`).FindStringSubmatch(r.Verdict); m != nil {
+		failed = append(failed, strings.Split(m[1], ",")...)
+	}
+	slices.Sort(seeds)
+	all := o
+	all.seeds = seeds
+	out := &Result{Part: r.Part, Title: r.Title, Pass: true, Done: nemDone(all), Start: prev.Start, Seconds: prev.Seconds + r.Seconds,
+		Measured: append(lines, r.Measured...)}
+	if r.Start.Before(out.Start) {
+		out.Start = r.Start
+	}
+	// Each seed's lines in seed order.
+	slices.SortStableFunc(out.Measured, func(a, b string) int {
+		var x, y uint64
+		fmt.Sscanf(a, "seed %d:", &x)
+		fmt.Sscanf(b, "seed %d:", &y)
+		return int(x) - int(y)
+	})
+	return nemVerdict(out, all, failed)
 }
 
 func joinSeeds(s []uint64) string {
@@ -232,6 +312,7 @@ func runNemesisOnce(ctx context.Context, e *env, o nemOpts, seed uint64, r *Resu
 	defer t.down()
 	out := filepath.Join(e.out, fmt.Sprintf("nemesis-%d", seed))
 	os.RemoveAll(out)
+	t.keep = out
 	run := &fleetRun{mqtt: o.mqtt, v0: o.v0, v1: o.v1, log: o.log}
 	if err := run.start(ctx, e, t, out, o.duration); err != nil {
 		r.fail("seed %d: %v", seed, err)

@@ -132,6 +132,7 @@ func runScenario(ctx context.Context, e *env, sc scenario) *Result {
 	defer t.down()
 	out := filepath.Join(e.out, sc.name)
 	os.RemoveAll(out)
+	t.keep = out
 	run := &fleetRun{v1: 150, v0: 50, mqtt: 50, log: sc.log}
 	if err := run.start(ctx, e, t, out, sc.duration); err != nil {
 		return r.fail("%v", err)

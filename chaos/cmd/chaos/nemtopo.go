@@ -26,6 +26,7 @@ type haTopo struct {
 	// cluster.sh status (loopback or machines alike).
 	balancer, mqtt string
 	nodes          int
+	keep           string // where down copies the members' logs ("": nowhere)
 }
 
 // haMode is deploy/cluster.sh's mode for the nemesis: netns (every member
@@ -79,7 +80,20 @@ func upTopo(ctx context.Context, e *env, nodes int, withLog bool, extra ...strin
 }
 
 // down takes the topology down within 3 minutes, whatever the context.
+// With keep set, the members' logs go there first (the topology's
+// directory is removed).
 func (t *haTopo) down() {
+	if t.keep != "" {
+		logs, _ := filepath.Glob(filepath.Join(t.dir, "*.log"))
+		if len(logs) > 0 {
+			os.MkdirAll(filepath.Join(t.keep, "logs"), 0o755)
+		}
+		for _, l := range logs {
+			if b, err := os.ReadFile(l); err == nil {
+				os.WriteFile(filepath.Join(t.keep, "logs", filepath.Base(l)), b, 0o644)
+			}
+		}
+	}
 	if out, err := t.cmd(context.Background(), 3*time.Minute, "down"); err != nil {
 		t.e.logf("deploy/cluster.sh down: %v: %s", err, lastLines(out, 5))
 	}
