@@ -304,7 +304,10 @@ spawn() {
 	if [ "$user" = root ]; then
 		setsid "${pre[@]}" "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	else
-		setsid "${pre[@]}" setpriv --reuid="$user" --regid="$user" --init-groups "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
+		# HOME is DIR: libpq looks for a client certificate in
+		# ~/.postgresql and fails on one it may not stat (root's 0700 home)
+		# — pg_basebackup of a standby would.
+		setsid "${pre[@]}" setpriv --reuid="$user" --regid="$user" --init-groups env HOME="$DIR" "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	fi
 	echo $! >"$DIR/$name.pid"
 	popd >/dev/null
