@@ -349,8 +349,10 @@ start_pg() {
 	chmod 700 "$DIR/pg$i"
 	render "$here/patroni/patroni.yml" "$i" >"$DIR/pg$i.yml"
 	chmod 644 "$DIR/pg$i.yml"
-	spawn "pg$i" postgres env PATRONI_SUPERUSER_PASSWORD="$pw" PATRONI_REPLICATION_PASSWORD="$pw" PATRONI_REWIND_PASSWORD="$pw" \
-		"$VENV/bin/patroni" "$DIR/pg$i.yml"
+	# The passwords in the environment (spawn's own, exported for the call),
+	# never in an argv, not even env's for the moment before it execs.
+	PATRONI_SUPERUSER_PASSWORD="$pw" PATRONI_REPLICATION_PASSWORD="$pw" PATRONI_REWIND_PASSWORD="$pw" \
+		spawn "pg$i" postgres "$VENV/bin/patroni" "$DIR/pg$i.yml"
 }
 
 start_kettle() {
@@ -366,7 +368,7 @@ start_kettle() {
 	cp "$DIR/operator-token" "$DIR/secret" "$DIR/kettle$i/"
 	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
-	spawn "kettle$i" root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
+	KETTLE_DB="$(node_dsn)" spawn "kettle$i" root "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
 		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$(addr_of haproxy)" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
 }
 
@@ -384,7 +386,8 @@ start_haproxy() {
 	# Each template line holding @N@ is written once per node.
 	awk -v nodes="$lines" '
 		/@N@/ { split(nodes, ns, " "); for (k in ns) { l = $0; gsub(/@N@/, ns[k], l); print l }; next }
-		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 | sed "s|@STATS_PASSWORD@|$(password)|g" >"$DIR/haproxy.cfg"
+		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 |
+		sed -f <(printf 's|@STATS_PASSWORD@|%s|g\n' "$(password)") >"$DIR/haproxy.cfg" # the password on no command line
 	chmod 600 "$DIR/haproxy.cfg" # it holds the stats page's password
 	haproxy -c -q -f "$DIR/haproxy.cfg" || die "haproxy -c rejected $DIR/haproxy.cfg"
 	spawn haproxy root haproxy -W -db -f "$DIR/haproxy.cfg"
@@ -444,8 +447,11 @@ psql_leader() {
 create_db() {
 	local pw
 	pw=$(password)
-	psql_leader -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'kettle') THEN CREATE ROLE kettle LOGIN PASSWORD '$pw'; END IF; END \$\$;" \
-		-c "GRANT pg_monitor TO kettle;" >/dev/null
+	# On stdin: a password in psql's arguments is in every user's ps.
+	psql_leader -f - >/dev/null <<-EOF
+		DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'kettle') THEN CREATE ROLE kettle LOGIN PASSWORD '$pw'; END IF; END \$\$;
+		GRANT pg_monitor TO kettle;
+	EOF
 	if [ "$(psql_leader -c "SELECT 1 FROM pg_database WHERE datname = 'kettle'")" != 1 ]; then
 		psql_leader -c "CREATE DATABASE kettle OWNER kettle" >/dev/null
 	fi
@@ -841,7 +847,7 @@ start_writer() {
 	mkdir -p "$DIR/writer"
 	local b="" i
 	for i in 1 2 3; do b="$b${b:+,}$(addr_of "kafka$i"):9092"; done
-	spawn writer root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --role writer --addr "$(addr_of writer):8080" \
+	KETTLE_DB="$(node_dsn)" spawn writer root "$KETTLE_BIN" serve --role writer --addr "$(addr_of writer):8080" \
 		--data-dir "$DIR/writer" --log "kafka://$b/kettle.readings" --log-monitor-every 1s $(log_auth_args writer) --log-format text ${KETTLE_HA_WRITER_ARGS:-}
 	wait_for writer 60 http_ok "http://$(addr_of writer):8080/healthz" || die "the writer is not up; see $DIR/writer.log"
 }

@@ -196,6 +196,7 @@ func TestHA(t *testing.T) {
 	if n := len(polls.samples) - countStatus(polls.samples, 200); n > 0 {
 		t.Errorf("probe polls: %d of %d not 200 (%s)", n, len(polls.samples), counts(polls.samples))
 	}
+	checkNoLeaks(t, tp, nil)
 }
 
 func countStatus(ss []sample, status int) int {

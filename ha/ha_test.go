@@ -70,7 +70,8 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	// Reads that tolerate lag go to a standby (--db-read), lag measured.
 	read := fmt.Sprintf("postgres://kettle:%s@%[2]s.11:5432,%[2]s.12:5432,%[2]s.13:5432/kettle?target_session_attrs=prefer-standby&connect_timeout=2&%[3]s", pw, haNet, dsnTLS(dir))
 	tp.env = append(os.Environ(), "KETTLE_HA_NET="+haNet, "KETTLE_HA_DIR="+dir, "KETTLE_BIN="+bin, fmt.Sprintf("KETTLE_HA_NODES=%d", nodes),
-		"KETTLE_HA_PASSWORD="+pw, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --db-read "+read)
+		// The read DSN holds the password: in the environment, not argv.
+		"KETTLE_HA_PASSWORD="+pw, "KETTLE_DB_READ="+read, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
 	tp.env = append(tp.env, extraEnv...)
 	t.Cleanup(func() {
 		if t.Failed() {

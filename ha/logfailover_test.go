@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
+	"github.com/kettlefleet/kettlefleet/internal/leaktest"
 )
 
 // TestLogFailover (issue 53, scenario f; make chaos's log-failover part):
@@ -34,7 +35,7 @@ func TestLogFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { kc.Stop() })
 	logURL := kc.URL("kettle.readings")
-	tp := up(t, 2, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s "+strings.Join(kc.Args(kafkatest.Front), " "))
+	tp := up(t, 2, "KETTLE_DB_READ=", "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s "+strings.Join(kc.Args(kafkatest.Front), " "))
 
 	// The writer, on the same multi-host DSN as the nodes.
 	wdir := filepath.Join(tp.dir, "writer")
@@ -153,6 +154,13 @@ func TestLogFailover(t *testing.T) {
 	if n > 0 {
 		t.Errorf("the swarm's kettles saw %d errors over the run %v, want 0", n, kinds)
 	}
+	kafkaPW := leaktest.Secrets{}
+	if kc.TLS {
+		for _, u := range []string{kafkatest.Admin, kafkatest.Front, kafkatest.Writer} {
+			kafkaPW["Kafka password of "+u] = kc.Auth(u).Password
+		}
+	}
+	checkNoLeaks(t, tp, kafkaPW, kc.Dir)
 }
 
 // leaderOK reports whether a Patroni leader answers.
