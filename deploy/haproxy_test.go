@@ -136,7 +136,9 @@ func TestHAProxyConfig(t *testing.T) {
 	if code := status(t, sreq, ""); code != 200 {
 		t.Errorf("the stats page with its password: %d, want 200", code)
 	}
-	mqttThrough(t, logs, haproxyNet+".30:1883", secret)
+	mqttThrough(t, haproxyNet+".30:1883", secret, haproxyNet+".41", haproxyNet+".42", func(from string) bool {
+		return strings.Contains(logs.String(), `"remote":"`+from+`:`)
+	})
 	for _, p := range []string{"/metrics", "/debug/pprof/"} {
 		res, err := c.Get(base + p)
 		if err != nil {
@@ -164,10 +166,11 @@ func status(t *testing.T, req *http.Request, url string) int {
 }
 
 // mqttThrough connects two MQTT kettles to the balancer's MQTT frontend at
-// addr from addresses of their own: one with its token (CONNACK 0), one
-// with the other's, refused, whose refusal the node logs (logs, JSON)
-// under the kettle's address, not the balancer's.
-func mqttThrough(t *testing.T, logs *syncbuf.Buffer, addr, secret string) {
+// addr, from okFrom with its own token (CONNACK 0) and from refusedFrom
+// with another's (refused), and waits until logged(refusedFrom) reports
+// the refusal logged under that address — the kettle's, not the
+// balancer's (PROXY protocol v2).
+func mqttThrough(t *testing.T, addr, secret, okFrom, refusedFrom string, logged func(from string) bool) {
 	t.Helper()
 	connect := func(from string, id uuid.UUID, tok string) byte {
 		t.Helper()
@@ -190,17 +193,16 @@ func mqttThrough(t *testing.T, logs *syncbuf.Buffer, addr, secret string) {
 		return ca.ReasonCode
 	}
 	a, b := uuid.New(), uuid.New()
-	if code := connect(haproxyNet+".41", a, kettle.DeviceToken([]byte(secret), a)); code != 0 {
+	if code := connect(okFrom, a, kettle.DeviceToken([]byte(secret), a)); code != 0 {
 		t.Fatalf("an MQTT kettle through HAProxy: CONNACK 0x%02x, want 0x00", code)
 	}
-	const from = haproxyNet + ".42"
-	if code := connect(from, b, kettle.DeviceToken([]byte(secret), a)); code < 0x80 {
+	if code := connect(refusedFrom, b, kettle.DeviceToken([]byte(secret), a)); code < 0x80 {
 		t.Fatalf("an MQTT kettle with another's token through HAProxy: CONNACK 0x%02x, want a refusal", code)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), `"remote":"`+from+`:`) {
+	for !logged(refusedFrom) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no refusal logged under the kettle's address %s (the balancer's MQTT server lines need send-proxy-v2); the nodes' log:\n%s", from, logs.String())
+			t.Fatalf("no refusal logged under the kettle's address %s (the balancer's MQTT server lines need send-proxy-v2)", refusedFrom)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -279,6 +279,24 @@ func TestMachines(t *testing.T) {
 		}
 	}
 
+	// Through HAProxy on its machine and Toxiproxy's link to the node: over
+	// TLS (the topology's CA), and MQTT with the kettle's address carried
+	// in PROXY protocol v2 to the node's log.
+	if c, scheme := m.members(); scheme == "https" {
+		if code, err := getWith(c, "https://"+m.addr(30)+":8443/healthz"); err != nil || code != 200 {
+			t.Errorf("HTTPS through HAProxy: %d %v", code, err)
+		}
+	}
+	secret, err := os.ReadFile(filepath.Join(m.dir, "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := m.addr(254)
+	mqttThrough(t, m.addr(30)+":1883", strings.TrimSpace(string(secret)), host, host, func(from string) bool {
+		b, _ := os.ReadFile(filepath.Join(m.dir, "kettle1.log"))
+		return strings.Contains(string(b), "mqtt: connection refused") && strings.Contains(string(b), "remote="+from+":")
+	})
+
 	// Isolate the primary: its Patroni loses etcd, etcd's and Patroni's
 	// majority elect another.
 	old := m.must(30*time.Second, "leader")
