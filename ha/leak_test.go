@@ -2,7 +2,6 @@ package ha_test
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,30 +33,16 @@ func checkNoLeaks(t *testing.T, tp *topo, extra leaktest.Secrets, dirs ...string
 		s[k] = v
 	}
 	c := leaktest.Corpus{}
-	get := func(cl *http.Client, url, user, pw string) {
-		req, _ := http.NewRequest("GET", url, nil)
-		if user != "" {
-			req.SetBasicAuth(user, pw)
-		}
-		res, err := cl.Do(req)
-		if err != nil {
-			c.Add(url, err.Error())
-			return
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		c.Add(url, res.Status+"\n"+string(b))
-	}
 	for i := 1; i <= 2; i++ {
 		for _, p := range []string{"/metrics", "/readyz", "/healthz", "/debug/pprof/cmdline"} {
-			get(http.DefaultClient, fmt.Sprintf("http://%s.2%d:8080%s", haNet, i, p), "", "")
+			c.Get(http.DefaultClient, fmt.Sprintf("http://%s.2%d:8080%s", haNet, i, p))
 		}
 	}
-	get(http.DefaultClient, "http://"+haNet+".30:8404/stats", "kettle", tp.pw)
-	get(http.DefaultClient, "http://"+haNet+".30:8404/metrics", "", "")
+	c.Get(http.DefaultClient, "http://"+haNet+".30:8404/stats", func(r *http.Request) { r.SetBasicAuth("kettle", tp.pw) })
+	c.Get(http.DefaultClient, "http://"+haNet+".30:8404/metrics")
 	for i := 1; i <= 3; i++ {
 		for _, p := range []string{"/patroni", "/cluster", "/config", "/metrics"} {
-			get(tp.client(), patroni(i, p), "", "")
+			c.Get(tp.client(), patroni(i, p))
 		}
 	}
 	c.Argv()

@@ -6,7 +6,9 @@ package leaktest
 
 import (
 	"bytes"
+	"io"
 	"io/fs"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -22,6 +24,27 @@ type Corpus map[string]string
 
 // Add adds what, found at where.
 func (c Corpus) Add(where, what string) { c[where] += what }
+
+// Get adds the answer of a GET of url by cl — status and body — or the
+// error; mod (a header, basic auth) changes the request first.
+func (c Corpus) Get(cl *http.Client, url string, mod ...func(*http.Request)) {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		c.Add(url, err.Error())
+		return
+	}
+	for _, m := range mod {
+		m(req)
+	}
+	res, err := cl.Do(req)
+	if err != nil {
+		c.Add(url, err.Error())
+		return
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	c.Add(url, res.Status+"\n"+string(b))
+}
 
 // Files adds every regular file under dir for which skip (nil: none) is
 // false: a file that holds a secret by design (the secret's own file, a
