@@ -29,7 +29,7 @@ func TestWorkerTokenRotation(t *testing.T) {
 	oldFile, newFile := write("old-worker-token", "lab-token-before-0123456789"), write("new-worker-token", "lab-token-after-9876543210")
 	run := func(addr, tokenFile string) (string, error) {
 		out, err := exec.Command(kettleBin, "swarm", "--target", p.url, "--data-dir", dir, "--workers", addr, "--worker-token-file", tokenFile,
-			"--devices", "20", "--interval", "250ms", "--jitter", "20ms", "--duration", "2s",
+			"--devices", "10", "--interval", "250ms", "--jitter", "20ms", "--duration", "1s",
 			"--slo-p99", "0", "--sample=false", "--report=false", "--out", t.TempDir()).CombinedOutput()
 		return string(out), err
 	}
