@@ -77,7 +77,7 @@ swarm() {
 	local name=$1; shift
 	local tls=()
 	case "$base" in https:*) tls=(--ca "$ca" --tls-resume=false) ;; esac
-	"$work/kettle" swarm --target "$base" "${tls[@]}" --secret-file "$work/$name/secret" --data-dir "$work/$name/swarm" \
+	"$work/kettle" swarm --target "$base" "${tls[@]}" --secret-file "$work/$name/secret" --operator-token-file "$work/$name/operator-token" --data-dir "$work/$name/swarm" \
 		--server-pid "$kpid" --postgres-pid -1 --out "$work/$name/out" --report=false --slo-p99 10s "$@" >"$work/$name/swarm.log" 2>&1 ||
 		{ echo "swarm ($name) failed:"; tail -20 "$work/$name/swarm.log"; exit 1; }
 	grep -E '^  (measurement|command|mqtt_publish|requests|tls:|audit:)' "$work/$name/swarm.log" | sed "s/^ /  [$name]/" || true
