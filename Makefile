@@ -39,7 +39,7 @@ vet:
 # it run once more without -race, on the raw system calls they ship.
 test: deps-ensure vet
 	@mkdir -p .deps; rm -f .deps/dist-test.rc; \
-	( cd deploy/dist && $(GO) test -timeout 20m -count=1 ./... >../../.deps/dist-test.log 2>&1; echo $$? >../../.deps/dist-test.rc ) & \
+	( cd deploy/dist && $(GO) test -timeout 30m -count=1 ./... >../../.deps/dist-test.log 2>&1; echo $$? >../../.deps/dist-test.rc ) & \
 	rc=0; $(GO) test -race -timeout 14m -count=1 $(PKGS) || rc=$$?; \
 	$(GO) test -timeout 5m -count=1 $$($(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' $(PKGS) | awk '/internal\/rawio/ {print $$1}') || rc=$$?; \
 	wait; echo "== deploy/dist"; cat .deps/dist-test.log; \
