@@ -3,8 +3,12 @@
 // worker, in a closed loop: dial, (https: handshake, full or resumed),
 // GET /healthz on the new connection, read the answer, close. After a
 // restart every kettle of a fleet does this once, within its interval.
+// With -mqtt-secret the target is kettle serve's MQTT listener (mqtt:// or
+// mqtts://) and the exchange a kettle's CONNECT (a fresh device, its
+// token), the CONNACK, and DISCONNECT.
 //
 //	tlsstorm -target https://127.0.0.1:8443 -ca cert.pem -resume=false -workers 64 -duration 10s -pid 1234
+//	tlsstorm -target mqtts://127.0.0.1:8883 -ca cert.pem -mqtt-secret "$(cat data/secret)" -resume -pid 1234
 //
 // One line of results: connections/s, connect-to-answer latency p50/p99,
 // errors, and with -pid the server's CPU per connection over the same
@@ -27,7 +31,11 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/google/uuid"
 	"github.com/prometheus/procfs"
+
+	"github.com/kettlefleet/kettlefleet"
 )
 
 var (
@@ -40,19 +48,24 @@ var (
 	warmup   = flag.Duration("warmup", 2*time.Second, "load before the window opens (not counted)")
 	pid      = flag.Int("pid", 0, "server pid whose CPU to report per connection (0: none)")
 	label    = flag.String("label", "", "label printed at the start of the result line")
+	mqttKey  = flag.String("mqtt-secret", "", "mqtt(s)://: the device-token secret kettle serve signs the kettles' tokens with")
 )
 
 func main() {
 	flag.Parse()
 	u, err := url.Parse(*target)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		fail("-target %q: want http(s)://HOST:PORT", *target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "mqtt" && u.Scheme != "mqtts") {
+		fail("-target %q: want http(s)://HOST:PORT or mqtt(s)://HOST:PORT", *target)
+	}
+	isMQTT := u.Scheme == "mqtt" || u.Scheme == "mqtts"
+	if isMQTT && *mqttKey == "" {
+		fail("-target %s: -mqtt-secret is required (the kettles' CONNECT carries a device token)", *target)
 	}
 	if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() {
 		fail("-target %s: loopback addresses only", *target)
 	}
 	var cfg *tls.Config
-	if u.Scheme == "https" {
+	if u.Scheme == "https" || u.Scheme == "mqtts" {
 		cfg = &tls.Config{ServerName: u.Hostname()}
 		if *ca != "" {
 			pem, err := os.ReadFile(*ca)
@@ -93,6 +106,9 @@ func main() {
 			}
 			resumed = tc.ConnectionState().DidResume
 			c = tc
+		}
+		if isMQTT {
+			return resumed, mqttExchange(c, []byte(*mqttKey))
 		}
 		if _, err := c.Write(req); err != nil {
 			return resumed, err
@@ -169,6 +185,30 @@ func main() {
 		line += " first_error=" + strings.ReplaceAll(e, " ", "_")
 	}
 	fmt.Println(line)
+}
+
+// mqttExchange is a kettle's session on c: CONNECT as a fresh device with
+// its token, the CONNACK (accepted), DISCONNECT.
+func mqttExchange(c net.Conn, secret []byte) error {
+	id := uuid.New()
+	connect := &packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, Properties: &packets.Properties{}, ClientID: id.String(), CleanStart: true, KeepAlive: 60,
+		UsernameFlag: true, Username: id.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken(secret, id))}
+	if _, err := connect.WriteTo(c); err != nil {
+		return err
+	}
+	cp, err := packets.ReadPacket(c)
+	if err != nil {
+		return fmt.Errorf("connack: %w", err)
+	}
+	ack, ok := cp.Content.(*packets.Connack)
+	if !ok {
+		return fmt.Errorf("connack: got packet type %d", cp.Type)
+	}
+	if ack.ReasonCode != 0 {
+		return fmt.Errorf("connect refused: code %d", ack.ReasonCode)
+	}
+	_, err = (&packets.Disconnect{}).WriteTo(c)
+	return err
 }
 
 var curveIDs = map[string]tls.CurveID{"X25519": tls.X25519, "CurveP256": tls.CurveP256, "CurveP384": tls.CurveP384, "X25519MLKEM768": tls.X25519MLKEM768}
