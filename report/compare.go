@@ -123,25 +123,11 @@ func CompareRuns(as, bs []*sim.Results, th *Thresholds, o CompareOptions) (*Comp
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
-	side := func(what string, rs []*sim.Results) ([]*runData, error) {
-		var ds []*runData
-		for i, r := range rs {
-			d, err := newRunData(r)
-			if err != nil {
-				if len(rs) > 1 {
-					return nil, fmt.Errorf("%s run %d: %w", what, i+1, err)
-				}
-				return nil, fmt.Errorf("%s: %w", what, err)
-			}
-			ds = append(ds, d)
-		}
-		return ds, nil
-	}
-	ras, err := side("baseline", as)
+	ras, err := runSide("baseline", as)
 	if err != nil {
 		return nil, err
 	}
-	rbs, err := side("candidate", bs)
+	rbs, err := runSide("candidate", bs)
 	if err != nil {
 		return nil, err
 	}
@@ -162,74 +148,8 @@ func CompareRuns(as, bs []*sim.Results, th *Thresholds, o CompareOptions) (*Comp
 	}
 	c.Caveats = caveats(ras, rbs)
 
-	// add compares the figures subject.measures, computed in a run by the
-	// stat mk gives for it (nil: not measured in that run).
-	add := func(subject string, measures []string, unit, kind string, mk func(d *runData) stat) {
-		fa, fb := mk(ra), mk(rb)
-		var fs []Figure
-		var rules []*Rule
-		for _, m := range measures {
-			name := subject + "." + m
-			r := th.rule(name)
-			fs = append(fs, Figure{Name: name, Subject: subject, Measure: m, Unit: unit, Kind: kind,
-				Fail: r == nil || r.Fail == nil || *r.Fail, A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: NotMeasured})
-			rules = append(rules, r)
-		}
-		if pooled {
-			// Each run's figures, all its steady seconds once.
-			values := func(ds []*runData) [][]float64 {
-				vs := make([][]float64, len(measures))
-				for _, d := range ds {
-					v := make([]float64, len(measures))
-					for j := range v {
-						v[j] = math.NaN()
-					}
-					if st := mk(d); st != nil && d.n > 0 {
-						st(all(d.n), v)
-					}
-					for j := range vs {
-						vs[j] = append(vs[j], v[j])
-					}
-				}
-				return vs
-			}
-			xa, xb := values(ras), values(rbs)
-			for j := range fs {
-				bs := acrossRuns(xa[j], xb[j], th.Confidence, kind == "delta")
-				f := &fs[j]
-				f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
-				f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
-			}
-		} else if fa != nil && fb != nil && ra.n > 0 && rb.n > 0 {
-			h := fnv.New64a()
-			h.Write([]byte(subject + "." + strings.Join(measures, ",")))
-			rng := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
-			for j, bs := range ratioCI(rng, th.Resamples, th.Confidence, ra.n, rb.n, fa, fb, len(measures), kind == "delta") {
-				f := &fs[j]
-				f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
-				f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
-			}
-		} else {
-			one := func(st stat, n int, dst *Num) {
-				if st != nil && n > 0 {
-					v := make([]float64, len(measures))
-					st(all(n), v)
-					*dst = Num(v[0])
-				}
-			}
-			if len(measures) == 1 {
-				one(fa, ra.n, &fs[0].A)
-				one(fb, rb.n, &fs[0].B)
-			}
-		}
-		for j := range fs {
-			if rules[j] != nil && rules[j].Ignore {
-				continue
-			}
-			fs[j].Text = figureText(&fs[j], th.Confidence)
-			c.Figures = append(c.Figures, fs[j])
-		}
-	}
+	k := &comparer{c: c, th: th, seed: o.Seed, ras: ras, rbs: rbs, pooled: pooled}
+	add := k.add
 
 	// Endpoints, in the order the report lists them.
 	eps := map[string]bool{}
@@ -255,6 +175,93 @@ func CompareRuns(as, bs []*sim.Results, th *Thresholds, o CompareOptions) (*Comp
 	add("simulator", []string{"rss_per_kettle"}, "bytes", "ratio", func(d *runData) stat { return d.perKettle(d.simRSS) })
 	c.checks(th, ras, rbs)
 
+	c.Line = c.line(c.tally())
+	return c, nil
+}
+
+// comparer adds figures to a comparison of two sides' runs.
+type comparer struct {
+	c        *Comparison
+	th       *Thresholds
+	seed     uint64
+	ras, rbs []*runData
+	pooled   bool
+}
+
+// add compares the figures subject.measures, computed in a run by the
+// stat mk gives for it (nil: not measured in that run).
+func (k *comparer) add(subject string, measures []string, unit, kind string, mk func(d *runData) stat) {
+	ra, rb := k.ras[0], k.rbs[0]
+	fa, fb := mk(ra), mk(rb)
+	var fs []Figure
+	var rules []*Rule
+	for _, m := range measures {
+		name := subject + "." + m
+		r := k.th.rule(name)
+		fs = append(fs, Figure{Name: name, Subject: subject, Measure: m, Unit: unit, Kind: kind,
+			Fail: r == nil || r.Fail == nil || *r.Fail, A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: NotMeasured})
+		rules = append(rules, r)
+	}
+	if k.pooled {
+		// Each run's figures, all its steady seconds once.
+		values := func(ds []*runData) [][]float64 {
+			vs := make([][]float64, len(measures))
+			for _, d := range ds {
+				v := make([]float64, len(measures))
+				for j := range v {
+					v[j] = math.NaN()
+				}
+				if st := mk(d); st != nil && d.n > 0 {
+					st(all(d.n), v)
+				}
+				for j := range vs {
+					vs[j] = append(vs[j], v[j])
+				}
+			}
+			return vs
+		}
+		xa, xb := values(k.ras), values(k.rbs)
+		for j := range fs {
+			bs := acrossRuns(xa[j], xb[j], k.th.Confidence, kind == "delta")
+			f := &fs[j]
+			f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
+			f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
+		}
+	} else if fa != nil && fb != nil && ra.n > 0 && rb.n > 0 {
+		h := fnv.New64a()
+		h.Write([]byte(subject + "." + strings.Join(measures, ",")))
+		rng := rand.New(rand.NewPCG(k.seed, h.Sum64()))
+		for j, bs := range ratioCI(rng, k.th.Resamples, k.th.Confidence, ra.n, rb.n, fa, fb, len(measures), kind == "delta") {
+			f := &fs[j]
+			f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
+			f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
+		}
+	} else {
+		one := func(st stat, n int, dst *Num) {
+			if st != nil && n > 0 {
+				v := make([]float64, len(measures))
+				st(all(n), v)
+				*dst = Num(v[0])
+			}
+		}
+		if len(measures) == 1 {
+			one(fa, ra.n, &fs[0].A)
+			one(fb, rb.n, &fs[0].B)
+		}
+	}
+	for j := range fs {
+		if rules[j] != nil && rules[j].Ignore {
+			continue
+		}
+		fs[j].Text = figureText(&fs[j], k.th.Confidence)
+		k.c.Figures = append(k.c.Figures, fs[j])
+	}
+}
+
+// tally sorts the figures into regressed and improved, marks the
+// comparison failed when a figure that fails the build regressed, and
+// returns those figures' names.
+func (c *Comparison) tally() []string {
 	var fails []string
 	for _, f := range c.Figures {
 		switch f.Status {
@@ -268,8 +275,23 @@ func CompareRuns(as, bs []*sim.Results, th *Thresholds, o CompareOptions) (*Comp
 			c.Improved = append(c.Improved, f.Name)
 		}
 	}
-	c.Line = c.line(fails)
-	return c, nil
+	return fails
+}
+
+// runSide reads one side's runs (what: "baseline" or "candidate").
+func runSide(what string, rs []*sim.Results) ([]*runData, error) {
+	var ds []*runData
+	for i, r := range rs {
+		d, err := newRunData(r)
+		if err != nil {
+			if len(rs) > 1 {
+				return nil, fmt.Errorf("%s run %d: %w", what, i+1, err)
+			}
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
 }
 
 // checks adds the audit and the USE verdicts, side by side. With several
