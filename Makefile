@@ -4,19 +4,23 @@
 GO      ?= go
 BIN     := bin/kettle
 PKGS    := ./...
-# A fresh clone needs only Go for `make demo`; `make test` also needs the
-# Debian packages of `make deps` (PostgreSQL, Chromium, Mosquitto,
+# A fresh clone needs Go and gcc for `make demo` (cgo: the SQLite driver);
+# `make test` also needs the Debian packages of `make deps` (gcc and libc6-dev
+# for cgo and the race detector, PostgreSQL, Chromium, Mosquitto,
 # Prometheus, wrk, Locust; jq, time and curl for the benchmarks' smoke runs;
 # the arm64 cross compiler, qemu-user and systemd for the release, image and
 # unit tests), and installs them itself when one is missing (deps-check).
-DEB_PKGS := postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl jq time curl git \
+DEB_PKGS := gcc libc6-dev postgresql chromium mosquitto prometheus prometheus-node-exporter wrk python3-locust openssl jq time curl git \
 	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd ca-certificates tzdata file
 
 .PHONY: all build demo test test-short vet deps deps-check deps-ensure bench bench-ingest chaos clean docs results screenshots release image
 
 all: build
 
+# Without a C compiler Go builds with cgo off and the SQLite driver's
+# symbols are missing: say what to install instead of a compiler error.
 build:
+	@command -v "$$($(GO) env CC)" >/dev/null || { echo "make: $$($(GO) env CC) not found: the SQLite driver needs cgo (apt-get install gcc libc6-dev)"; exit 1; }
 	$(GO) build -o $(BIN) ./cmd/kettle
 
 demo: build
@@ -35,7 +39,7 @@ vet:
 # it run once more without -race, on the raw system calls they ship.
 test: deps-ensure vet
 	@mkdir -p .deps; rm -f .deps/dist-test.rc; \
-	( cd deploy/dist && $(GO) test -timeout 20m -count=1 ./... >../../.deps/dist-test.log 2>&1; echo $$? >../../.deps/dist-test.rc ) & \
+	( cd deploy/dist && $(GO) test -timeout 30m -count=1 ./... >../../.deps/dist-test.log 2>&1; echo $$? >../../.deps/dist-test.rc ) & \
 	rc=0; $(GO) test -race -timeout 14m -count=1 $(PKGS) || rc=$$?; \
 	$(GO) test -timeout 5m -count=1 $$($(GO) list -f '{{.ImportPath}}{{range .Imports}} {{.}}{{end}}' $(PKGS) | awk '/internal\/rawio/ {print $$1}') || rc=$$?; \
 	wait; echo "== deploy/dist"; cat .deps/dist-test.log; \

@@ -346,7 +346,14 @@ const rateLimitedHelp = "Requests of kettles over --device-rate: refused (HTTP, 
 // fleet gauges (devices registered, reporting in the last ReportingWindow),
 // read from f at each scrape. Call it once.
 func (m *Server) RegisterFleet(f Fleet) {
-	m.reg.MustRegister(
+	m.reg.MustRegister(fleetRegistry(f)...)
+	m.reg.MustRegister(fleetLimits(f)...)
+	m.reg.MustRegister(fleetUpkeep(f)...)
+}
+
+// fleetRegistry: the ingest queue, the registry and its cache.
+func fleetRegistry(f Fleet) []prometheus.Collector {
+	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_ingest_queue_rows",
 			Help: "Readings waiting in the bounded ingest queue for a transaction. Compare with kettle_ingest_queue_capacity_rows: when full, ingest answers 503.",
@@ -371,6 +378,13 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_cache_refreshes_total",
 			Help: "Full reloads of the device cache from the store (--cache-refresh; on PostgreSQL only while another process writes it).",
 		}, func() float64 { _, n := f.RefreshStats(); return float64(n) }),
+	}
+}
+
+// fleetLimits: the per-kettle and login limits, and the store lookups of
+// unknown case-study ids.
+func fleetLimits(f Fleet) []prometheus.Collector {
+	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_device_rate_limit_per_second",
 			Help: "Requests a second one kettle may make (--device-rate, in bursts of --device-burst); 0: no limit.",
@@ -431,6 +445,12 @@ func (m *Server) RegisterFleet(f Fleet) {
 			Name: "kettle_device_lookup_misses_capacity",
 			Help: "Ids the store did not hold that this node remembers at most.",
 		}, func() float64 { return float64(f.Lookups().MissesMax) }),
+	}
+}
+
+// fleetUpkeep: pruning, the clock check and retention.
+func fleetUpkeep(f Fleet) []prometheus.Collector {
+	return []prometheus.Collector{
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_devices_pruned_total",
 			Help: "Devices removed from this node's registry because they never reported (POST /v1/devices/prune here, or found pruned by another node at a cache refresh).",
@@ -489,7 +509,7 @@ func (m *Server) RegisterFleet(f Fleet) {
 			}
 			return float64(t.UnixNano()) / 1e9
 		}),
-	)
+	}
 }
 
 // Conns is the server's connection-limiting listener.

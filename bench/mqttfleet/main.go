@@ -22,6 +22,23 @@ import (
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
+// merged is the fleet over the window, summed from every results file.
+type merged struct {
+	from, to                                     int64
+	acked, readings, dropped, requests, commands int64
+	seconds                                      map[int64]bool
+	errs                                         map[string]int64
+	open, lost, late                             int64
+	maxLag                                       float64
+	audit                                        sim.Audit
+	audits                                       int
+	hist                                         *hdrhistogram.Histogram
+	// Per 10 s of the hold: where in it the slow PUBACKs were, beside the
+	// simulators' own lag then.
+	slices   map[int64]*hdrhistogram.Histogram
+	sliceLag map[int64]float64
+}
+
 func main() {
 	from := flag.Int64("from", 0, "window start, unix seconds (the hold began)")
 	to := flag.Int64("to", 0, "window end, unix seconds")
@@ -32,141 +49,148 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: mqttfleet -from UNIX -to UNIX [-expect R] results.json…")
 		os.Exit(2)
 	}
-	var (
-		acked, readings, dropped, requests, commands int64
-		seconds                                      = map[int64]bool{}
-		errs                                         = map[string]int64{}
-		open                                         int64
-		lost, late                                   int64
-		maxLag                                       float64
-		audit                                        sim.Audit
-		audits                                       int
-		hist                                         = sim.NewHistogram()
-		// Per 10 s of the hold: where in it the slow PUBACKs were, beside
-		// the simulators' own lag then.
-		slices   = map[int64]*hdrhistogram.Histogram{}
-		sliceLag = map[int64]float64{}
-	)
+	m := &merged{from: *from, to: *to, seconds: map[int64]bool{}, errs: map[string]int64{},
+		hist: sim.NewHistogram(), slices: map[int64]*hdrhistogram.Histogram{}, sliceLag: map[int64]float64{}}
 	for _, p := range flag.Args() {
-		r, err := sim.ReadResults(p)
-		if err != nil {
+		if err := m.add(p); err != nil {
 			fmt.Fprintln(os.Stderr, "mqttfleet:", err)
 			os.Exit(1)
 		}
-		var lastOpen int64
-		for _, s := range r.Seconds {
-			// Second T covers [Start+T, Start+T+1).
-			at := r.Start.Add(time.Duration(s.T) * time.Second).Unix()
-			if at < *from || at >= *to {
-				continue
-			}
-			seconds[at] = true
-			acked += s.Acked
-			readings += s.Readings
-			dropped += s.Dropped
-			late += s.LateStarts
-			commands += s.CommandsReceived
-			maxLag = max(maxLag, s.MaxLagMs)
-			k := (at - *from) / 10
-			sliceLag[k] = max(sliceLag[k], s.MaxLagMs)
-			lastOpen = s.OpenConns
-			e := s.Endpoints[sim.EPMQTTPublish]
-			if e == nil {
-				continue
-			}
-			requests += e.Requests
-			for k, n := range e.Errors {
-				errs[k] += n
-			}
-			if e.Histogram != "" {
-				h, err := hdrhistogram.Decode([]byte(e.Histogram))
-				if err != nil {
-					fmt.Fprintf(os.Stderr, "mqttfleet: %s: histogram: %v\n", p, err)
-					os.Exit(1)
-				}
-				hist.Merge(h)
-				if slices[k] == nil {
-					slices[k] = sim.NewHistogram()
-				}
-				slices[k].Merge(h)
-			}
-		}
-		open += lastOpen
-		lost += r.Totals.ConnsLost
-		if a := r.Audit; a != nil {
-			audits++
-			audit.Devices += a.Devices
-			audit.Acked += a.Acked
-			audit.Stored += a.Stored
-			audit.Lost += a.Lost
-			audit.Duplicated += a.Duplicated
-			audit.Unacked += a.Unacked
-			audit.Seconds = max(audit.Seconds, a.Seconds)
-			audit.Examples = append(audit.Examples, a.Examples...)
+	}
+	nerr := m.print(*expect, flag.NArg())
+	if *jsonOut != "" {
+		if err := m.writeJSON(*jsonOut, *expect, nerr); err != nil {
+			fmt.Fprintln(os.Stderr, "mqttfleet:", err)
 		}
 	}
-	win := float64(*to - *from)
-	ms := func(q float64) float64 { return float64(hist.ValueAtQuantile(q)) / 1000 }
-	fmt.Printf("fleet over the hold (%d s, %d results files, %d seconds with data):\n", *to-*from, flag.NArg(), len(seconds))
+	if m.audits < flag.NArg() || m.audit.Lost > 0 || m.audit.Duplicated > 0 {
+		os.Exit(3)
+	}
+}
+
+// add sums one swarm's results.json over the window.
+func (m *merged) add(p string) error {
+	r, err := sim.ReadResults(p)
+	if err != nil {
+		return err
+	}
+	var lastOpen int64
+	for _, s := range r.Seconds {
+		// Second T covers [Start+T, Start+T+1).
+		at := r.Start.Add(time.Duration(s.T) * time.Second).Unix()
+		if at < m.from || at >= m.to {
+			continue
+		}
+		m.seconds[at] = true
+		m.acked += s.Acked
+		m.readings += s.Readings
+		m.dropped += s.Dropped
+		m.late += s.LateStarts
+		m.commands += s.CommandsReceived
+		m.maxLag = max(m.maxLag, s.MaxLagMs)
+		k := (at - m.from) / 10
+		m.sliceLag[k] = max(m.sliceLag[k], s.MaxLagMs)
+		lastOpen = s.OpenConns
+		e := s.Endpoints[sim.EPMQTTPublish]
+		if e == nil {
+			continue
+		}
+		m.requests += e.Requests
+		for k, n := range e.Errors {
+			m.errs[k] += n
+		}
+		if e.Histogram != "" {
+			h, err := hdrhistogram.Decode([]byte(e.Histogram))
+			if err != nil {
+				return fmt.Errorf("%s: histogram: %w", p, err)
+			}
+			m.hist.Merge(h)
+			if m.slices[k] == nil {
+				m.slices[k] = sim.NewHistogram()
+			}
+			m.slices[k].Merge(h)
+		}
+	}
+	m.open += lastOpen
+	m.lost += r.Totals.ConnsLost
+	if a := r.Audit; a != nil {
+		m.audits++
+		m.audit.Devices += a.Devices
+		m.audit.Acked += a.Acked
+		m.audit.Stored += a.Stored
+		m.audit.Lost += a.Lost
+		m.audit.Duplicated += a.Duplicated
+		m.audit.Unacked += a.Unacked
+		m.audit.Seconds = max(m.audit.Seconds, a.Seconds)
+		m.audit.Examples = append(m.audit.Examples, a.Examples...)
+	}
+	return nil
+}
+
+func (m *merged) ms(q float64) float64 { return float64(m.hist.ValueAtQuantile(q)) / 1000 }
+
+// print writes the fleet's figures and returns the publish errors.
+func (m *merged) print(expect float64, files int) int64 {
+	win := float64(m.to - m.from)
+	fmt.Printf("fleet over the hold (%d s, %d results files, %d seconds with data):\n", m.to-m.from, files, len(m.seconds))
 	fmt.Printf("  readings acknowledged %d = %.1f/s (expected %.1f/s: ratio %.3f); generated %.1f/s; dropped from full kettle buffers %d\n",
-		acked, float64(acked)/win, *expect, float64(acked)/win/max(*expect, 1e-9), float64(readings)/win, dropped)
+		m.acked, float64(m.acked)/win, expect, float64(m.acked)/win/max(expect, 1e-9), float64(m.readings)/win, m.dropped)
 	fmt.Printf("  PUBACK latency (from the intended send time) over %d publishes: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms\n",
-		hist.TotalCount(), ms(50), ms(99), ms(99.9), float64(hist.Max())/1000)
+		m.hist.TotalCount(), m.ms(50), m.ms(99), m.ms(99.9), float64(m.hist.Max())/1000)
 	var ks []string
 	var nerr int64
-	for k, n := range errs {
+	for k, n := range m.errs {
 		ks = append(ks, fmt.Sprintf("%s=%d", k, n))
 		nerr += n
 	}
 	sort.Strings(ks)
 	fmt.Printf("  publish errors %d of %d%s; late starts %d; simulator max lag %.1f ms; commands received %d\n",
-		nerr, requests, strings.Join(append([]string{""}, ks...), " "), late, maxLag, commands)
-	fmt.Printf("  swarm connections open at the end of the hold %d; connections lost (whole run) %d\n", open, lost)
+		nerr, m.requests, strings.Join(append([]string{""}, ks...), " "), m.late, m.maxLag, m.commands)
+	fmt.Printf("  swarm connections open at the end of the hold %d; connections lost (whole run) %d\n", m.open, m.lost)
 	var ts []int64
-	for k := range slices {
+	for k := range m.slices {
 		ts = append(ts, k)
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
 	fmt.Printf("  per 10 s of the hold: PUBACK p99 ms / simulator max lag ms:")
 	for _, k := range ts {
-		fmt.Printf(" +%d %.0f/%.0f", 10*k, float64(slices[k].ValueAtQuantile(99))/1000, sliceLag[k])
+		fmt.Printf(" +%d %.0f/%.0f", 10*k, float64(m.slices[k].ValueAtQuantile(99))/1000, m.sliceLag[k])
 	}
 	fmt.Println()
-	if audits > 0 {
-		fmt.Printf("  audit (%d of %d results files): %s\n", audits, flag.NArg(), audit.Line())
-		for i, e := range audit.Examples {
-			if i == 5 {
-				break
-			}
-			fmt.Printf("    e.g. %s\n", e)
-		}
-	} else {
+	if m.audits == 0 {
 		fmt.Println("  audit: none ran")
+		return nerr
 	}
-	if *jsonOut != "" {
-		type fig struct {
-			Name  string  `json:"name"`
-			Value float64 `json:"value"`
-			Unit  string  `json:"unit"`
+	fmt.Printf("  audit (%d of %d results files): %s\n", m.audits, files, m.audit.Line())
+	for i, e := range m.audit.Examples {
+		if i == 5 {
+			break
 		}
-		figs := []fig{
-			{"readings_acked_per_s", float64(acked) / win, "readings/s"},
-			{"readings_expected_per_s", *expect, "readings/s"},
-			{"puback_p50", ms(50), "ms"},
-			{"puback_p99", ms(99), "ms"},
-			{"puback_p999", ms(99.9), "ms"},
-			{"publish_errors", float64(nerr), "publishes"},
-			{"publishes", float64(requests), "publishes"},
-			{"audit_acked", float64(audit.Acked), "readings"},
-			{"audit_lost", float64(audit.Lost), "readings"},
-			{"audit_duplicated", float64(audit.Duplicated), "readings"},
-		}
-		b, _ := json.Marshal(figs)
-		if err := os.WriteFile(*jsonOut, b, 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, "mqttfleet:", err)
-		}
+		fmt.Printf("    e.g. %s\n", e)
 	}
-	if audits < flag.NArg() || audit.Lost > 0 || audit.Duplicated > 0 {
-		os.Exit(3)
+	return nerr
+}
+
+// writeJSON writes the figures as bench/results.jsonl figures.
+func (m *merged) writeJSON(path string, expect float64, nerr int64) error {
+	type fig struct {
+		Name  string  `json:"name"`
+		Value float64 `json:"value"`
+		Unit  string  `json:"unit"`
 	}
+	win := float64(m.to - m.from)
+	figs := []fig{
+		{"readings_acked_per_s", float64(m.acked) / win, "readings/s"},
+		{"readings_expected_per_s", expect, "readings/s"},
+		{"puback_p50", m.ms(50), "ms"},
+		{"puback_p99", m.ms(99), "ms"},
+		{"puback_p999", m.ms(99.9), "ms"},
+		{"publish_errors", float64(nerr), "publishes"},
+		{"publishes", float64(m.requests), "publishes"},
+		{"audit_acked", float64(m.audit.Acked), "readings"},
+		{"audit_lost", float64(m.audit.Lost), "readings"},
+		{"audit_duplicated", float64(m.audit.Duplicated), "readings"},
+	}
+	b, _ := json.Marshal(figs)
+	return os.WriteFile(path, b, 0o644)
 }

@@ -224,27 +224,12 @@ func run(i int, st *stats, up *atomic.Int64) error {
 		return err
 	}
 	defer nc.Close()
-	id := uuid.New()
-	user := id.String()
-	pass := ""
-	if *secret != "" {
-		pass = kettle.DeviceToken([]byte(*secret), id)
-	}
 	br := bufio.NewReaderSize(nc, 4096)
 	bw := bufio.NewWriterSize(nc, 16<<10)
-	bw.Write(connectPacket(user, user, pass))
-	if err := bw.Flush(); err != nil {
+	user, err := connect(nc, br, bw)
+	if err != nil {
 		return err
 	}
-	nc.SetReadDeadline(time.Now().Add(30 * time.Second))
-	typ, body, err := readPacket(br)
-	if err != nil {
-		return fmt.Errorf("connack: %w", err)
-	}
-	if typ != 2 || len(body) < 2 || body[1] >= 0x80 {
-		return fmt.Errorf("connect refused: type %d body %x", typ, body)
-	}
-	nc.SetReadDeadline(time.Time{})
 	up.Add(1)
 
 	w := *inflight
@@ -253,51 +238,80 @@ func run(i int, st *stats, up *atomic.Int64) error {
 		free <- uint16(p)
 	}
 	sent := make([]int64, w+1) // pid → send time (ns)
-	topic := "kettles/" + user + "/measurements"
 	errc := make(chan error, 2)
+	go func() { errc <- readAcks(br, st, free, sent) }()
+	return publish(bw, "kettles/"+user+"/measurements", free, sent, errc)
+}
 
-	go func() { // reader
-		for {
-			typ, body, err := readPacket(br)
-			if err != nil {
-				errc <- err
-				return
-			}
-			switch typ {
-			case 4: // PUBACK
-				if len(body) < 2 {
-					errc <- errors.New("short PUBACK")
-					return
-				}
-				pid := binary.BigEndian.Uint16(body)
-				reason := byte(0)
-				if len(body) > 2 {
-					reason = body[2]
-				}
-				if st.counting.Load() {
-					if reason < 0x80 {
-						st.ok.Add(1)
-						st.readings.Add(int64(*batch))
-					} else {
-						st.failed.Add(1)
-					}
-					if reason != 0 {
-						v, _ := st.reasons.LoadOrStore(reason, new(atomic.Int64))
-						v.(*atomic.Int64).Add(1)
-					}
-					lat := (time.Now().UnixNano() - atomic.LoadInt64(&sent[pid])) / 1000
-					st.mu.Lock()
-					_ = st.hist.RecordValue(max(lat, 1))
-					st.mu.Unlock()
-				}
-				free <- pid
-			case 14: // DISCONNECT
-				errc <- fmt.Errorf("server DISCONNECT %x", body)
-				return
-			}
+// connect sends CONNECT as a new kettle and waits for its CONNACK; it
+// returns the kettle's id.
+func connect(nc net.Conn, br *bufio.Reader, bw *bufio.Writer) (string, error) {
+	id := uuid.New()
+	user := id.String()
+	pass := ""
+	if *secret != "" {
+		pass = kettle.DeviceToken([]byte(*secret), id)
+	}
+	bw.Write(connectPacket(user, user, pass))
+	if err := bw.Flush(); err != nil {
+		return "", err
+	}
+	nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	typ, body, err := readPacket(br)
+	if err != nil {
+		return "", fmt.Errorf("connack: %w", err)
+	}
+	if typ != 2 || len(body) < 2 || body[1] >= 0x80 {
+		return "", fmt.Errorf("connect refused: type %d body %x", typ, body)
+	}
+	nc.SetReadDeadline(time.Time{})
+	return user, nil
+}
+
+// readAcks counts PUBACKs and their latency from sent, and hands each
+// packet id back to free; it returns when the connection ends.
+func readAcks(br *bufio.Reader, st *stats, free chan<- uint16, sent []int64) error {
+	for {
+		typ, body, err := readPacket(br)
+		if err != nil {
+			return err
 		}
-	}()
+		switch typ {
+		case 4: // PUBACK
+			if len(body) < 2 {
+				return errors.New("short PUBACK")
+			}
+			pid := binary.BigEndian.Uint16(body)
+			reason := byte(0)
+			if len(body) > 2 {
+				reason = body[2]
+			}
+			if st.counting.Load() {
+				if reason < 0x80 {
+					st.ok.Add(1)
+					st.readings.Add(int64(*batch))
+				} else {
+					st.failed.Add(1)
+				}
+				if reason != 0 {
+					v, _ := st.reasons.LoadOrStore(reason, new(atomic.Int64))
+					v.(*atomic.Int64).Add(1)
+				}
+				lat := (time.Now().UnixNano() - atomic.LoadInt64(&sent[pid])) / 1000
+				st.mu.Lock()
+				_ = st.hist.RecordValue(max(lat, 1))
+				st.mu.Unlock()
+			}
+			free <- pid
+		case 14: // DISCONNECT
+			return fmt.Errorf("server DISCONNECT %x", body)
+		}
+	}
+}
 
+// publish sends readings on topic: one per --interval (open model), or as
+// fast as free packet ids allow.
+func publish(bw *bufio.Writer, topic string, free chan uint16, sent []int64, errc <-chan error) error {
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	var seq int64
 	next := time.Now().Add(rand.N(max(*interval, 1))) // open model: this kettle's first send

@@ -36,7 +36,9 @@ func TestCapacityAndReport(t *testing.T) {
 			t.Errorf("step %+v", st)
 		}
 		// 40 kettles for 3 s stage far fewer rows than a merge needs.
-		if p := st.Periodic; p == nil || p.Store != "sqlite" || p.Merges != 0 || p.JudgedS <= 0 {
+		// One sample in the judged window (a starved sampler on a loaded
+		// machine) is a window of 0 s, not an error.
+		if p := st.Periodic; p == nil || p.Store != "sqlite" || p.Merges != 0 || p.JudgedS < 0 {
 			t.Errorf("step %d: periodic work %+v, want SQLite with no merge", st.Kettles, p)
 		}
 	}
