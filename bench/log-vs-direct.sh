@@ -46,6 +46,9 @@ t0=$(date +%s.%N)
 deploy/kafka/kafka.sh start "$work/kafka"
 echo "kafka: 3 nodes up in $(awk -v a=$t0 -v b=$(date +%s.%N) 'BEGIN{printf "%.1f", b-a}') s"
 LOG="kafka://$(deploy/kafka/kafka.sh bootstrap)"
+# auth USER: kettle serve's flags to reach the brokers as USER (kafka.sh's
+# TLS and SCRAM users; nothing with KAFKA_TLS=0)
+auth() { [ "$(cat "$work/kafka/tls-mode")" = 1 ] && echo "--log-ca $work/kafka/tls/ca.crt --log-user $1 --log-password-file $work/kafka/users/$1.password" || true; }
 brokers() { for n in 1 2 3; do cat "$work/kafka/node$n/pid"; done; }
 cpu_of() { local t=0 p; for p in "$@"; do t=$(awk -v a=$t -v b=$(proc_cpu "$p") 'BEGIN{print a+b}'); done; echo "$t"; }
 
@@ -55,14 +58,17 @@ start() {
 	local dsn port; dsn=$(pg_db "$2"); port=$(free_port)
 	front_url=http://127.0.0.1:$port; writers=(); writer_urls=()
 	local logargs=()
-	[ "$1" = log ] && logargs=(--log "$LOG/bench.$2" --log-group "w-$2")
-	"$work/kettle" serve --addr 127.0.0.1:$port --db "$dsn" --data-dir "$work/data-$2" --log-level warn --access-log-sample 0 "${logargs[@]}" 2>"$work/front-$2.log" &
+	# the topic and group names kafka.sh's ACLs cover (kettle.…, kettle-…)
+	[ "$1" = log ] && logargs=(--log "$LOG/kettle.bench.$2" --log-group "kettle-w-$2")
+	# shellcheck disable=SC2046
+	"$work/kettle" serve --addr 127.0.0.1:$port --db "$dsn" --data-dir "$work/data-$2" --log-level warn --access-log-sample 0 "${logargs[@]}" $([ "$1" = log ] && auth front) 2>"$work/front-$2.log" &
 	front=$!; pids+=($front)
 	wait_url "$front_url/readyz"
 	if [ "$1" = log ]; then
 		for i in 1 2; do
 			local wp; wp=$(free_port)
-			"$work/kettle" serve --role writer --addr 127.0.0.1:$wp --db "$dsn" --data-dir "$work/data-$2" --log-level warn "${logargs[@]}" 2>"$work/writer$i-$2.log" &
+			# shellcheck disable=SC2046
+			"$work/kettle" serve --role writer --addr 127.0.0.1:$wp --db "$dsn" --data-dir "$work/data-$2" --log-level warn "${logargs[@]}" $(auth writer) 2>"$work/writer$i-$2.log" &
 			writers+=($!); pids+=($!); writer_urls+=(http://127.0.0.1:$wp)
 			wait_url "http://127.0.0.1:$wp/healthz"
 		done

@@ -7,7 +7,7 @@
 #   etcd × 3        @NET@.1-3      :2379 (clients) :2380 (peers)
 #   Patroni × 3     @NET@.11-13    :8008 (REST) and PostgreSQL :5432
 #   kettle serve×N  @NET@.21-2N    :8080 (HTTP) :1883 (MQTT)
-#   HAProxy         @NET@.30       :8080 (HTTP) :1883 (MQTT) :8404 (/metrics, /stats)
+#   HAProxy         @NET@.30       :8080 (HTTP) :1883 (MQTT) :8443 (HTTPS) :8883 (MQTT over TLS) :8404 (/metrics, /stats)
 #   Kafka × 3       @NET@.41-43    :9092 (brokers) :9093 (controllers) :9094 (fronts, with Toxiproxy)   --log only
 #   writer          @NET@.45       :8080 (kettle serve --role writer)                                 --log only
 #   swarm workers   @NET@.101-1KK  :7070 (kettle swarm worker)                                        `workers K`
@@ -27,6 +27,8 @@
 #             the client's machine (see toxic below).
 #
 # usage: deploy/cluster.sh up [--log] | down | status | dsn
+#        deploy/cluster.sh ca | tls-args            (the topology CA's file; curl's TLS options for its members)
+#        deploy/cluster.sh renew-cert MEMBER        (a new key and certificate for MEMBER, taken up without a restart)
 #        deploy/cluster.sh start|stop|kill MEMBER   (etcd1-3, pg1-3, kettle1-N, haproxy, kafka1-3, writer, workerK)
 #        deploy/cluster.sh pause|resume MEMBER      (SIGSTOP/SIGCONT of all its processes; pgN: Patroni, postmaster and backends)
 #        deploy/cluster.sh leader | sync            (the primary's, the synchronous standby's member name)
@@ -78,6 +80,20 @@
 #   faults                      what is in force now (partitions, slow links, toxics,
 #                               paused members, full disks, clocks), one line each
 #
+# TLS (KETTLE_HA_TLS=1, the default). up makes a CA for this topology alone
+# (DIR/tls/ca.key, 0600, never leaves DIR) and one key and certificate per
+# member, its addresses as IP SANs (also those of the proxies in front of it):
+#   etcd       clients (Patroni) and peers over TLS, both sides presenting a certificate
+#   Patroni    REST API over TLS (verify_client optional: a certificate for switchover,
+#              restart and the like, none to read /cluster or /metrics)
+#   PostgreSQL hostssl only (scram-sha-256 over TLS); nodes, writers and replication
+#              dial with sslmode=verify-full against the CA
+#   Kafka      (--log) SASL_SSL for clients, SCRAM-SHA-512, one user for the fronts and
+#              one for the writers with ACLs; SSL between brokers (deploy/kafka/kafka.sh)
+#   HAProxy    kettles over TLS on :8443 (HTTPS) and :8883 (MQTT), terminated there;
+#              plain :8080 and :1883 besides; plain to the nodes
+# docs/security.md says which side checks what, and how a certificate is renewed.
+#
 # Environment (defaults in brackets):
 #   KETTLE_HA_MODE       loopback or netns [loopback]
 #   KETTLE_HA_NET        first three octets of the address block [127.0.44; netns: 198.18.0]
@@ -89,6 +105,8 @@
 #   KETTLE_HA_TOXI       1: the four links through Toxiproxy (netns only) [netns: 1]
 #   KETTLE_HA_TOXI_SEED  Toxiproxy's seed for its random jitter and toxicity [1]
 #   KETTLE_HA_LOG        1: as up --log (Kafka × 3, a writer, nodes with --log) [0]
+#   KETTLE_HA_TLS        1: TLS on every link between members, from a throwaway CA made
+#                        at up in DIR/tls (see TLS below); 0: plain TCP, for comparison [1]
 #   KETTLE_HA_DIR        state: data, logs, pids, rendered configs [/tmp/kettle-ha]
 #   KETTLE_HA_NODES      kettle serve nodes behind HAProxy, 0 for none [2]
 #   KETTLE_HA_SYNC       Patroni synchronous_mode: true or false [true]
@@ -132,6 +150,10 @@ BR=$PFX-br
 if [ "$MODE" = netns ]; then FS=${KETTLE_HA_FS:-tmpfs}; TOXI=${KETTLE_HA_TOXI:-1}; else FS=${KETTLE_HA_FS:-none}; TOXI=0; fi
 case "$FS" in tmpfs | ext4 | none) ;; *) echo "cluster.sh: KETTLE_HA_FS=$FS: tmpfs, ext4 or none" >&2; exit 2 ;; esac
 LOGMODE=${KETTLE_HA_LOG:-$(cat "$_dir/log-mode" 2>/dev/null || echo 0)}
+TLS=${KETTLE_HA_TLS:-$(cat "$_dir/tls-mode" 2>/dev/null || echo 1)}
+case "$TLS" in 0 | 1) ;; *) echo "cluster.sh: KETTLE_HA_TLS=$TLS: 1 or 0" >&2; exit 2 ;; esac
+TLSDIR=$DIR/tls
+if [ "$TLS" = 1 ]; then SCHEME=https HOSTSSL=hostssl SSLMODE=verify-full TLSON=""; else SCHEME=http HOSTSSL=host SSLMODE=disable TLSON="#"; fi
 TOXIPROXY=${KETTLE_TOXIPROXY:-$repo/.deps/bin/toxiproxy-server}
 # The addresses the clients of each proxied link dial (netns with Toxiproxy):
 # the same last octet as the member behind it, in a /24 of the link's own,
@@ -154,6 +176,7 @@ log() { echo "cluster.sh: $*" >&2; }
 need() {
 	command -v etcd >/dev/null || die "etcd not found: make deps (Debian etcd-server)"
 	command -v haproxy >/dev/null || die "haproxy not found: make deps (Debian haproxy)"
+	command -v openssl >/dev/null || die "openssl not found: make deps (Debian openssl)"
 	[ -x "$VENV/bin/patroni" ] || die "$VENV/bin/patroni not found: make deps (Patroni's virtualenv)"
 	[ -x "$PGBIN/postgres" ] || die "PostgreSQL binaries not found in '$PGBIN': make deps (Debian postgresql), or set KETTLE_HA_PGBIN"
 	id postgres >/dev/null 2>&1 || die "no postgres OS user: make deps (Debian postgresql creates it)"
@@ -172,9 +195,88 @@ need_machines() {
 	if [ "$FS" = ext4 ]; then command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found: make deps (Debian e2fsprogs)"; fi
 }
 
-# render FILE I: the template with its @TOKENS@ replaced.
+# render FILE I: the template with its @TOKENS@ replaced. With
+# KETTLE_HA_TLS=0 a line starting @TLS@ becomes a comment, https http,
+# hostssl host and verify-full disable.
 render() {
-	sed -e "s|@NET@|$NET|g" -e "s|@LBNET@|$LBNET|g" -e "s|@REPLNET@|$REPLNET|g" -e "s|@I@|$2|g" -e "s|@DIR@|$DIR|g" -e "s|@PGBIN@|$PGBIN|g" -e "s|@SYNC@|$SYNC|g" "$1"
+	sed -e "s|@NET@|$NET|g" -e "s|@LBNET@|$LBNET|g" -e "s|@REPLNET@|$REPLNET|g" -e "s|@I@|$2|g" -e "s|@DIR@|$DIR|g" -e "s|@PGBIN@|$PGBIN|g" -e "s|@SYNC@|$SYNC|g" \
+		-e "s|@TLSDIR@|$TLSDIR|g" -e "s|@TLS@|$TLSON|g" -e "s|@SCHEME@|$SCHEME|g" -e "s|@HOSTSSL@|$HOSTSSL|g" -e "s|@SSLMODE@|$SSLMODE|g" "$1"
+}
+
+# ---- the topology's CA and the members' certificates ------------------------
+
+# shellcheck source=deploy/tls.sh
+. "$here/tls.sh"
+
+# tls_ca: DIR/tls/ca.key and ca.crt, made once per topology (a throwaway CA:
+# its key never leaves DIR and goes with down).
+tls_ca() {
+	[ "$TLS" = 1 ] || return 0
+	tls_make_ca "$TLSDIR" "kettlefleet topology CA $(basename "$DIR")" || die "no CA in $TLSDIR"
+}
+
+# sans_of MEMBER: the addresses a client may dial MEMBER at (its own, and the
+# proxies' in front of it with Toxiproxy), as SANs.
+sans_of() {
+	local a o l=()
+	a=$(addr_of "$1")
+	o=${a##*.}
+	l=("$a")
+	case "$1" in
+	pg[1-3]) l+=("$DBNET.$o" "$REPLNET.$o") ;;
+	kettle[1-9]) l+=("$LBNET.$o") ;;
+	kafka[1-3]) l+=("$KNET.$o") ;;
+	esac
+	tls_sans "${l[@]}" 127.0.0.1 "$1"
+}
+
+# tls_cert NAME OWNER [SANS [renew]]: DIR/tls/NAME.key and NAME.crt, made
+# when missing, or anew with renew.
+tls_cert() {
+	local name=$1 owner=$2 sans=${3:-} renew=${4:-}
+	[ "$TLS" = 1 ] || return 0
+	tls_ca
+	[ -z "$renew" ] && [ -s "$TLSDIR/$name.crt" ] && return 0
+	[ -n "$sans" ] || sans=$(sans_of "$name")
+	tls_issue "$TLSDIR" "$name" "$owner" "$sans" || die "no certificate for $name"
+}
+
+# tls_args: curl's options for the members' TLS ports (this host's client
+# certificate: etcd asks every client for one).
+tls_args() {
+	[ "$TLS" = 1 ] || return 0
+	tls_cert admin root "$(tls_sans 127.0.0.1 admin)"
+	echo "--cacert $TLSDIR/ca.crt --cert $TLSDIR/admin.crt --key $TLSDIR/admin.key"
+}
+
+# mcurl ARGS…: curl to a member's TLS port.
+mcurl() {
+	# shellcheck disable=SC2046
+	curl $(tls_args) "$@"
+}
+
+# renew_cert MEMBER: a new key and certificate from the same CA, taken up
+# without a restart where the member can: etcd reads its files at each new
+# connection, PostgreSQL and Patroni's REST API on SIGHUP (sent here; on real
+# machines patronictl reload); a Kafka node restarts (kafka.sh renew-cert:
+# the other two serve meanwhile).
+renew_cert() {
+	local m=${1:?usage: renew-cert MEMBER}
+	[ "$TLS" = 1 ] || die "renew-cert: the topology runs without TLS (KETTLE_HA_TLS=0)"
+	case "$m" in
+	etcd[1-3]) tls_cert "$m" root "" renew ;;
+	pg[1-3])
+		tls_cert "$m" postgres "" renew
+		local p
+		p=$(pidof_member "$m")
+		[ -n "$p" ] && kill -HUP "$p"
+		p=$(postmaster "${m#pg}")
+		[ -n "$p" ] && kill -HUP "$p"
+		;;
+	kafka[1-3]) kafka_sh renew-cert "$DIR/kafka" "${m#kafka}" ;;
+	*) die "renew-cert: etcd1-3, pg1-3 or kafka1-3" ;;
+	esac
+	log "renew-cert $m: serial $(openssl x509 -in "$TLSDIR/$m.crt" -noout -serial | cut -d= -f2)"
 }
 
 password() {
@@ -202,7 +304,10 @@ spawn() {
 	if [ "$user" = root ]; then
 		setsid "${pre[@]}" "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	else
-		setsid "${pre[@]}" setpriv --reuid="$user" --regid="$user" --init-groups "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
+		# HOME is DIR: libpq looks for a client certificate in
+		# ~/.postgresql and fails on one it may not stat (root's 0700 home)
+		# — pg_basebackup of a standby would.
+		setsid "${pre[@]}" setpriv --reuid="$user" --regid="$user" --init-groups env HOME="$DIR" "$@" >>"$DIR/$name.log" 2>&1 </dev/null &
 	fi
 	echo $! >"$DIR/$name.pid"
 	popd >/dev/null
@@ -219,11 +324,13 @@ wait_for() {
 }
 
 http_ok() { curl -fsS -m 2 -o /dev/null "$1"; }
+mhttp_ok() { mcurl -fsS -m 2 -o /dev/null "$1"; }
 
 start_etcd() {
 	local i=$1
 	alive "etcd$i" && return 0
 	machine "etcd$i"
+	tls_cert "etcd$i" root
 	render "$here/etcd/etcd.env" "$i" | grep -v '^#' | grep . >"$DIR/etcd$i.env"
 	# A member that was there before rejoins with its data, not as new.
 	[ -d "$DIR/etcd$i/member" ] && sed -i 's/^ETCD_INITIAL_CLUSTER_STATE=new/ETCD_INITIAL_CLUSTER_STATE=existing/' "$DIR/etcd$i.env"
@@ -236,13 +343,16 @@ start_pg() {
 	pw=$(password)
 	machine "pg$i"
 	start_toxi "pg$i"
+	tls_cert "pg$i" postgres
 	mkdir -p "$DIR/pg$i"
 	chown postgres: "$DIR/pg$i"
 	chmod 700 "$DIR/pg$i"
 	render "$here/patroni/patroni.yml" "$i" >"$DIR/pg$i.yml"
 	chmod 644 "$DIR/pg$i.yml"
-	spawn "pg$i" postgres env PATRONI_SUPERUSER_PASSWORD="$pw" PATRONI_REPLICATION_PASSWORD="$pw" PATRONI_REWIND_PASSWORD="$pw" \
-		"$VENV/bin/patroni" "$DIR/pg$i.yml"
+	# The passwords in the environment (spawn's own, exported for the call),
+	# never in an argv, not even env's for the moment before it execs.
+	PATRONI_SUPERUSER_PASSWORD="$pw" PATRONI_REPLICATION_PASSWORD="$pw" PATRONI_REWIND_PASSWORD="$pw" \
+		spawn "pg$i" postgres "$VENV/bin/patroni" "$DIR/pg$i.yml"
 }
 
 start_kettle() {
@@ -258,7 +368,7 @@ start_kettle() {
 	cp "$DIR/operator-token" "$DIR/secret" "$DIR/kettle$i/"
 	# The DSN holds the password: in the environment (KETTLE_DB), not argv.
 	# shellcheck disable=SC2086
-	spawn "kettle$i" root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
+	KETTLE_DB="$(node_dsn)" spawn "kettle$i" root "$KETTLE_BIN" serve --addr "$NET.2$i:8080" --mqtt-addr "$NET.2$i:1883" \
 		--data-dir "$DIR/kettle$i" --drain-delay 2s --trusted-proxies "$(addr_of haproxy)" --log-format text $(front_log_args) ${KETTLE_HA_SERVE_ARGS:-}
 }
 
@@ -266,12 +376,18 @@ start_haproxy() {
 	alive haproxy && return 0
 	machine haproxy
 	start_toxi haproxy
+	# its TLS frontends' key and certificate, in one file as HAProxy reads them
+	if [ "$TLS" = 1 ]; then
+		tls_cert haproxy root
+		(umask 077; cat "$TLSDIR/haproxy.crt" "$TLSDIR/haproxy.key" >"$TLSDIR/haproxy.pem")
+	fi
 	local n lines=""
 	for n in $(seq 1 "$NODES"); do lines="$lines $n"; done
 	# Each template line holding @N@ is written once per node.
 	awk -v nodes="$lines" '
 		/@N@/ { split(nodes, ns, " "); for (k in ns) { l = $0; gsub(/@N@/, ns[k], l); print l }; next }
-		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 | sed "s|@STATS_PASSWORD@|$(password)|g" >"$DIR/haproxy.cfg"
+		{ print }' "$here/haproxy/haproxy.cfg" | render /dev/stdin 0 |
+		sed -f <(printf 's|@STATS_PASSWORD@|%s|g\n' "$(password)") >"$DIR/haproxy.cfg" # the password on no command line
 	chmod 600 "$DIR/haproxy.cfg" # it holds the stats page's password
 	haproxy -c -q -f "$DIR/haproxy.cfg" || die "haproxy -c rejected $DIR/haproxy.cfg"
 	spawn haproxy root haproxy -W -db -f "$DIR/haproxy.cfg"
@@ -280,7 +396,13 @@ start_haproxy() {
 # dsn: the multi-host DSN kettle serve uses (the primary among three), as
 # this host reaches the members.
 dsn() {
-	echo "postgres://kettle:$(password)@$NET.11:5432,$NET.12:5432,$NET.13:5432/kettle?target_session_attrs=read-write&connect_timeout=2&sslmode=disable"
+	echo "postgres://kettle:$(password)@$NET.11:5432,$NET.12:5432,$NET.13:5432/kettle?target_session_attrs=read-write&connect_timeout=2&$(dsn_tls)"
+}
+
+# dsn_tls: the DSN's TLS parameters: the server's certificate checked
+# against the topology's CA and its address (verify-full).
+dsn_tls() {
+	if [ "$TLS" = 1 ]; then echo "sslmode=verify-full&sslrootcert=$TLSDIR/ca.crt"; else echo "sslmode=disable"; fi
 }
 
 # node_dsn: the same DSN as the nodes and the writer dial it (through the
@@ -293,7 +415,7 @@ patronictl() { "$VENV/bin/patronictl" -c "$DIR/pg1.yml" "$@"; }
 role() {
 	local i
 	for i in 1 2 3; do
-		curl -fsS -m 1 "http://$NET.1$i:8008/cluster" 2>/dev/null |
+		mcurl -fsS -m 1 "$SCHEME://$NET.1$i:8008/cluster" 2>/dev/null |
 			ROLE=$1 python3 -c 'import json,os,sys; n=[m["name"] for m in json.load(sys.stdin)["members"] if m["role"]==os.environ["ROLE"]]; print(" ".join(n)); sys.exit(0 if n else 1)' 2>/dev/null && return 0
 	done
 	return 1
@@ -304,7 +426,7 @@ leader() { role leader; }
 healthy() {
 	local i
 	for i in 1 2 3; do
-		curl -fsS -m 1 "http://$NET.1$i:8008/cluster" 2>/dev/null | SYNC=$SYNC python3 -c '
+		mcurl -fsS -m 1 "$SCHEME://$NET.1$i:8008/cluster" 2>/dev/null | SYNC=$SYNC python3 -c '
 import json, os, sys
 ms = json.load(sys.stdin)["members"]
 lead = [m for m in ms if m["role"] == "leader" and m["state"] == "running"]
@@ -325,8 +447,11 @@ psql_leader() {
 create_db() {
 	local pw
 	pw=$(password)
-	psql_leader -c "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'kettle') THEN CREATE ROLE kettle LOGIN PASSWORD '$pw'; END IF; END \$\$;" \
-		-c "GRANT pg_monitor TO kettle;" >/dev/null
+	# On stdin: a password in psql's arguments is in every user's ps.
+	psql_leader -f - >/dev/null <<-EOF
+		DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'kettle') THEN CREATE ROLE kettle LOGIN PASSWORD '$pw'; END IF; END \$\$;
+		GRANT pg_monitor TO kettle;
+	EOF
 	if [ "$(psql_leader -c "SELECT 1 FROM pg_database WHERE datname = 'kettle'")" != 1 ]; then
 		psql_leader -c "CREATE DATABASE kettle OWNER kettle" >/dev/null
 	fi
@@ -349,7 +474,7 @@ up() {
 	local i
 	[ "$MODE" = netns ] && bridge_up
 	for i in 1 2 3; do start_etcd "$i"; done
-	for i in 1 2 3; do wait_for "etcd$i" 30 http_ok "http://$NET.$i:2379/health" || { down; die "etcd did not start; see $DIR/etcd*.log"; }; done
+	for i in 1 2 3; do wait_for "etcd$i" 30 mhttp_ok "$SCHEME://$NET.$i:2379/health" || { down; die "etcd did not start; see $DIR/etcd*.log"; }; done
 	# Kafka needs neither etcd nor PostgreSQL: its JVMs start meanwhile.
 	local kafka=""
 	if [ "$LOGMODE" = 1 ]; then start_kafka >"$DIR/kafka-start.log" 2>&1 & kafka=$!; fi
@@ -682,7 +807,14 @@ kafka_sh() {
 		[ "$MODE" = netns ] && ns="$ns${ns:+ }$PFX-kafka$i"
 		[ "$TOXI" = 1 ] && client="$client${client:+ }$KNET.4$i"
 	done
-	KAFKA_HOSTS=$hosts KAFKA_NETNS=$ns KAFKA_CLIENT_HOSTS=$client "$here/kafka/kafka.sh" "$@"
+	KAFKA_HOSTS=$hosts KAFKA_NETNS=$ns KAFKA_CLIENT_HOSTS=$client KAFKA_TLS=$TLS KAFKA_TLS_DIR=$TLSDIR "$here/kafka/kafka.sh" "$@"
+}
+
+# log_auth_args USER: kettle serve's flags to reach Kafka as USER (front or
+# writer): the topology's CA and USER's SCRAM password, from a file.
+log_auth_args() {
+	[ "$TLS" = 1 ] || return 0
+	echo "--log-ca $TLSDIR/ca.crt --log-user $1 --log-password-file $DIR/kafka/users/$1.password"
 }
 
 # front_log_args: --log for the nodes (through the front→Kafka proxies with
@@ -693,7 +825,7 @@ front_log_args() {
 	for i in 1 2 3; do
 		if [ "$TOXI" = 1 ]; then b="$b${b:+,}$KNET.4$i:9094"; else b="$b${b:+,}$(addr_of "kafka$i"):9092"; fi
 	done
-	echo "--log kafka://$b/kettle.readings --log-monitor-every 1s"
+	echo "--log kafka://$b/kettle.readings --log-monitor-every 1s $(log_auth_args front)"
 }
 
 start_kafka() {
@@ -715,8 +847,8 @@ start_writer() {
 	mkdir -p "$DIR/writer"
 	local b="" i
 	for i in 1 2 3; do b="$b${b:+,}$(addr_of "kafka$i"):9092"; done
-	spawn writer root env KETTLE_DB="$(node_dsn)" "$KETTLE_BIN" serve --role writer --addr "$(addr_of writer):8080" \
-		--data-dir "$DIR/writer" --log "kafka://$b/kettle.readings" --log-monitor-every 1s --log-format text ${KETTLE_HA_WRITER_ARGS:-}
+	KETTLE_DB="$(node_dsn)" spawn writer root "$KETTLE_BIN" serve --role writer --addr "$(addr_of writer):8080" \
+		--data-dir "$DIR/writer" --log "kafka://$b/kettle.readings" --log-monitor-every 1s $(log_auth_args writer) --log-format text ${KETTLE_HA_WRITER_ARGS:-}
 	wait_for writer 60 http_ok "http://$(addr_of writer):8080/healthz" || die "the writer is not up; see $DIR/writer.log"
 }
 
@@ -1139,11 +1271,15 @@ up)
 	mkdir -p "$DIR"
 	echo "$MODE" >"$DIR/mode"
 	echo "$LOGMODE" >"$DIR/log-mode"
+	echo "$TLS" >"$DIR/tls-mode"
 	up
 	;;
 down) down ;;
 status) status ;;
 dsn) dsn ;;
+ca) [ "$TLS" = 1 ] || die "ca: the topology runs without TLS (KETTLE_HA_TLS=0)"; echo "$TLSDIR/ca.crt" ;;
+tls-args) tls_args ;;
+renew-cert) renew_cert "${2:-}" ;;
 leader) leader ;;
 sync) role sync_standby ;;
 healthy) healthy ;;

@@ -2,6 +2,8 @@ package deploy_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -159,8 +161,10 @@ func (m *machines) inNS(member string, args ...string) (string, error) {
 
 var quick = &http.Client{Timeout: time.Second}
 
-func get(url string) (int, error) {
-	r, err := quick.Get(url)
+func get(url string) (int, error) { return getWith(quick, url) }
+
+func getWith(c *http.Client, url string) (int, error) {
+	r, err := c.Get(url)
 	if err != nil {
 		return 0, err
 	}
@@ -181,10 +185,31 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) t
 	return time.Since(start)
 }
 
+// members is a client of the members' HTTPS (Patroni's REST API), trusting
+// the topology's CA (plain HTTP with KETTLE_HA_TLS=0).
+func (m *machines) members() (*http.Client, string) {
+	if os.Getenv("KETTLE_HA_TLS") == "0" {
+		return quick, "http"
+	}
+	pool := x509.NewCertPool()
+	if pem, err := os.ReadFile(filepath.Join(m.dir, "tls", "ca.crt")); err != nil || !pool.AppendCertsFromPEM(pem) {
+		m.t.Fatalf("the topology's CA: %v", err)
+	}
+	return &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, "https"
+}
+
+// etcdHealth is curl's command line for etcd1's /health from a machine,
+// with this host's client certificate (etcd asks every client for one).
+func (m *machines) etcdHealth() []string {
+	_, scheme := m.members()
+	return append(append([]string{"curl", "-fsS", "-m", "1"}, strings.Fields(m.must(10*time.Second, "tls-args"))...), scheme+"://"+m.addr(1)+":2379/health")
+}
+
 // patroniView is what member i's Patroni says of the cluster: the leader's
 // name ("" for none) or an error.
 func (m *machines) patroniView(i int) (string, error) {
-	r, err := quick.Get(fmt.Sprintf("http://%s:8008/cluster", m.addr(10+i)))
+	hc, scheme := m.members()
+	r, err := hc.Get(fmt.Sprintf("%s://%s:8008/cluster", scheme, m.addr(10+i)))
 	if err != nil {
 		return "", err
 	}
@@ -254,6 +279,24 @@ func TestMachines(t *testing.T) {
 		}
 	}
 
+	// Through HAProxy on its machine and Toxiproxy's link to the node: over
+	// TLS (the topology's CA), and MQTT with the kettle's address carried
+	// in PROXY protocol v2 to the node's log.
+	if c, scheme := m.members(); scheme == "https" {
+		if code, err := getWith(c, "https://"+m.addr(30)+":8443/healthz"); err != nil || code != 200 {
+			t.Errorf("HTTPS through HAProxy: %d %v", code, err)
+		}
+	}
+	secret, err := os.ReadFile(filepath.Join(m.dir, "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := m.addr(254)
+	mqttThrough(t, m.addr(30)+":1883", strings.TrimSpace(string(secret)), host, host, func(from string) bool {
+		b, _ := os.ReadFile(filepath.Join(m.dir, "kettle1.log"))
+		return strings.Contains(string(b), "mqtt: connection refused") && strings.Contains(string(b), "remote="+from+":")
+	})
+
 	// Isolate the primary: its Patroni loses etcd, etcd's and Patroni's
 	// majority elect another.
 	old := m.must(30*time.Second, "leader")
@@ -262,10 +305,10 @@ func TestMachines(t *testing.T) {
 	other := oi%3 + 1
 	isolated := time.Now()
 	m.must(30*time.Second, "isolate", old)
-	if out, err := m.inNS(old, "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health"); err == nil {
+	if out, err := m.inNS(old, m.etcdHealth()...); err == nil {
 		t.Fatalf("%s, isolated, still reaches etcd1: %s", old, out)
 	}
-	if out, err := m.inNS(fmt.Sprintf("pg%d", other), "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health"); err != nil {
+	if out, err := m.inNS(fmt.Sprintf("pg%d", other), m.etcdHealth()...); err != nil {
 		t.Fatalf("pg%d, not isolated, does not reach etcd1: %v %s", other, err, out)
 	}
 	var now string
@@ -276,7 +319,8 @@ func TestMachines(t *testing.T) {
 	})
 	t.Logf("figure: isolated_primary_replaced = %.1f s (%s → %s)", time.Since(isolated).Seconds(), old, now)
 	waitFor(t, old+" no longer primary", 60*time.Second, func() bool {
-		code, err := get(fmt.Sprintf("http://%s:8008/primary", m.addr(10+oi)))
+		c, scheme := m.members()
+		code, err := getWith(c, fmt.Sprintf("%s://%s:8008/primary", scheme, m.addr(10+oi)))
 		return err == nil && code != 200
 	})
 	if f := m.must(10*time.Second, "faults"); !strings.Contains(f, "isolate "+old) {
@@ -288,7 +332,7 @@ func TestMachines(t *testing.T) {
 	// blocked sending to clients it cannot reach, and for its walsenders'
 	// timeout, minutes.
 	waitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
-		_, err := m.inNS(old, "curl", "-fsS", "-m", "1", "http://"+m.addr(1)+":2379/health")
+		_, err := m.inNS(old, m.etcdHealth()...)
 		return err == nil
 	})
 	if f := m.must(10*time.Second, "faults"); strings.Contains(f, "isolate") {

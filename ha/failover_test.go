@@ -20,9 +20,12 @@ import (
 // and the loss of one and then both standbys.
 func TestHA(t *testing.T) {
 	tp := up(t, 2)
-	metricsExist(t, "http://"+haNet+".11:8008/metrics", "patroni_primary{", "patroni_sync_standby{", "patroni_replica{", "patroni_postgres_timeline{",
+	if !tlsOff {
+		checkTLS(tp)
+	}
+	metricsExist(t, tp.client(), patroni(1, "/metrics"), "patroni_primary{", "patroni_sync_standby{", "patroni_replica{", "patroni_postgres_timeline{",
 		"patroni_postgres_running{", "patroni_xlog_location{", "patroni_xlog_replayed_location{")
-	metricsExist(t, "http://"+haNet+".30:8404/metrics", `haproxy_backend_active_servers{proxy="kettle_nodes"}`, `haproxy_backend_active_servers{proxy="kettle_nodes_live"}`,
+	metricsExist(t, http.DefaultClient, "http://"+haNet+".30:8404/metrics", `haproxy_backend_active_servers{proxy="kettle_nodes"}`, `haproxy_backend_active_servers{proxy="kettle_nodes_live"}`,
 		`haproxy_server_status{proxy="kettle_nodes",server="kettle1",state="UP"}`)
 	run := 70 * time.Second
 	if long {
@@ -139,8 +142,8 @@ func TestHA(t *testing.T) {
 	slowSeconds(t, "v0", r0, steady, pollsEnd)
 	logSlowest(t, "probe polls", polls.between(steady, pollsEnd), 5)
 	// The dashboard's and the audit's history reads went to the replica.
-	node := scrape(t, node1+"/metrics")
-	metricsExist(t, node1+"/metrics", "kettle_pg_read_replica_lag_seconds ", "kettle_pg_read_replica_max_lag_seconds ", `kettle_pg_read_replica_reads_total{target="replica"}`)
+	node := scrape(t, http.DefaultClient, node1+"/metrics")
+	metricsExist(t, http.DefaultClient, node1+"/metrics", "kettle_pg_read_replica_lag_seconds ", "kettle_pg_read_replica_max_lag_seconds ", `kettle_pg_read_replica_reads_total{target="replica"}`)
 	for _, l := range strings.Split(node, "\n") {
 		if strings.HasPrefix(l, "kettle_pg_read_replica") {
 			t.Logf("node 1: %s", l)
@@ -193,6 +196,7 @@ func TestHA(t *testing.T) {
 	if n := len(polls.samples) - countStatus(polls.samples, 200); n > 0 {
 		t.Errorf("probe polls: %d of %d not 200 (%s)", n, len(polls.samples), counts(polls.samples))
 	}
+	checkNoLeaks(t, tp, nil)
 }
 
 func countStatus(ss []sample, status int) int {

@@ -3,6 +3,8 @@ package ha_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -37,6 +39,7 @@ type topo struct {
 	root string // module root
 	dir  string // KETTLE_HA_DIR
 	bin  string // the kettle binary
+	pw   string // every database role's password
 	env  []string
 }
 
@@ -62,12 +65,13 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp := &topo{t: t, root: root, dir: dir, bin: bin}
 	pw := uuid.NewString()
+	tp := &topo{t: t, root: root, dir: dir, bin: bin, pw: pw}
 	// Reads that tolerate lag go to a standby (--db-read), lag measured.
-	read := fmt.Sprintf("postgres://kettle:%s@%[2]s.11:5432,%[2]s.12:5432,%[2]s.13:5432/kettle?target_session_attrs=prefer-standby&connect_timeout=2&sslmode=disable", pw, haNet)
+	read := fmt.Sprintf("postgres://kettle:%s@%[2]s.11:5432,%[2]s.12:5432,%[2]s.13:5432/kettle?target_session_attrs=prefer-standby&connect_timeout=2&%[3]s", pw, haNet, dsnTLS(dir))
 	tp.env = append(os.Environ(), "KETTLE_HA_NET="+haNet, "KETTLE_HA_DIR="+dir, "KETTLE_BIN="+bin, fmt.Sprintf("KETTLE_HA_NODES=%d", nodes),
-		"KETTLE_HA_PASSWORD="+pw, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --db-read "+read)
+		// The read DSN holds the password: in the environment, not argv.
+		"KETTLE_HA_PASSWORD="+pw, "KETTLE_DB_READ="+read, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
 	tp.env = append(tp.env, extraEnv...)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -89,10 +93,43 @@ func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	return tp
 }
 
+// tlsOff: the topology without TLS (KETTLE_HA_TLS=0, comparison runs).
+var tlsOff = os.Getenv("KETTLE_HA_TLS") == "0"
+
+// dsnTLS is a DSN's TLS parameters for the topology in dir, as
+// cluster.sh dsn writes them: PostgreSQL takes TCP clients over TLS only.
+func dsnTLS(dir string) string {
+	if tlsOff {
+		return "sslmode=disable"
+	}
+	return "sslmode=verify-full&sslrootcert=" + filepath.Join(dir, "tls", "ca.crt")
+}
+
+// patroni is member i's REST API URL for path.
+func patroni(i int, path string) string {
+	scheme := "https"
+	if tlsOff {
+		scheme = "http"
+	}
+	return fmt.Sprintf("%s://%s.1%d:8008%s", scheme, haNet, i, path)
+}
+
+// client trusts the topology's CA (the members' HTTPS).
+func (tp *topo) client() *http.Client {
+	if tlsOff {
+		return http.DefaultClient
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(tp.readFile("tls/ca.crt"))) {
+		tp.t.Fatalf("no CA in %s/tls/ca.crt", tp.dir)
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
 // scrape returns the text of a /metrics page.
-func scrape(t *testing.T, url string) string {
+func scrape(t *testing.T, c *http.Client, url string) string {
 	t.Helper()
-	r, err := http.Get(url)
+	r, err := c.Get(url)
 	if err != nil {
 		t.Fatalf("scrape %s: %v", url, err)
 	}
@@ -104,9 +141,9 @@ func scrape(t *testing.T, url string) string {
 
 // metricsExist fails for each series prefix (name and leading labels, as
 // the alerts and the dashboard use them) the page lacks.
-func metricsExist(t *testing.T, url string, series ...string) {
+func metricsExist(t *testing.T, c *http.Client, url string, series ...string) {
 	t.Helper()
-	page := scrape(t, url)
+	page := scrape(t, c, url)
 	for _, s := range series {
 		if !strings.Contains(page, "\n"+s) {
 			t.Errorf("%s has no %s (deploy/prometheus/alerts.yml and the dashboard use it)", url, s)

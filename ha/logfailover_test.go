@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
+	"github.com/kettlefleet/kettlefleet/internal/leaktest"
 )
 
 // TestLogFailover (issue 53, scenario f; make chaos's log-failover part):
@@ -33,7 +35,7 @@ func TestLogFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { kc.Stop() })
 	logURL := kc.URL("kettle.readings")
-	tp := up(t, 2, "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s")
+	tp := up(t, 2, "KETTLE_DB_READ=", "KETTLE_HA_SERVE_ARGS=--access-log-sample 0 --log "+logURL+" --log-monitor-every 1s "+strings.Join(kc.Args(kafkatest.Front), " "))
 
 	// The writer, on the same multi-host DSN as the nodes.
 	wdir := filepath.Join(tp.dir, "writer")
@@ -46,7 +48,7 @@ func TestLogFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := exec.Command(tp.bin, "serve", "--role", "writer", "--addr", waddr, "--data-dir", wdir, "--log", logURL, "--log-monitor-every", "1s", "--log-format", "text")
+	w := exec.Command(tp.bin, append([]string{"serve", "--role", "writer", "--addr", waddr, "--data-dir", wdir, "--log", logURL, "--log-monitor-every", "1s", "--log-format", "text"}, kc.Args(kafkatest.Writer)...)...)
 	w.Env = append(os.Environ(), "KETTLE_DB="+tp.must(10*time.Second, "dsn"))
 	w.Stdout, w.Stderr = wlog, wlog
 	if err := w.Start(); err != nil {
@@ -152,6 +154,13 @@ func TestLogFailover(t *testing.T) {
 	if n > 0 {
 		t.Errorf("the swarm's kettles saw %d errors over the run %v, want 0", n, kinds)
 	}
+	kafkaPW := leaktest.Secrets{}
+	if kc.TLS {
+		for _, u := range []string{kafkatest.Admin, kafkatest.Front, kafkatest.Writer} {
+			kafkaPW["Kafka password of "+u] = kc.Auth(u).Password
+		}
+	}
+	checkNoLeaks(t, tp, kafkaPW, kc.Dir)
 }
 
 // leaderOK reports whether a Patroni leader answers.

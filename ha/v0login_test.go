@@ -244,7 +244,7 @@ func TestV0LoginRoundRobin(t *testing.T) {
 // metricOf reads one series from a node's /metrics (0 if absent).
 func metricOf(t *testing.T, node, series string) float64 {
 	t.Helper()
-	for _, l := range strings.Split(scrape(t, node+"/metrics"), "\n") {
+	for _, l := range strings.Split(scrape(t, http.DefaultClient, node+"/metrics"), "\n") {
 		if v, ok := strings.CutPrefix(l, series+" "); ok {
 			var f float64
 			fmt.Sscan(v, &f)

@@ -11,10 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/blackhole"
+	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/server"
@@ -59,8 +59,8 @@ func brokerFault(t *testing.T, fault string) {
 	)
 	topic := topic(t)
 	p, err := kafka.NewProducer(context.Background(), kafka.ProducerConfig{
-		Target: kafka.Target{Brokers: cluster.Brokers, Topic: topic}, Topic: kafka.TopicConfig{Partitions: 12},
-		Group: "writers-" + topic, MonitorEvery: time.Second, Log: logger(),
+		Target: cluster.Target(topic, kafkatest.Front), Topic: kafka.TopicConfig{Partitions: 12},
+		Group: "kettle-writers-" + topic, MonitorEvery: time.Second, Log: logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -229,7 +229,7 @@ func brokerFault(t *testing.T, fault string) {
 // fullyReplicated reports whether every partition of topic has all three
 // replicas in sync.
 func fullyReplicated(topic string) bool {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
+	cl, err := cluster.Client(kafkatest.Admin)
 	if err != nil {
 		return false
 	}

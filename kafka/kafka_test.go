@@ -80,12 +80,19 @@ func logger() *slog.Logger {
 
 func baseConfig(t *testing.T, dsn, topic string) server.Config {
 	return server.Config{Addr: "127.0.0.1:0", DB: dsn, DataDir: t.TempDir(), Secret: "suite-secret-0123456789", OperatorToken: "suite-operator-0123456789",
-		Logger: logger(), Log: server.LogConfig{URL: cluster.URL(topic), Partitions: 4, Group: "writers-" + topic, MonitorEvery: 300 * time.Millisecond}}
+		Logger: logger(), Log: server.LogConfig{URL: cluster.URL(topic), Partitions: 4, Group: "kettle-writers-" + topic, MonitorEvery: 300 * time.Millisecond}}
+}
+
+// as makes cfg reach the brokers as user (kafkatest.Front or Writer).
+func as(cfg *server.Config, user string) {
+	a := cluster.Auth(user)
+	cfg.Log.CA, cfg.Log.User, cfg.Log.Password = a.CA, a.User, a.Password
 }
 
 func startFront(t *testing.T, dsn, topic string, mod ...func(*server.Config)) *server.Server {
 	t.Helper()
 	cfg := baseConfig(t, dsn, topic)
+	as(&cfg, kafkatest.Front)
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -99,7 +106,9 @@ func startFront(t *testing.T, dsn, topic string, mod ...func(*server.Config)) *s
 
 func startWriter(t *testing.T, dsn, topic string) *server.Writer {
 	t.Helper()
-	w, err := server.StartWriter(context.Background(), baseConfig(t, dsn, topic))
+	cfg := baseConfig(t, dsn, topic)
+	as(&cfg, kafkatest.Writer)
+	w, err := server.StartWriter(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("start writer: %v", err)
 	}
@@ -144,7 +153,7 @@ func endOffsets(t *testing.T, topic string) int64 {
 // done releases both.
 func admin(t *testing.T) (context.Context, *kadm.Client, func()) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
+	cl, err := cluster.Client(kafkatest.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +165,7 @@ func admin(t *testing.T) (context.Context, *kadm.Client, func()) {
 // group, as a data team's consumer would).
 func readAll(t *testing.T, topic string, want int) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := cluster.Client(kafkatest.Admin, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +366,7 @@ func TestWriterReplayAndRebalance(t *testing.T) {
 
 	// Replay: the group's offsets back to the start, as after a writer
 	// that stored everything but died before committing its offsets.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.Brokers...))
+	cl, err := cluster.Client(kafkatest.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +378,7 @@ func TestWriterReplayAndRebalance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := adm.CommitAllOffsets(ctx, "writers-"+tp, starts.Offsets()); err != nil {
+	if err := adm.CommitAllOffsets(ctx, "kettle-writers-"+tp, starts.Offsets()); err != nil {
 		t.Fatalf("reset offsets: %v", err)
 	}
 	w3 := startWriter(t, dsn, tp)

@@ -20,14 +20,15 @@ import (
 // (TooOld): a front node then refuses uploads, so that the writers catch up
 // before Kafka's retention could delete a record nobody wrote.
 type Monitor struct {
-	adm     *kadm.Client
-	brokers []string
-	topic   string
-	group   string
-	maxAge  time.Duration
-	every   time.Duration
-	now     func() time.Time
-	log     *slog.Logger
+	adm      *kadm.Client
+	target   Target
+	oldestOn bool
+	topic    string
+	group    string
+	maxAge   time.Duration
+	every    time.Duration
+	now      func() time.Time
+	log      *slog.Logger
 
 	tooOld    atomic.Bool
 	oldestAge atomic.Int64 // ns; 0: nothing unwritten
@@ -47,6 +48,11 @@ type MonitorConfig struct {
 	Group string
 	// MaxAge: unwritten records older than this make TooOld true (0: never).
 	MaxAge time.Duration
+	// Oldest: measure the age of the oldest unwritten reading by reading
+	// the first unwritten record of each partition — the writers' monitor
+	// only: a front's user may not read the topic (its ACLs let it
+	// produce), and TooOld needs no record.
+	Oldest bool
 	// Every is the interval between measurements (default 5 s).
 	Every   time.Duration
 	Now     func() time.Time
@@ -62,17 +68,19 @@ func NewMonitor(adm *kadm.Client, cfg MonitorConfig) *Monitor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	m := &Monitor{adm: adm, brokers: cfg.Brokers, topic: cfg.Topic, group: cfg.Group, maxAge: cfg.MaxAge, every: cfg.Every,
+	m := &Monitor{adm: adm, target: cfg.Target, oldestOn: cfg.Oldest, topic: cfg.Topic, group: cfg.Group, maxAge: cfg.MaxAge, every: cfg.Every,
 		now: cfg.Now, log: cfg.Log, lag: map[int32]int64{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 	m.lagVec = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kettle_log_lag_records",
 		Help: "Records of the readings topic after the writers' committed offset, by partition (not yet in the store).",
 	}, []string{"partition"})
-	cfg.Metrics.MustRegister(m.lagVec,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	if cfg.Oldest {
+		cfg.Metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_log_oldest_unwritten_age_seconds",
-			Help: "Age (by the time a front node received it) of the oldest reading in the log not yet written to the store; 0 when every record is written.",
-		}, func() float64 { return time.Duration(m.oldestAge.Load()).Seconds() }),
+			Help: "Age (by the time a front node received it) of the oldest reading in the log not yet written to the store; 0 when every record is written. Measured by the writers, who may read the topic.",
+		}, func() float64 { return time.Duration(m.oldestAge.Load()).Seconds() }))
+	}
+	cfg.Metrics.MustRegister(m.lagVec,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_log_unwritten_too_old",
 			Help: "1 while some unwritten reading is older than --log-max-unwritten-age: front nodes refuse uploads (503) until the writers catch up, so that nothing ages out of the topic's retention unwritten.",
@@ -206,6 +214,9 @@ func (m *Monitor) Measure(ctx context.Context) error {
 		}
 		m.tooOld.Store(old)
 	}
+	if !m.oldestOn {
+		return nil
+	}
 	oldest, err := m.oldest(ctx, behind)
 	if err != nil {
 		return err
@@ -223,7 +234,7 @@ func (m *Monitor) oldest(ctx context.Context, behind map[int32]int64) (time.Time
 	for p, off := range behind {
 		parts[p] = kgo.NewOffset().At(off)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(m.brokers...),
+	cl, err := m.target.NewClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{m.topic: parts}),
 		kgo.FetchMaxWait(100*time.Millisecond), kgo.FetchMaxPartitionBytes(64<<10), kgo.FetchMaxBytes(1<<20))
 	if err != nil {

@@ -85,8 +85,7 @@ func NewProducer(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = prometheus.NewRegistry()
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(cfg.Brokers...),
+	cl, err := cfg.Target.NewClient(
 		kgo.DefaultProduceTopic(cfg.Target.Topic),
 		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent by default with acks=all
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
@@ -153,7 +152,7 @@ func (p *Producer) Append(ctx context.Context, rows []kettle.Measurement, receiv
 	if p.mon.TooOld() {
 		p.m.refused.WithLabelValues("unwritten_too_old").Add(float64(n))
 		return &kettle.Error{Code: kettle.EUnavailable, RetryAfter: 10 * p.cfg.RetryAfter,
-			Message: fmt.Sprintf("the readings log holds readings no writer has stored for over %s (oldest %s); uploads are refused until the writers catch up: retry later", p.cfg.MaxUnwrittenAge, p.mon.OldestUnwritten().Round(time.Second))}
+			Message: fmt.Sprintf("the readings log holds readings no writer has stored for over %s; uploads are refused until the writers catch up: retry later", p.cfg.MaxUnwrittenAge)}
 	}
 	if p.inflight.Add(n) > int64(p.cfg.MaxInflight) {
 		p.inflight.Add(-n)

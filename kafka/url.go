@@ -7,13 +7,15 @@ import (
 	"strings"
 )
 
-// Target is where the log lives: the bootstrap brokers and the topic.
+// Target is where the log lives: the bootstrap brokers and the topic, and
+// how a client reaches them (Auth).
 type Target struct {
 	Brokers []string
 	Topic   string
+	Auth    Auth
 }
 
-// String is the target as a --log URL.
+// String is the target as a --log URL (without Auth: it holds no secret).
 func (t Target) String() string {
 	return "kafka://" + strings.Join(t.Brokers, ",") + "/" + t.Topic
 }

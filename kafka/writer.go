@@ -80,8 +80,7 @@ func NewWriter(ctx context.Context, store kettle.Store, cfg WriterConfig) (*Writ
 		cfg.Metrics = prometheus.NewRegistry()
 	}
 	w := &Writer{cfg: cfg, store: store, m: newWriterMetrics(cfg.Metrics), done: make(chan struct{})}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(cfg.Brokers...),
+	cl, err := cfg.Target.NewClient(
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Target.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -112,7 +111,7 @@ func NewWriter(ctx context.Context, store kettle.Store, cfg WriterConfig) (*Writ
 		return nil, fmt.Errorf("--log %s: %w", cfg.Target, err)
 	}
 	w.cl = cl
-	w.mon = NewMonitor(adm, MonitorConfig{Target: cfg.Target, Group: cfg.Group, Every: cfg.MonitorEvery, Log: cfg.Log, Metrics: cfg.Metrics})
+	w.mon = NewMonitor(adm, MonitorConfig{Target: cfg.Target, Group: cfg.Group, Oldest: true, Every: cfg.MonitorEvery, Log: cfg.Log, Metrics: cfg.Metrics})
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	go w.run()
 	cfg.Log.Info("log writer started: consuming the readings log into the store", "log", cfg.Target.String(), "group", cfg.Group, "batch_rows", cfg.BatchRows)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -70,6 +71,12 @@ type Config struct {
 	// Shedding, when set, reports whether the node is shedding load; new
 	// connections are refused meanwhile (connected kettles stay).
 	Shedding func() bool
+	// TrustedProxies are the balancers in front of the listener (kettle
+	// serve --trusted-proxies): a connection from one begins with a PROXY
+	// protocol v2 header (HAProxy's send-proxy-v2) naming the kettle's
+	// address, which the listener's logs then show; a PROXY header from
+	// any other peer is refused.
+	TrustedProxies []netip.Prefix
 }
 
 // DefaultConfig is the listener's configuration when nothing is set
@@ -154,6 +161,7 @@ func Start(ctx context.Context, cfg Config, svc Fleet, secret []byte, log *slog.
 	b.push = newPusher(svc, log, b.counters, cfg.CommandTick, false, d.publish)
 	b.ln = &listener{addr: cfg.Addr, log: log, connectTimeout: cfg.ConnectTimeout, writeTimeout: cfg.WriteTimeout,
 		maxConns: int64(cfg.MaxConns), tls: cfg.TLS, tlsFailed: cfg.TLSHandshakeFailed,
+		proxies: cfg.TrustedProxies, proxyLog: logthin.Limiter{Burst: 10},
 		closeAll: d.closeAll, refusing: make(chan struct{}, maxRefusing), start: d.start, dropped: d.droppedFrom}
 	b.ln.overCap = func(version byte) packets.Packet { return b.shed(ShedQuota, version) }
 	if err := b.ln.listen(); err != nil {

@@ -113,11 +113,20 @@ func (dc *devConn) readOwn() {
 	dc.readLoop()
 }
 
-// establish does the TLS handshake and the CONNECT, and reports whether a
-// session was established.
+// establish reads a trusted proxy's PROXY header, does the TLS handshake
+// and the CONNECT, and reports whether a session was established.
 func (dc *devConn) establish(tc *tls.Conn) bool {
 	l := dc.d.b.ln
-	if tc != nil && dc.off(func() error { return l.handshake(tc) }) != nil {
+	if len(l.proxies) > 0 {
+		nc := dc.c.Conn
+		if tc != nil {
+			nc = tc.NetConn()
+		}
+		if dc.off(func() (err error) { dc.c.remote, err = l.client(nc); return err }) != nil {
+			return false
+		}
+	}
+	if tc != nil && dc.off(func() error { return l.handshake(tc, dc.c.RemoteAddr()) }) != nil {
 		return false
 	}
 	hdr := new([2]byte)
@@ -275,6 +284,12 @@ func (dc *devConn) encode(buf *bytes.Buffer, pk packets.Packet) error {
 // session was established.
 func (dc *devConn) connect(hdr [2]byte) bool {
 	d, b := dc.d, dc.d.b
+	if isProxyHeader(hdr) {
+		// Only a trusted proxy's header is read (establish); anyone else's
+		// claim to speak for a client is refused, and said so.
+		d.b.ln.refuseProxy(dc.c.RemoteAddr(), "from a peer not in --trusted-proxies")
+		return false
+	}
 	fh, err := fixedHeader(hdr, dc.c)
 	if err != nil || fh.Type != packets.Connect {
 		return false // not MQTT, or not a CONNECT first [MQTT-3.1.0-1]: nothing is owed

@@ -8,14 +8,17 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/pires/go-proxyproto"
 
 	"github.com/kettlefleet/kettlefleet/internal/backoff"
+	"github.com/kettlefleet/kettlefleet/internal/logthin"
 )
 
 // listener accepts kettles' connections: it backs off and retries on an
@@ -34,6 +37,11 @@ type listener struct {
 	// the connection's goroutine within connectTimeout.
 	tls       *tls.Config
 	tlsFailed func() // nil: not counted
+	// proxies are the balancers whose PROXY protocol v2 header names the
+	// client (Config.TrustedProxies): from them a connection begins with
+	// one; a PROXY header from anyone else is refused (proxy.go).
+	proxies  []netip.Prefix
+	proxyLog logthin.Limiter
 
 	open   atomic.Int64
 	closed atomic.Bool
@@ -130,10 +138,10 @@ func (l *listener) serve() {
 
 // handshake completes a TLS connection's handshake (within the connect
 // timeout set at accept); a failure is counted and the connection closed.
-func (l *listener) handshake(tc *tls.Conn) error {
+func (l *listener) handshake(tc *tls.Conn, remote net.Addr) error {
 	nc := tc.NetConn()
 	if err := tc.Handshake(); err != nil {
-		l.log.Debug("mqtt: TLS handshake failed", "remote", nc.RemoteAddr().String(), "err", err)
+		l.log.Debug("mqtt: TLS handshake failed", "remote", remote.String(), "err", err)
 		if l.tlsFailed != nil {
 			l.tlsFailed()
 		}
@@ -148,6 +156,10 @@ func (l *listener) handshake(tc *tls.Conn) error {
 func (l *listener) refuse(nc net.Conn) {
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(refuseTimeout))
+	remote, err := l.client(nc)
+	if err != nil {
+		return
+	}
 	c := nc
 	if l.tls != nil {
 		tc := tls.Server(nc, l.tls)
@@ -163,48 +175,51 @@ func (l *listener) refuse(nc net.Conn) {
 	hb, err := br.ReadByte()
 	if err != nil {
 		if isTimeout(err) {
-			l.drop(nc, "over the cap: no CONNECT within the refusal's timeout", err)
+			l.drop(remote, "over the cap: no CONNECT within the refusal's timeout", err)
 		}
 		return
 	}
 	var fh packets.FixedHeader
 	if fh.Decode(hb) != nil || fh.Type != packets.Connect {
+		if hb == proxyproto.SIGV2[0] || hb == proxyproto.SIGV1[0] {
+			l.refuseProxy(remote, "from a peer not in --trusted-proxies")
+		}
 		return
 	}
 	// A CONNECT began: whatever happens now, its kettle gets a CONNACK or
 	// the node logs why not (l.dropped).
 	n, _, err := packets.DecodeLength(br)
 	if err != nil || n > maxConnectBytes {
-		l.drop(nc, "over the cap: CONNECT malformed or larger than a kettle's", err)
+		l.drop(remote, "over the cap: CONNECT malformed or larger than a kettle's", err)
 		return
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(br, body); err != nil {
-		l.drop(nc, "over the cap: the CONNECT did not arrive whole", err)
+		l.drop(remote, "over the cap: the CONNECT did not arrive whole", err)
 		return
 	}
 	fh.Remaining = n
 	pk := packets.Packet{FixedHeader: fh}
 	if err := pk.ConnectDecode(body); err != nil {
-		l.drop(nc, "over the cap: malformed CONNECT", err)
+		l.drop(remote, "over the cap: malformed CONNECT", err)
 		return
 	}
 	ack := l.overCap(pk.ProtocolVersion)
 	var buf bytes.Buffer
 	if err := ack.ConnackEncode(&buf); err != nil {
-		l.drop(nc, "over the cap: its refusal could not be encoded", err)
+		l.drop(remote, "over the cap: its refusal could not be encoded", err)
 		return
 	}
 	if _, err := c.Write(buf.Bytes()); err != nil {
-		l.drop(nc, "over the cap: its refusal could not be written", err)
+		l.drop(remote, "over the cap: its refusal could not be written", err)
 	}
 }
 
 // drop reports a connection closed without a CONNACK after its CONNECT
 // began (nil dropped: not reported).
-func (l *listener) drop(nc net.Conn, why string, err error) {
+func (l *listener) drop(remote net.Addr, why string, err error) {
 	if l.dropped != nil {
-		l.dropped(nc.RemoteAddr(), why, err)
+		l.dropped(remote, why, err)
 	}
 }
 
@@ -248,6 +263,9 @@ func (l *listener) wait(d time.Duration) bool {
 type conn struct {
 	net.Conn
 	timeout time.Duration
+	// remote is the kettle's address when a trusted proxy's PROXY header
+	// named it (nil: the peer's).
+	remote net.Addr
 
 	mu  sync.Mutex // orders a Write's deadline against cut's
 	cut bool       // the session is being taken over: writes get takeoverGrace
@@ -326,6 +344,15 @@ func (c *conn) abort() {
 		return
 	}
 	_ = c.Conn.Close()
+}
+
+// RemoteAddr is the kettle's address: the one a trusted proxy's PROXY
+// header named, or the peer's.
+func (c *conn) RemoteAddr() net.Addr {
+	if c.remote != nil {
+		return c.remote
+	}
+	return c.Conn.RemoteAddr()
 }
 
 // SetDeadline is the keepalive's deadline: reads only.

@@ -147,6 +147,9 @@ type Store struct {
 	// connection waits for a commit, the moment they explain. monVersion
 	// (server_version_num) and monWALDir (may list pg_wal) are asked once a
 	// connection.
+	// dsn is Open's, for connections outside the pool (freshPassword).
+	dsn string
+
 	monMu      sync.Mutex
 	mon        *pgx.Conn
 	monVersion int32
@@ -236,6 +239,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.syncCut.Delete(c.PgConn())
 	}
 	cfg.ConnConfig.OnNotice = s.onNotice
+	rereadPassword(dsn, cfg)
+	s.dsn = dsn
 	// Migrate on a plain connection first: AfterConnect needs the schema.
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
@@ -638,7 +643,9 @@ func (s *Store) Maintenance(ctx context.Context) (Maintenance, error) {
 
 func (s *Store) maintenance(ctx context.Context) (Maintenance, error) {
 	if s.mon == nil {
-		c, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+		cc := s.pool.Config().ConnConfig.Copy()
+		freshPassword(s.dsn, cc)
+		c, err := pgx.ConnectConfig(ctx, cc)
 		if err != nil {
 			return Maintenance{}, unavailable("maintenance statistics: connect", err)
 		}

@@ -46,6 +46,7 @@ func openReplica(ctx context.Context, dsn string, opts Options, params map[strin
 	}
 	cfg.MaxConns = opts.MaxConns
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	rereadPassword(dsn, cfg)
 	for k, v := range params {
 		if cfg.ConnConfig.RuntimeParams[k] == "" {
 			cfg.ConnConfig.RuntimeParams[k] = v

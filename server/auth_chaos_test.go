@@ -118,6 +118,13 @@ func mqttConnect(t *testing.T, addr, user, pass, clientID string) (*paho.Client,
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mqttConnectOn(t, conn, user, pass, clientID)
+}
+
+// mqttConnectOn is mqttConnect on a connection already dialed (from an
+// address of the test's choosing, or after bytes of its own).
+func mqttConnectOn(t *testing.T, conn net.Conn, user, pass, clientID string) (*paho.Client, byte) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cl := paho.NewClient(paho.ClientConfig{Conn: conn, ClientID: clientID})

@@ -32,6 +32,21 @@ type LogConfig struct {
 	MaxUnwrittenAge time.Duration // refuse uploads past it (0: half the retention)
 	Group           string        // the writers' consumer group
 	MonitorEvery    time.Duration // lag measurement interval
+	// CA, User and Password: TLS to the brokers checked against CA, and
+	// SASL/SCRAM-SHA-512 as User (kafka.Auth). Empty: plain TCP, no SASL.
+	CA       string
+	User     string
+	Password string
+}
+
+// target is the log's --log URL with its Auth.
+func (c LogConfig) target() (kafka.Target, error) {
+	t, err := kafka.ParseURL(c.URL)
+	if err != nil {
+		return t, err
+	}
+	t.Auth = kafka.Auth{CA: c.CA, User: c.User, Password: c.Password}
+	return t, nil
 }
 
 // Roles of kettle serve --role.
@@ -46,7 +61,7 @@ func (s *Server) startLog(ctx context.Context, cfg *Config, reg prometheus.Regis
 	if cfg.Log.URL == "" {
 		return nil
 	}
-	t, err := kafka.ParseURL(cfg.Log.URL)
+	t, err := cfg.Log.target()
 	if err != nil {
 		return err
 	}
@@ -91,7 +106,7 @@ func StartWriter(ctx context.Context, cfg Config) (*Writer, error) {
 	if cfg.Log.URL == "" {
 		return nil, fmt.Errorf("--role writer needs --log kafka://h1:9092,h2:9092,h3:9092/topic: a writer consumes the readings log")
 	}
-	t, err := kafka.ParseURL(cfg.Log.URL)
+	t, err := cfg.Log.target()
 	if err != nil {
 		return nil, err
 	}

@@ -217,6 +217,7 @@ func (s *Server) startMQTT(ctx context.Context, cfg *Config) (err error) {
 			cfg.MaxConns -= cfg.MQTT.MaxConns
 		}
 		cfg.MQTT.PreviousSecret, cfg.MQTT.OnPreviousCredential = []byte(cfg.PreviousSecret), s.previousUsed
+		cfg.MQTT.TrustedProxies = cfg.TrustedProxies
 		if s.mqtt, err = mqttapi.Start(ctx, cfg.MQTT, s.svc, s.secret, s.log); err != nil {
 			return fmt.Errorf("mqtt listener on %s: %w", cfg.MQTT.Addr, err)
 		}

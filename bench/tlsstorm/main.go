@@ -3,8 +3,12 @@
 // worker, in a closed loop: dial, (https: handshake, full or resumed),
 // GET /healthz on the new connection, read the answer, close. After a
 // restart every kettle of a fleet does this once, within its interval.
+// With -mqtt-secret the target is kettle serve's MQTT listener (mqtt:// or
+// mqtts://) and the exchange a kettle's CONNECT (a fresh device, its
+// token), the CONNACK, and DISCONNECT.
 //
 //	tlsstorm -target https://127.0.0.1:8443 -ca cert.pem -resume=false -workers 64 -duration 10s -pid 1234
+//	tlsstorm -target mqtts://127.0.0.1:8883 -ca cert.pem -mqtt-secret "$(cat data/secret)" -resume -pid 1234
 //
 // One line of results: connections/s, connect-to-answer latency p50/p99,
 // errors, and with -pid the server's CPU per connection over the same
@@ -27,7 +31,11 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/google/uuid"
 	"github.com/prometheus/procfs"
+
+	"github.com/kettlefleet/kettlefleet"
 )
 
 var (
@@ -40,73 +48,24 @@ var (
 	warmup   = flag.Duration("warmup", 2*time.Second, "load before the window opens (not counted)")
 	pid      = flag.Int("pid", 0, "server pid whose CPU to report per connection (0: none)")
 	label    = flag.String("label", "", "label printed at the start of the result line")
+	mqttKey  = flag.String("mqtt-secret", "", "mqtt(s)://: the device-token secret kettle serve signs the kettles' tokens with")
 )
 
 func main() {
 	flag.Parse()
 	u, err := url.Parse(*target)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		fail("-target %q: want http(s)://HOST:PORT", *target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "mqtt" && u.Scheme != "mqtts") {
+		fail("-target %q: want http(s)://HOST:PORT or mqtt(s)://HOST:PORT", *target)
+	}
+	isMQTT := u.Scheme == "mqtt" || u.Scheme == "mqtts"
+	if isMQTT && *mqttKey == "" {
+		fail("-target %s: -mqtt-secret is required (the kettles' CONNECT carries a device token)", *target)
 	}
 	if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() {
 		fail("-target %s: loopback addresses only", *target)
 	}
-	var cfg *tls.Config
-	if u.Scheme == "https" {
-		cfg = &tls.Config{ServerName: u.Hostname()}
-		if *ca != "" {
-			pem, err := os.ReadFile(*ca)
-			if err != nil {
-				fail("-ca: %v", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				fail("-ca %s: no certificate", *ca)
-			}
-		}
-		for _, n := range strings.Split(*curves, ",") {
-			id, ok := curveIDs[strings.TrimSpace(n)]
-			if n == "" {
-				continue
-			} else if !ok {
-				fail("-curves: %q is not one of X25519, CurveP256, CurveP384, X25519MLKEM768", n)
-			}
-			cfg.CurvePreferences = append(cfg.CurvePreferences, id)
-		}
-		if *resume {
-			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(16)
-		}
-	}
-	req := []byte("GET /healthz HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: close\r\n\r\n")
-	once := func() (bool, error) {
-		c, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
-		if err != nil {
-			return false, err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		resumed := false
-		if cfg != nil {
-			tc := tls.Client(c, cfg)
-			if err := tc.Handshake(); err != nil {
-				return false, err
-			}
-			resumed = tc.ConnectionState().DidResume
-			c = tc
-		}
-		if _, err := c.Write(req); err != nil {
-			return resumed, err
-		}
-		res, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			return resumed, err
-		}
-		res.Body.Close()
-		if res.StatusCode != 200 {
-			return resumed, fmt.Errorf("status %d", res.StatusCode)
-		}
-		return resumed, nil
-	}
+	cfg := clientTLS(u)
+	once := func() (bool, error) { return connectOnce(u, cfg, isMQTT) }
 	if _, err := once(); err != nil { // a certificate not trusted, a server not up: say so
 		fail("first connection: %v", err)
 	}
@@ -169,6 +128,99 @@ func main() {
 		line += " first_error=" + strings.ReplaceAll(e, " ", "_")
 	}
 	fmt.Println(line)
+}
+
+// clientTLS is the TLS client configuration for u (nil for plain
+// http and mqtt): -ca, -curves and -resume.
+func clientTLS(u *url.URL) *tls.Config {
+	var cfg *tls.Config
+	if u.Scheme == "https" || u.Scheme == "mqtts" {
+		cfg = &tls.Config{ServerName: u.Hostname()}
+		if *ca != "" {
+			pem, err := os.ReadFile(*ca)
+			if err != nil {
+				fail("-ca: %v", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				fail("-ca %s: no certificate", *ca)
+			}
+		}
+		for _, n := range strings.Split(*curves, ",") {
+			id, ok := curveIDs[strings.TrimSpace(n)]
+			if n == "" {
+				continue
+			} else if !ok {
+				fail("-curves: %q is not one of X25519, CurveP256, CurveP384, X25519MLKEM768", n)
+			}
+			cfg.CurvePreferences = append(cfg.CurvePreferences, id)
+		}
+		if *resume {
+			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(16)
+		}
+	}
+	return cfg
+}
+
+// connectOnce is one connection of the storm: dial, the TLS handshake
+// (it reports whether the session was resumed), then an HTTP GET /healthz
+// or a kettle's MQTT session, and close.
+func connectOnce(u *url.URL, cfg *tls.Config, isMQTT bool) (bool, error) {
+	req := []byte("GET /healthz HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: close\r\n\r\n")
+	c, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	resumed := false
+	if cfg != nil {
+		tc := tls.Client(c, cfg)
+		if err := tc.Handshake(); err != nil {
+			return false, err
+		}
+		resumed = tc.ConnectionState().DidResume
+		c = tc
+	}
+	if isMQTT {
+		return resumed, mqttExchange(c, []byte(*mqttKey))
+	}
+	if _, err := c.Write(req); err != nil {
+		return resumed, err
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return resumed, err
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		return resumed, fmt.Errorf("status %d", res.StatusCode)
+	}
+	return resumed, nil
+}
+
+// mqttExchange is a kettle's session on c: CONNECT as a fresh device with
+// its token, the CONNACK (accepted), DISCONNECT.
+func mqttExchange(c net.Conn, secret []byte) error {
+	id := uuid.New()
+	connect := &packets.Connect{ProtocolName: "MQTT", ProtocolVersion: 5, Properties: &packets.Properties{}, ClientID: id.String(), CleanStart: true, KeepAlive: 60,
+		UsernameFlag: true, Username: id.String(), PasswordFlag: true, Password: []byte(kettle.DeviceToken(secret, id))}
+	if _, err := connect.WriteTo(c); err != nil {
+		return err
+	}
+	cp, err := packets.ReadPacket(c)
+	if err != nil {
+		return fmt.Errorf("connack: %w", err)
+	}
+	ack, ok := cp.Content.(*packets.Connack)
+	if !ok {
+		return fmt.Errorf("connack: got packet type %d", cp.Type)
+	}
+	if ack.ReasonCode != 0 {
+		return fmt.Errorf("connect refused: code %d", ack.ReasonCode)
+	}
+	_, err = (&packets.Disconnect{}).WriteTo(c)
+	return err
 }
 
 var curveIDs = map[string]tls.CurveID{"X25519": tls.X25519, "CurveP256": tls.CurveP256, "CurveP384": tls.CurveP384, "X25519MLKEM768": tls.X25519MLKEM768}

@@ -24,11 +24,13 @@ type rowKey struct {
 // audits show every acknowledged reading stored, so a stored row that is
 // not in the topic is a hole in the log (an acknowledged reading the log
 // does not hold). It reads the whole topic from its start up to the end
-// offsets of now, and every row of the database at dsn.
-func ReadLog(ctx context.Context, brokers []string, topic, dsn string) (*LogAudit, error) {
+// offsets of now (the topic of log, reached with its Auth), and every row of
+// the database at dsn.
+func ReadLog(ctx context.Context, log kafka.Target, dsn string) (*LogAudit, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	topic := log.Topic
+	cl, err := log.NewClient(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return nil, fmt.Errorf("readings log: %w", err)
 	}

@@ -19,7 +19,14 @@ var workerListening = regexp.MustCompile(`worker: listening on (\S+)`)
 // startWorker starts `kettle swarm worker` on ip (port chosen by the kernel).
 func startWorker(t *testing.T, ip, token string) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(kettleBin, "swarm", "worker", "--listen", ip+":0", "--token", token)
+	return startWorkerWith(t, ip, "--token", token)
+}
+
+// startWorkerWith is startWorker with the worker's other arguments (its
+// token among them) given.
+func startWorkerWith(t *testing.T, ip string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(kettleBin, append([]string{"swarm", "worker", "--listen", ip + ":0"}, args...)...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,17 +16,17 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/kettlefleet/kettlefleet/internal/leaktest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 )
 
-// leakSecrets are known values given to every command of TestNoSecretLeaks,
-// on the command line where a careless operator would put them (argv is the
-// worst case: what is there is most likely to be echoed).
-type leakSecrets map[string]string // name → value
-
-func newLeakSecrets() leakSecrets {
+// newLeakSecrets are known values given to every command of
+// TestNoSecretLeaks, on the command line where a careless operator would
+// put them (argv is the worst case: what is there is most likely to be
+// echoed).
+func newLeakSecrets() leaktest.Secrets {
 	r := strings.ReplaceAll(uuid.NewString(), "-", "")
-	return leakSecrets{
+	return leaktest.Secrets{
 		"operator token":  "opTOKEN" + r,
 		"device secret":   "devSECRET" + r,
 		"MQTT password":   "mqttPW" + r,
@@ -37,57 +35,19 @@ func newLeakSecrets() leakSecrets {
 	}
 }
 
-// corpus is everything the commands wrote or answered, by where it came from.
-type corpus map[string]string
-
-func (c corpus) add(where, what string) { c[where] += what }
-
-// files adds every regular file under dir.
-func (c corpus) files(t *testing.T, dir string) {
-	t.Helper()
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return nil
-		}
-		// The secrets' own files are where secrets live by design.
-		switch filepath.Base(p) {
-		case "operator-token", "secret", "operator-token.file", "secret.file", "worker-token.file", "mqtt-password.file":
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err == nil {
-			c.add(p, string(b))
-		}
-		return nil
-	})
-}
-
-// check fails for every place a secret appears in, plain or URL-encoded.
-func (c corpus) check(t *testing.T, secrets leakSecrets) {
-	t.Helper()
-	if len(c) < 10 {
-		t.Fatalf("only %d sources searched: the test did not run what it means to", len(c))
+// ownSecretFile: the secrets' own files are where secrets live by design.
+func ownSecretFile(p string) bool {
+	switch filepath.Base(p) {
+	case "operator-token", "secret", "operator-token.file", "secret.file", "worker-token.file", "mqtt-password.file":
+		return true
 	}
-	for name, v := range secrets {
-		forms := []string{v}
-		if e := url.QueryEscape(v); e != v {
-			forms = append(forms, e)
-		}
-		for _, form := range forms {
-			for where, what := range c {
-				if i := strings.Index(what, form); i >= 0 {
-					lo, hi := max(0, i-80), min(len(what), i+len(form)+40)
-					t.Errorf("the %s is in %s: …%s…", name, where, what[lo:hi])
-				}
-			}
-		}
-	}
+	return false
 }
 
 // getAll answers every route of the OpenAPI document (with and without the
 // operator token, with a good and a bad body) and the operational routes,
 // and adds each answer — status, headers, body — to c.
-func getAll(t *testing.T, c corpus, base, op, device string) {
+func getAll(t *testing.T, c leaktest.Corpus, base, op, device string) {
 	t.Helper()
 	res, err := http.Get(base + "/openapi.json")
 	if err != nil {
@@ -95,7 +55,7 @@ func getAll(t *testing.T, c corpus, base, op, device string) {
 	}
 	b, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	c.add("GET /openapi.json", string(b))
+	c.Add("GET /openapi.json", string(b))
 	var doc struct {
 		Paths map[string]map[string]json.RawMessage `json:"paths"`
 	}
@@ -111,14 +71,14 @@ func getAll(t *testing.T, c corpus, base, op, device string) {
 		req.Header.Set("Content-Type", "application/json")
 		res, err := client.Do(req)
 		if err != nil {
-			c.add(method+" "+path, err.Error())
+			c.Add(method+" "+path, err.Error())
 			return
 		}
 		rb, _ := io.ReadAll(res.Body)
 		res.Body.Close()
 		var h strings.Builder
 		res.Header.Write(&h)
-		c.add(method+" "+path+" ("+auth[:min(3, len(auth))]+")", res.Status+"\n"+h.String()+string(rb))
+		c.Add(method+" "+path+" ("+auth[:min(3, len(auth))]+")", res.Status+"\n"+h.String()+string(rb))
 	}
 	for p, ops := range doc.Paths {
 		path := strings.ReplaceAll(p, "{id}", device)
@@ -145,7 +105,7 @@ func getAll(t *testing.T, c corpus, base, op, device string) {
 // /openapi.json, pprof on --debug-addr) is searched: none holds any of them.
 func TestNoSecretLeaks(t *testing.T) {
 	s := newLeakSecrets()
-	c := corpus{}
+	c := leaktest.Corpus{}
 	top := t.TempDir()
 
 	// kettle serve on SQLite, every secret on its command line, pprof on.
@@ -166,7 +126,7 @@ func TestNoSecretLeaks(t *testing.T) {
 		}
 		b, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		c.add("pprof "+path, string(b))
+		c.Add("pprof "+path, string(b))
 	}
 
 	// The lab: a worker, the controller with every secret on its command line.
@@ -193,33 +153,33 @@ func TestNoSecretLeaks(t *testing.T) {
 	b, err := exec.Command(kettleBin, "swarm", "--target", p.url, "--workers", addr, "--worker-token", s["worker token"],
 		"--operator-token", s["operator token"], "--secret", s["device secret"],
 		"--devices", "20", "--interval", "250ms", "--duration", "3s", "--slo-p99", "0", "--sample=false", "--out", out).CombinedOutput()
-	c.add("kettle swarm --workers output", string(b))
+	c.Add("kettle swarm --workers output", string(b))
 	if err != nil {
 		t.Fatalf("swarm over a worker: %v\n%s", err, b)
 	}
 	b, err = exec.Command(kettleBin, "report", filepath.Join(out, "results.json"), "-o", filepath.Join(out, "again.html")).CombinedOutput()
-	c.add("kettle report output", string(b))
+	c.Add("kettle report output", string(b))
 	if err != nil {
 		t.Fatalf("report: %v\n%s", err, b)
 	}
 	capOut := filepath.Join(top, "capacity")
 	b, _ = exec.Command(kettleBin, "capacity", "--target", p.url, "--operator-token", s["operator token"], "--secret", s["device secret"],
 		"--start", "20", "--step", "20", "--max", "40", "--step-duration", "2s", "--interval", "1s", "--sample=false", "--out", capOut).CombinedOutput()
-	c.add("kettle capacity output", string(b))
+	c.Add("kettle capacity output", string(b))
 
 	// Backup and restore of the SQLite store.
 	bk := filepath.Join(top, "backup", "k.db")
 	b, err = exec.Command(kettleBin, "backup", "--db", "sqlite:"+filepath.Join(dir, "k.db"), "--out", bk).CombinedOutput()
-	c.add("kettle backup output", string(b))
+	c.Add("kettle backup output", string(b))
 	if err != nil {
 		t.Fatalf("backup: %v\n%s", err, b)
 	}
 	b, _ = exec.Command(kettleBin, "restore", "--db", "sqlite:"+filepath.Join(top, "restored", "k.db"), "--from", bk).CombinedOutput()
-	c.add("kettle restore output", string(b))
+	c.Add("kettle restore output", string(b))
 	p.cmd.Process.Signal(os.Interrupt)
 	<-p.done
-	c.add("kettle serve (SQLite) log", p.log.String())
-	c.add("kettle swarm worker log", wlog.String())
+	c.Add("kettle serve (SQLite) log", p.log.String())
+	c.Add("kettle swarm worker log", wlog.String())
 
 	// kettle serve on PostgreSQL, its password in the DSN.
 	pgDSN := withPassword(t, pgtest.Start(t), s["database secret"])
@@ -230,19 +190,19 @@ func TestNoSecretLeaks(t *testing.T) {
 	load(pp, pdevs, time.Now().Add(-time.Hour), closedAfter(200*time.Millisecond))
 	getAll(t, c, pp.url, s["operator token"], uuid.NewString())
 	b, _ = exec.Command(kettleBin, "backup", "--db", pgDSN, "--out", filepath.Join(top, "pgbackup", "k.dump")).CombinedOutput()
-	c.add("kettle backup (PostgreSQL) output", string(b))
+	c.Add("kettle backup (PostgreSQL) output", string(b))
 	bad := strings.Replace(pgDSN, "dbname=", "port=1 dbname=", 1)
 	b, _ = exec.Command(kettleBin, "backup", "--db", bad, "--out", filepath.Join(top, "pgbackup", "bad.dump")).CombinedOutput()
-	c.add("kettle backup (unreachable PostgreSQL) output", string(b))
+	c.Add("kettle backup (unreachable PostgreSQL) output", string(b))
 	pp.cmd.Process.Signal(os.Interrupt)
 	<-pp.done
-	c.add("kettle serve (PostgreSQL) log", pp.log.String())
+	c.Add("kettle serve (PostgreSQL) log", pp.log.String())
 
 	// kettle demo: its own generated secrets, searched for the same way.
 	ddir := filepath.Join(top, "demo")
 	b, err = exec.Command(kettleBin, "demo", "--data-dir", ddir, "--devices", "30", "--conns", "10", "--hatch-rate", "0",
 		"--interval", "1s", "--duration", "3s", "--slo-p99", "0", "--sample=false", "--out", filepath.Join(top, "demo-out")).CombinedOutput()
-	c.add("kettle demo output", string(b))
+	c.Add("kettle demo output", string(b))
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, b)
 	}
@@ -254,8 +214,8 @@ func TestNoSecretLeaks(t *testing.T) {
 		s["demo's "+name] = strings.TrimSpace(string(v))
 	}
 
-	c.files(t, top)
-	c.check(t, s)
+	c.Files(top, ownSecretFile)
+	c.Check(t, s, 10)
 }
 
 // withPassword gives a keyword/value DSN a password (pgtest's cluster

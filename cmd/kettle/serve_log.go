@@ -24,6 +24,10 @@ func logFlags(fs *flag.FlagSet, cfg *server.LogConfig, role *string) {
 	fs.DurationVar(&cfg.MaxUnwrittenAge, "log-max-unwritten-age", cfg.MaxUnwrittenAge, "with --log: while a reading in the log has waited longer than this for a writer, uploads are answered 503 (Retry-After 10× the usual), so nothing reaches the topic's retention unwritten; below the retention (0: half of it)")
 	fs.StringVar(&cfg.Group, "log-group", cfg.Group, "with --log: the writers' consumer group (fronts watch its lag)")
 	fs.DurationVar(&cfg.MonitorEvery, "log-monitor-every", cfg.MonitorEvery, "with --log: how often the writers' lag and the age of the oldest unwritten reading are measured")
+	fs.StringVar(&cfg.CA, "log-ca", cfg.CA, "with --log: PEM file of the CA the brokers' certificates are checked against (each for the address dialed): the log over TLS; empty: plain TCP")
+	fs.StringVar(&cfg.User, "log-user", cfg.User, "with --log: SASL/SCRAM-SHA-512 user at the brokers (fronts and writers each their own: the brokers' ACLs let fronts produce and writers consume); empty: no SASL")
+	fs.StringVar(&cfg.Password, "log-password", cfg.Password, "with --log-user: its SCRAM password (better --log-password-file)")
+	secretFileVars(fs, "log-password")
 }
 
 // runWriter is kettle serve --role writer.

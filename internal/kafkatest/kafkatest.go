@@ -1,7 +1,8 @@
 // Package kafkatest runs the three KRaft Kafka nodes of deploy/kafka for
 // tests and make chaos, with deploy/kafka/kafka.sh exactly as an operator
-// runs it. Missing jars or Java fail with a message naming make deps,
-// never a skip.
+// runs it: over TLS with SCRAM users and ACLs (KAFKA_TLS=0 in the
+// environment: plain TCP, for comparison runs). Missing jars or Java fail
+// with a message naming make deps, never a skip.
 package kafkatest
 
 import (
@@ -16,12 +17,23 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kettlefleet/kettlefleet/kafka"
+)
+
+// The users kafka.sh makes: Admin a super user (the tools, tests' own
+// clients), Front may produce, Writer may consume and commit.
+const (
+	Admin  = "admin"
+	Front  = "front"
+	Writer = "writer"
 )
 
 // Cluster is three running Kafka nodes.
 type Cluster struct {
 	Dir     string   // data and logs
 	Brokers []string // host:port of each node
+	TLS     bool     // SASL_SSL with users and ACLs (kafka.sh's KAFKA_TLS)
 	env     []string
 	script  string
 }
@@ -83,7 +95,43 @@ func Start(dir string, o Options) (*Cluster, error) {
 		return nil, fmt.Errorf("kafka.sh start: %v\n%s", err, out)
 	}
 	c.reaper()
+	mode, _ := os.ReadFile(filepath.Join(dir, "tls-mode"))
+	c.TLS = strings.TrimSpace(string(mode)) == "1"
 	return c, nil
+}
+
+// Auth is how user (Admin, Front, Writer) reaches the nodes: their CA and
+// the user's SCRAM password (nothing without TLS).
+func (c *Cluster) Auth(user string) kafka.Auth {
+	if !c.TLS {
+		return kafka.Auth{}
+	}
+	pw, _ := os.ReadFile(c.PasswordFile(user))
+	return kafka.Auth{CA: filepath.Join(c.Dir, "tls", "ca.crt"), User: user, Password: strings.TrimSpace(string(pw))}
+}
+
+// PasswordFile holds user's SCRAM password.
+func (c *Cluster) PasswordFile(user string) string {
+	return filepath.Join(c.Dir, "users", user+".password")
+}
+
+// Target is topic as user reaches it.
+func (c *Cluster) Target(topic, user string) kafka.Target {
+	return kafka.Target{Brokers: c.Brokers, Topic: topic, Auth: c.Auth(user)}
+}
+
+// Client is a client of the nodes as user, with extra options.
+func (c *Cluster) Client(user string, extra ...kgo.Opt) (*kgo.Client, error) {
+	return c.Target("", user).NewClient(extra...)
+}
+
+// Args are kettle serve's flags that make it reach the nodes as user
+// (--log-ca, --log-user, --log-password-file; none without TLS).
+func (c *Cluster) Args(user string) []string {
+	if !c.TLS {
+		return nil
+	}
+	return []string{"--log-ca", c.Auth(user).CA, "--log-user", user, "--log-password-file", c.PasswordFile(user)}
 }
 
 // reaper starts a watcher that stops the nodes once this process is gone
@@ -159,7 +207,7 @@ func (c *Cluster) Stop() error {
 // active controller, whose loss costs a controller election on top of a
 // broker's.
 func (c *Cluster) QuorumLeader(ctx context.Context) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	cl, err := c.Client(Admin)
 	if err != nil {
 		return 0, err
 	}

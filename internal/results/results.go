@@ -195,6 +195,7 @@ var headlines = map[string][]string{
 	"pg-ab.sh":           {"B/A single rps, median of rounds", "B/A v1 rows_per_s, median of rounds", "B/A single kettle_cpu_us_per_req, median of rounds"},
 	"locust-vs-swarm.sh": {"swarm_cpu_per_request", "locust_cpu_per_request", "swarm_steady", "offered"},
 	"capacity.sh":        {"holds", "breaks at", "SLO p99"},
+	"tls-cost.sh":        {"http uploads tls/plain, server CPU a request", "mqtt tls−plain, server RSS a connection", "postgres write path verify-full/disable, kettle serve + PostgreSQL CPU a reading"},
 }
 
 // Headline is a record in a few words: the figures its benchmark exists for

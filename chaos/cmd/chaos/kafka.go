@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,7 +67,7 @@ func startLogRig(ctx context.Context, e *env, name string, writers int) (*logRig
 		if err != nil {
 			return r, err
 		}
-		w, err := startServe(ctx, e, addr, r.data, dsn, filepath.Join(r.dir, fmt.Sprintf("writer%d.log", i+1)), append([]string{"--role", "writer"}, logArgs...)...)
+		w, err := startServe(ctx, e, addr, r.data, dsn, filepath.Join(r.dir, fmt.Sprintf("writer%d.log", i+1)), slices.Concat([]string{"--role", "writer"}, logArgs, kc.Args(kafkatest.Writer))...)
 		if err != nil {
 			return r, err
 		}
@@ -76,7 +77,7 @@ func startLogRig(ctx context.Context, e *env, name string, writers int) (*logRig
 	if err != nil {
 		return r, err
 	}
-	r.front, err = startServe(ctx, e, addr, r.data, dsn, filepath.Join(r.dir, "front.log"), append([]string{"--cache-refresh", "1s"}, logArgs...)...)
+	r.front, err = startServe(ctx, e, addr, r.data, dsn, filepath.Join(r.dir, "front.log"), slices.Concat([]string{"--cache-refresh", "1s"}, logArgs, kc.Args(kafkatest.Front))...)
 	return r, err
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/chaos/nemesis"
 	"github.com/kettlefleet/kettlefleet/httpapi"
+	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/report"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
@@ -464,7 +465,12 @@ func logCheck(ctx context.Context, t *haTopo, withLog bool, dsn string) nemesis.
 	if len(brokers) == 0 || dsn == "" {
 		return nemesis.Check{Name: "the readings log holds every acknowledged reading", Detail: fmt.Sprintf("not read: brokers %v (cluster.sh machines), database DSN given %v", brokers, dsn != "")}
 	}
-	l, err := nemesis.ReadLog(ctx, brokers, "kettle.readings", dsn)
+	log := kafka.Target{Brokers: brokers, Topic: "kettle.readings"}
+	// deploy/cluster.sh's Kafka over TLS (unless KETTLE_HA_TLS=0): read as its admin user
+	if pw, err := os.ReadFile(filepath.Join(t.dir, "kafka", "users", "admin.password")); err == nil {
+		log.Auth = kafka.Auth{CA: filepath.Join(t.dir, "tls", "ca.crt"), User: "admin", Password: strings.TrimSpace(string(pw))}
+	}
+	l, err := nemesis.ReadLog(ctx, log, dsn)
 	if err != nil {
 		return nemesis.Check{Name: "the readings log holds every acknowledged reading", Detail: err.Error()}
 	}

@@ -1,0 +1,97 @@
+package kafka_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
+	"github.com/kettlefleet/kettlefleet/internal/leaktest"
+	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/server"
+)
+
+// TestNoKafkaSecretLeaks: a front and a writer reach the brokers as their
+// users (TLS, SCRAM) and carry readings through the log, a client tries a
+// wrong password; then the users' passwords are in none of: the front's
+// and writer's log lines (debug level), their /metrics, /readyz and
+// /healthz, the wrong client's error, the brokers' files (logs, data,
+// configuration but the users' own files), and any process's argv (the
+// brokers' java command lines among them).
+func TestNoKafkaSecretLeaks(t *testing.T) {
+	needKafka(t)
+	if !cluster.TLS {
+		t.Skip("KAFKA_TLS=0: the nodes run without users")
+	}
+	s := leaktest.Secrets{}
+	for _, u := range []string{kafkatest.Admin, kafkatest.Front, kafkatest.Writer} {
+		s["Kafka password of "+u] = cluster.Auth(u).Password
+	}
+	logs := &syncbuf.Buffer{}
+	debug := func(c *server.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	tp := topic(t)
+	dsn := pgtest.Start(t)
+	front := startFront(t, dsn, tp, debug)
+	wcfg := baseConfig(t, dsn, tp)
+	as(&wcfg, kafkatest.Writer)
+	debug(&wcfg)
+	w, err := server.StartWriter(context.Background(), wcfg)
+	if err != nil {
+		t.Fatalf("start writer: %v", err)
+	}
+	t.Cleanup(func() { w.Close() })
+	id := uuid.New()
+	at := time.Now().Add(-time.Minute).Truncate(time.Second)
+	if st, body, _ := upload(t, front.URL(), id, reading(at, 500)); st != 200 {
+		t.Fatalf("upload: %d %s", st, body)
+	}
+
+	c := leaktest.Corpus{}
+	waitFor(t, 30*time.Second, "the writer stores the reading", func() bool {
+		res, err := http.Get(w.URL() + "/metrics")
+		if err != nil {
+			return false
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return strings.Contains(string(b), "\nkettle_log_written_readings_total 1\n")
+	})
+	for _, base := range []string{front.URL(), w.URL()} {
+		for _, p := range []string{"/metrics", "/readyz", "/healthz"} {
+			c.Get(http.DefaultClient, base+p)
+		}
+	}
+	// A client with a wrong password: its error, whatever it says.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	wrong := cluster.Target(tp, kafkatest.Front)
+	wrong.Auth.Password = "wrong-" + uuid.NewString()
+	if cl, err := wrong.NewClient(kgo.DefaultProduceTopic(tp)); err != nil {
+		c.Add("the wrong password's client", err.Error())
+	} else {
+		err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr()
+		cl.Close()
+		if err == nil {
+			t.Fatal("a produce with a wrong password succeeded")
+		}
+		c.Add("the wrong password's produce", err.Error())
+	}
+	c.Add("front and writer logs", logs.String())
+	c.Files(cluster.Dir, func(p string) bool {
+		// The users' own files: their passwords, by design (0600).
+		return filepath.Base(filepath.Dir(p)) == "users"
+	})
+	c.Argv()
+	c.Check(t, s, 20)
+}
