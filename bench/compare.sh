@@ -2,10 +2,14 @@
 # kettle report --baseline on real runs: ROUNDS rounds, each one swarm of
 # DEVICES kettles for DURATION seconds against a fresh `kettle serve` built
 # from BASE_BIN (the baseline, A) and one against CAND_BIN (the candidate,
-# B), run alternately (A B A B …) so the machine's noise falls on both; then
-# each round's B is compared with its A. Prints each comparison's line and
-# how many rounds came out regressed / improved / within noise, and records
-# them.
+# B), in turn, the first of each pair alternating (A B, B A, A B, …: the
+# second run of a pair fared better in the recorded rounds, so the order
+# falls on both sides too); then each round's B is compared with its A, and
+# the first k rounds pooled (k = 2 … ROUNDS: kettle report --baseline
+# A1,…,Ak Bk --pool B1,…), whose intervals are the spread between runs.
+# Prints each comparison's line, how many rounds came out regressed /
+# improved / within noise alone, and how many figures each pool flagged;
+# records them.
 #
 #   bench/compare.sh                                  # the tree against itself
 #   CAND_BIN=/tmp/kettle-slow bench/compare.sh        # a candidate build
@@ -66,9 +70,12 @@ for r in $(seq "$ROUNDS"); do
 	if [ -n "${JUDGE:-}" ]; then
 		mkdir -p "$work/a$r" "$work/b$r"
 		cp "$JUDGE/a$r/results.json" "$work/a$r/" && cp "$JUDGE/b$r/results.json" "$work/b$r/"
-	else
+	elif [ $((r % 2)) = 1 ]; then
 		run "$BASE_BIN" "$work/a$r"
 		run "$CAND_BIN" "$work/b$r"
+	else
+		run "$CAND_BIN" "$work/b$r"
+		run "$BASE_BIN" "$work/a$r"
 	fi
 	rc=0
 	"$work/kettle" report --baseline "$work/a$r/results.json" "$work/b$r/results.json" -o "$work/b$r/report.html" \
@@ -86,12 +93,34 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "rounds: $ROUNDS; regressed $regressed, improved $improved, within noise or passed $noise"
 
+# The first k rounds pooled: how many rounds a verdict takes.
+pools=()
+for k in $(seq 2 "$ROUNDS"); do
+	as=$(seq -f "$work/a%g" 1 "$k" | paste -sd,)
+	more=$(seq -f "$work/b%g" 1 $((k - 1)) | paste -sd,)
+	rc=0
+	"$work/kettle" report --baseline "$as" "$work/b$k/results.json" --pool "$more" -o "$work/pool$k/report.html" \
+		>"$work/pool$k.log" 2>&1 || rc=$?
+	line=$(sed -n 's/^  comparison: \([a-z]\)/\1/p' "$work/pool$k.log" | head -1)
+	echo "rounds 1-$k pooled (exit $rc): $line"
+	grep -E '^  [✗!✓] ' "$work/pool$k.log" || true
+	pools+=("$k $(jq -r '[([.figures[] | select(.status == "regressed")] | length), ([.figures[] | select(.status == "improved")] | length),
+		(.figures[] | select(.name == "measurement.p50" or .name == "measurement.p99") | .estimate)] | @tsv' "$work/pool$k/compare.json")")
+done
+
 cand=
 [ "$CAND_BIN" != "$work/kettle" ] && cand="CAND_BIN=$CAND_BIN "
 [ -z "${JUDGE:-}" ] || cand="JUDGE=$JUDGE "
 rec_begin compare.sh "${cand}DEVICES=$NDEV DURATION=$DURATION INTERVAL=$INTERVAL ROUNDS=$ROUNDS bench/compare.sh"
 pre=${LABEL:+$LABEL }
+# First the rounds and what the pool of them all says (the headline), then
+# each round alone, then each pool of the first k rounds.
 rec_fig "${pre}rounds" "$ROUNDS" rounds
+if [ "${#pools[@]}" -gt 0 ]; then
+	read -r _ reg imp _ <<<"${pools[-1]}"
+	rec_fig "${pre}all rounds pooled, figures regressed" "$reg" figures
+	rec_fig "${pre}all rounds pooled, figures improved" "$imp" figures
+fi
 rec_fig "${pre}rounds regressed" "$regressed" rounds
 rec_fig "${pre}rounds improved" "$improved" rounds
 rec_fig "${pre}rounds within noise" "$noise" rounds
@@ -99,5 +128,12 @@ for r in $(seq "$ROUNDS"); do
 	read -r p50 p99 <<<"${ratios[$((r - 1))]}"
 	rec_fig "${pre}round $r measurement p50 B/A" "$p50" ratio
 	rec_fig "${pre}round $r measurement p99 B/A" "$p99" ratio
+done
+for p in "${pools[@]}"; do
+	read -r k reg imp p50 p99 <<<"$p"
+	rec_fig "${pre}rounds 1-$k pooled, figures regressed" "$reg" figures
+	rec_fig "${pre}rounds 1-$k pooled, figures improved" "$imp" figures
+	rec_fig "${pre}rounds 1-$k pooled, measurement p50 B/A" "$p50" ratio
+	rec_fig "${pre}rounds 1-$k pooled, measurement p99 B/A" "$p99" ratio
 done
 rec_end

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // The comparison's statistics: a moving-block bootstrap over a run's
@@ -228,5 +229,62 @@ func ratioCI(rng *rand.Rand, resamples int, confidence float64, na, nb int, a, b
 	for j := range out {
 		out[j].lo, out[j].hi = interval(reps[j], confidence)
 	}
+	return out
+}
+
+// acrossRuns is what Compare reports for a figure measured in several runs
+// a side (rounds of the same builds): a single run's seconds show the noise
+// within it, not the noise between runs on a machine whose neighbours come
+// and go, which moves every figure of a run at once. Each run's figure is
+// one observation; the change is the ratio of the sides' geometric means
+// (the difference of their means when diff), and its interval is Student's
+// t on the runs' logarithms (values when diff) with the two sides' variance
+// pooled: the same machine, the same noise. Runs whose figure is missing
+// (or, for a ratio, not positive) are left out; with fewer than three runs
+// in all there is no spread to read and the interval is NaN.
+func acrossRuns(xs, ys []float64, confidence float64, diff bool) bootstrapped {
+	f, inv := math.Log, math.Exp
+	if diff {
+		f, inv = func(x float64) float64 { return x }, func(x float64) float64 { return x }
+	}
+	obs := func(vs []float64) []float64 {
+		var out []float64
+		for _, v := range vs {
+			if !math.IsNaN(v) && !math.IsInf(v, 0) && (diff || v > 0) {
+				out = append(out, f(v))
+			}
+		}
+		return out
+	}
+	lx, ly := obs(xs), obs(ys)
+	out := bootstrapped{a: math.NaN(), b: math.NaN(), est: math.NaN(), lo: math.NaN(), hi: math.NaN()}
+	if len(lx) == 0 || len(ly) == 0 {
+		return out
+	}
+	mean := func(vs []float64) float64 {
+		var s float64
+		for _, v := range vs {
+			s += v
+		}
+		return s / float64(len(vs))
+	}
+	ma, mb := mean(lx), mean(ly)
+	out.a, out.b = inv(ma), inv(mb)
+	d := mb - ma
+	out.est = inv(d)
+	df := len(lx) + len(ly) - 2
+	if df < 1 {
+		return out
+	}
+	var ss float64
+	for _, v := range lx {
+		ss += (v - ma) * (v - ma)
+	}
+	for _, v := range ly {
+		ss += (v - mb) * (v - mb)
+	}
+	se := math.Sqrt(ss/float64(df)) * math.Sqrt(1/float64(len(lx))+1/float64(len(ly)))
+	tq := distuv.StudentsT{Mu: 0, Sigma: 1, Nu: float64(df)}.Quantile(1 - (1-confidence)/2)
+	out.lo, out.hi = inv(d-tq*se), inv(d+tq*se)
 	return out
 }

@@ -33,11 +33,15 @@ type Comparison struct {
 	// to read the figures with care.
 	Caveats    []string `json:"caveats,omitempty"`
 	Confidence float64  `json:"confidence"`
-	Resamples  int      `json:"resamples"`
-	BlockS     int      `json:"block_s"` // bootstrap block length, seconds
-	Figures    []Figure `json:"figures"`
-	Regressed  []string `json:"regressed,omitempty"` // figure names
-	Improved   []string `json:"improved,omitempty"`
+	// Method is how the intervals are read: "block-bootstrap" over the
+	// seconds of one run a side, or "runs" (Student's t over the runs'
+	// figures) when a side has several runs.
+	Method    string   `json:"method"`
+	Resamples int      `json:"resamples"`
+	BlockS    int      `json:"block_s"` // bootstrap block length, seconds
+	Figures   []Figure `json:"figures"`
+	Regressed []string `json:"regressed,omitempty"` // figure names
+	Improved  []string `json:"improved,omitempty"`
 	// Failed: a figure whose rule fails the comparison regressed (the exit
 	// code of kettle report --baseline).
 	Failed bool   `json:"failed"`
@@ -47,7 +51,8 @@ type Comparison struct {
 	sa, sb *Summary // the runs' reports, for the page's charts
 }
 
-// RunInfo is one side of a comparison.
+// RunInfo is one side of a comparison: its first run, and with several
+// runs (rounds of the same build) each of them in Runs.
 type RunInfo struct {
 	Path    string    `json:"path,omitempty"`
 	Command string    `json:"command"`
@@ -57,6 +62,7 @@ type RunInfo struct {
 	// how many are.
 	SteadyFrom   int        `json:"steady_from"`
 	Seconds      int        `json:"seconds"`
+	Runs         []RunInfo  `json:"runs,omitempty"`
 	Verdict      Verdict    `json:"verdict"`
 	Audit        *sim.Audit `json:"audit,omitempty"`
 	AuditSkipped string     `json:"audit_skipped,omitempty"`
@@ -97,77 +103,60 @@ type CompareOptions struct {
 // Compare compares candidate (B) with baseline (A) under th (nil: the
 // defaults).
 func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, error) {
+	return CompareRuns([]*sim.Results{a}, []*sim.Results{b}, th, o)
+}
+
+// CompareRuns compares runs of the candidate build (bs) with runs of the
+// baseline build (as): rounds, each side's runs made alike. With one run a
+// side each figure's interval is the moving-block bootstrap over the two
+// runs' seconds; with more, each run's figure is one observation and the
+// interval is the spread between runs (acrossRuns), which is what moves
+// two runs of one build apart on a shared machine. BaselinePath and
+// CandidatePath name the sides' first runs.
+func CompareRuns(as, bs []*sim.Results, th *Thresholds, o CompareOptions) (*Comparison, error) {
+	if len(as) == 0 || len(bs) == 0 {
+		return nil, fmt.Errorf("compare: %d baseline and %d candidate runs, want at least one of each", len(as), len(bs))
+	}
 	if th == nil {
 		th = DefaultThresholds()
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
-	ra, err := newRunData(a)
+	ras, err := runSide("baseline", as)
 	if err != nil {
-		return nil, fmt.Errorf("baseline: %w", err)
+		return nil, err
 	}
-	rb, err := newRunData(b)
+	rbs, err := runSide("candidate", bs)
 	if err != nil {
-		return nil, fmt.Errorf("candidate: %w", err)
+		return nil, err
 	}
-	c := &Comparison{Title: o.Title, Confidence: th.Confidence, Resamples: th.Resamples, BlockS: blockS,
-		Baseline: ra.info(o.BaselinePath), Candidate: rb.info(o.CandidatePath), rules: th, sa: ra.s, sb: rb.s}
+	ra, rb := ras[0], rbs[0]
+	pooled := len(ras) > 1 || len(rbs) > 1
+	c := &Comparison{Title: o.Title, Confidence: th.Confidence, Method: "block-bootstrap", Resamples: th.Resamples, BlockS: blockS,
+		Baseline: sideInfo(ras, o.BaselinePath), Candidate: sideInfo(rbs, o.CandidatePath), rules: th, sa: ra.s, sb: rb.s}
+	if pooled {
+		c.Method, c.Resamples, c.BlockS = "runs", 0, 0
+	}
 	if c.Title == "" {
 		c.Title = fmt.Sprintf("kettle report: %s against the baseline of %s",
-			b.Start.UTC().Format("2006-01-02 15:04"), a.Start.UTC().Format("2006-01-02 15:04"))
+			bs[0].Start.UTC().Format("2006-01-02 15:04"), as[0].Start.UTC().Format("2006-01-02 15:04"))
+		if pooled {
+			c.Title = fmt.Sprintf("kettle report: %d runs from %s against %d baseline runs from %s", len(bs),
+				bs[0].Start.UTC().Format("2006-01-02 15:04"), len(as), as[0].Start.UTC().Format("2006-01-02 15:04"))
+		}
 	}
-	c.Caveats = caveats(ra, rb)
+	c.Caveats = caveats(ras, rbs)
 
-	// add compares the figures subject.measures, computed by fa and fb.
-	add := func(subject string, measures []string, unit, kind string, fa, fb stat) {
-		var fs []Figure
-		var rules []*Rule
-		for _, m := range measures {
-			name := subject + "." + m
-			r := th.rule(name)
-			fs = append(fs, Figure{Name: name, Subject: subject, Measure: m, Unit: unit, Kind: kind,
-				Fail: r == nil || r.Fail == nil || *r.Fail, A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: NotMeasured})
-			rules = append(rules, r)
-		}
-		if fa != nil && fb != nil && ra.n > 0 && rb.n > 0 {
-			h := fnv.New64a()
-			h.Write([]byte(subject + "." + strings.Join(measures, ",")))
-			rng := rand.New(rand.NewPCG(o.Seed, h.Sum64()))
-			for j, bs := range ratioCI(rng, th.Resamples, th.Confidence, ra.n, rb.n, fa, fb, len(measures), kind == "delta") {
-				f := &fs[j]
-				f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
-				f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
-			}
-		} else {
-			one := func(st stat, n int, dst *Num) {
-				if st != nil && n > 0 {
-					v := make([]float64, len(measures))
-					st(all(n), v)
-					*dst = Num(v[0])
-				}
-			}
-			if len(measures) == 1 {
-				one(fa, ra.n, &fs[0].A)
-				one(fb, rb.n, &fs[0].B)
-			}
-		}
-		for j := range fs {
-			if rules[j] != nil && rules[j].Ignore {
-				continue
-			}
-			fs[j].Text = figureText(&fs[j], th.Confidence)
-			c.Figures = append(c.Figures, fs[j])
-		}
-	}
+	k := &comparer{c: c, th: th, seed: o.Seed, ras: ras, rbs: rbs, pooled: pooled}
+	add := k.add
 
 	// Endpoints, in the order the report lists them.
 	eps := map[string]bool{}
-	for name := range ra.hist {
-		eps[name] = true
-	}
-	for name := range rb.hist {
-		eps[name] = true
+	for _, d := range append(slices.Clone(ras), rbs...) {
+		for name := range d.hist {
+			eps[name] = true
+		}
 	}
 	names := make([]string, 0, len(eps))
 	for n := range eps {
@@ -176,16 +165,103 @@ func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, 
 	sort.Strings(names)
 	pcts := []float64{50, 99, 99.9}
 	for _, ep := range names {
-		add(ep, []string{"p50", "p99", "p99.9"}, "ms", "ratio", ra.quantiles(ep, pcts), rb.quantiles(ep, pcts))
-		add(ep, []string{"req_per_s"}, "req/s", "ratio", ra.mean(ra.req[ep]), rb.mean(rb.req[ep]))
-		add(ep, []string{"error_rate"}, "", "delta", ra.errorRate(ep), rb.errorRate(ep))
+		add(ep, []string{"p50", "p99", "p99.9"}, "ms", "ratio", func(d *runData) stat { return d.quantiles(ep, pcts) })
+		add(ep, []string{"req_per_s"}, "req/s", "ratio", func(d *runData) stat { return d.mean(d.req[ep]) })
+		add(ep, []string{"error_rate"}, "", "delta", func(d *runData) stat { return d.errorRate(ep) })
 	}
-	add("server", []string{"cpu_us_per_request"}, "µs", "ratio", ra.perRequest(ra.serverCPU), rb.perRequest(rb.serverCPU))
-	add("server", []string{"rss_per_kettle"}, "bytes", "ratio", ra.perKettle(ra.serverRSS), rb.perKettle(rb.serverRSS))
-	add("simulator", []string{"cpu_us_per_request"}, "µs", "ratio", ra.perRequest(ra.simCPU), rb.perRequest(rb.simCPU))
-	add("simulator", []string{"rss_per_kettle"}, "bytes", "ratio", ra.perKettle(ra.simRSS), rb.perKettle(rb.simRSS))
-	c.checks(th)
+	add("server", []string{"cpu_us_per_request"}, "µs", "ratio", func(d *runData) stat { return d.perRequest(d.serverCPU) })
+	add("server", []string{"rss_per_kettle"}, "bytes", "ratio", func(d *runData) stat { return d.perKettle(d.serverRSS) })
+	add("simulator", []string{"cpu_us_per_request"}, "µs", "ratio", func(d *runData) stat { return d.perRequest(d.simCPU) })
+	add("simulator", []string{"rss_per_kettle"}, "bytes", "ratio", func(d *runData) stat { return d.perKettle(d.simRSS) })
+	c.checks(th, ras, rbs)
 
+	c.Line = c.line(c.tally())
+	return c, nil
+}
+
+// comparer adds figures to a comparison of two sides' runs.
+type comparer struct {
+	c        *Comparison
+	th       *Thresholds
+	seed     uint64
+	ras, rbs []*runData
+	pooled   bool
+}
+
+// add compares the figures subject.measures, computed in a run by the
+// stat mk gives for it (nil: not measured in that run).
+func (k *comparer) add(subject string, measures []string, unit, kind string, mk func(d *runData) stat) {
+	ra, rb := k.ras[0], k.rbs[0]
+	fa, fb := mk(ra), mk(rb)
+	var fs []Figure
+	var rules []*Rule
+	for _, m := range measures {
+		name := subject + "." + m
+		r := k.th.rule(name)
+		fs = append(fs, Figure{Name: name, Subject: subject, Measure: m, Unit: unit, Kind: kind,
+			Fail: r == nil || r.Fail == nil || *r.Fail, A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: NotMeasured})
+		rules = append(rules, r)
+	}
+	if k.pooled {
+		// Each run's figures, all its steady seconds once.
+		values := func(ds []*runData) [][]float64 {
+			vs := make([][]float64, len(measures))
+			for _, d := range ds {
+				v := make([]float64, len(measures))
+				for j := range v {
+					v[j] = math.NaN()
+				}
+				if st := mk(d); st != nil && d.n > 0 {
+					st(all(d.n), v)
+				}
+				for j := range vs {
+					vs[j] = append(vs[j], v[j])
+				}
+			}
+			return vs
+		}
+		xa, xb := values(k.ras), values(k.rbs)
+		for j := range fs {
+			bs := acrossRuns(xa[j], xb[j], k.th.Confidence, kind == "delta")
+			f := &fs[j]
+			f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
+			f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
+		}
+	} else if fa != nil && fb != nil && ra.n > 0 && rb.n > 0 {
+		h := fnv.New64a()
+		h.Write([]byte(subject + "." + strings.Join(measures, ",")))
+		rng := rand.New(rand.NewPCG(k.seed, h.Sum64()))
+		for j, bs := range ratioCI(rng, k.th.Resamples, k.th.Confidence, ra.n, rb.n, fa, fb, len(measures), kind == "delta") {
+			f := &fs[j]
+			f.A, f.B, f.Estimate, f.Lo, f.Hi = Num(bs.a), Num(bs.b), Num(bs.est), Num(bs.lo), Num(bs.hi)
+			f.Status, f.Bound = judgeFigure(kind, bs.est, bs.lo, bs.hi, rules[j])
+		}
+	} else {
+		one := func(st stat, n int, dst *Num) {
+			if st != nil && n > 0 {
+				v := make([]float64, len(measures))
+				st(all(n), v)
+				*dst = Num(v[0])
+			}
+		}
+		if len(measures) == 1 {
+			one(fa, ra.n, &fs[0].A)
+			one(fb, rb.n, &fs[0].B)
+		}
+	}
+	for j := range fs {
+		if rules[j] != nil && rules[j].Ignore {
+			continue
+		}
+		fs[j].Text = figureText(&fs[j], k.th.Confidence)
+		k.c.Figures = append(k.c.Figures, fs[j])
+	}
+}
+
+// tally sorts the figures into regressed and improved, marks the
+// comparison failed when a figure that fails the build regressed, and
+// returns those figures' names.
+func (c *Comparison) tally() []string {
 	var fails []string
 	for _, f := range c.Figures {
 		switch f.Status {
@@ -199,12 +275,30 @@ func Compare(a, b *sim.Results, th *Thresholds, o CompareOptions) (*Comparison, 
 			c.Improved = append(c.Improved, f.Name)
 		}
 	}
-	c.Line = c.line(fails)
-	return c, nil
+	return fails
 }
 
-// checks adds the audit and the USE verdicts, side by side.
-func (c *Comparison) checks(th *Thresholds) {
+// runSide reads one side's runs (what: "baseline" or "candidate").
+func runSide(what string, rs []*sim.Results) ([]*runData, error) {
+	var ds []*runData
+	for i, r := range rs {
+		d, err := newRunData(r)
+		if err != nil {
+			if len(rs) > 1 {
+				return nil, fmt.Errorf("%s run %d: %w", what, i+1, err)
+			}
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
+}
+
+// checks adds the audit and the USE verdicts, side by side. With several
+// runs a side, the verdict moved only when every run of a side agrees (no
+// baseline run saturated and every candidate run did: regressed); a lost
+// or duplicated reading in any run counts.
+func (c *Comparison) checks(th *Thresholds, as, bs []*runData) {
 	check := func(name, text, status string) {
 		r := th.rule(name)
 		if r != nil && r.Ignore {
@@ -213,37 +307,74 @@ func (c *Comparison) checks(th *Thresholds) {
 		c.Figures = append(c.Figures, Figure{Name: name, Subject: "run", Measure: strings.TrimPrefix(name, "run."), Kind: "check",
 			A: nan, B: nan, Estimate: nan, Lo: nan, Hi: nan, Status: status, Fail: r == nil || r.Fail == nil || *r.Fail, Text: text})
 	}
-	va, vb := c.Baseline.Verdict, c.Candidate.Verdict
+	classes := func(ds []*runData) (names string, none, all bool) {
+		var cs []string
+		none, all = true, true
+		for _, d := range ds {
+			cl := d.s.Verdict.Class
+			cs = append(cs, cl)
+			none = none && cl == ClassNone
+			all = all && cl != ClassNone
+		}
+		return strings.Join(cs, ", "), none, all
+	}
+	ca, noneA, allA := classes(as)
+	cb, noneB, allB := classes(bs)
 	st := WithinNoise
 	switch {
-	case va.Class == ClassNone && vb.Class != ClassNone:
+	case noneA && allB:
 		st = Regressed
-	case va.Class != ClassNone && vb.Class == ClassNone:
+	case allA && noneB:
 		st = Improved
 	}
-	check("run.verdict", fmt.Sprintf("USE verdict: A %s, B %s", va.Class, vb.Class), st)
+	check("run.verdict", fmt.Sprintf("USE verdict: A %s, B %s", ca, cb), st)
 
-	bad := func(a *sim.Audit) bool { return a != nil && (a.Lost > 0 || a.Duplicated > 0) }
-	aa, ab := c.Baseline.Audit, c.Candidate.Audit
+	// audits sums a side's audits: whether any run lost or duplicated, and
+	// how many runs had none.
+	type audits struct {
+		lost, dup        int64
+		audited, skipped int
+	}
+	sum := func(ds []*runData) (a audits) {
+		for _, d := range ds {
+			switch {
+			case d.r.Audit != nil:
+				a.audited++
+				a.lost += d.r.Audit.Lost
+				a.dup += d.r.Audit.Duplicated
+			case d.r.AuditSkipped != "":
+				a.skipped++
+			}
+		}
+		return a
+	}
+	aa, ab := sum(as), sum(bs)
+	bad := func(a audits) bool { return a.lost > 0 || a.dup > 0 }
 	st = WithinNoise
 	switch {
-	case ab == nil:
+	case ab.audited == 0:
 		st = NotMeasured
 	case bad(ab) && !bad(aa):
 		st = Regressed
 	case !bad(ab) && bad(aa):
 		st = Improved
 	}
-	line := func(a *sim.Audit, skipped string) string {
+	line := func(a audits, runs int) string {
+		var s string
 		switch {
-		case a != nil:
-			return fmt.Sprintf("lost %d, duplicated %d", a.Lost, a.Duplicated)
-		case skipped != "":
+		case a.audited > 0:
+			s = fmt.Sprintf("lost %d, duplicated %d", a.lost, a.dup)
+		case a.skipped > 0:
 			return "skipped"
+		default:
+			return "not run"
 		}
-		return "not run"
+		if runs > 1 {
+			s = fmt.Sprintf("%s (%d of %d runs audited)", s, a.audited, runs)
+		}
+		return s
 	}
-	check("run.audit", fmt.Sprintf("audit: A %s; B %s", line(aa, c.Baseline.AuditSkipped), line(ab, c.Candidate.AuditSkipped)), st)
+	check("run.audit", fmt.Sprintf("audit: A %s; B %s", line(aa, len(as)), line(ab, len(bs))), st)
 }
 
 func (c *Comparison) line(fails []string) string {
@@ -475,6 +606,30 @@ func (d *runData) info(path string) RunInfo {
 	return i
 }
 
+// sideInfo is a side's first run, with every run in Runs and their steady
+// seconds summed when there are several. paths is the side's results
+// files, comma-separated.
+func sideInfo(ds []*runData, paths string) RunInfo {
+	ps := strings.Split(paths, ",")
+	path := func(i int) string {
+		if i < len(ps) {
+			return ps[i]
+		}
+		return ""
+	}
+	i := ds[0].info(path(0))
+	if len(ds) == 1 {
+		i.Path = paths
+		return i
+	}
+	i.Seconds = 0
+	for k, d := range ds {
+		i.Runs = append(i.Runs, d.info(path(k)))
+		i.Seconds += d.n
+	}
+	return i
+}
+
 func (d *runData) sum(xs []float64, secs []int) float64 {
 	var s float64
 	for _, i := range secs {
@@ -561,36 +716,66 @@ func allNaNf(xs []float64) bool {
 }
 
 // caveats names what differs between the runs' parameters, and runs too
-// short for the bootstrap to say much.
-func caveats(a, b *runData) []string {
-	var out []string
-	pa, pb := a.r.Params, b.r.Params
-	diff := func(name string, x, y any) {
-		if fmt.Sprint(x) != fmt.Sprint(y) {
-			out = append(out, fmt.Sprintf("%s differs: %v in A, %v in B", name, x, y))
-		}
-	}
-	diff("kettles", pa.Devices, pb.Devices)
-	diff("interval", pa.IntervalS, pb.IntervalS)
-	diff("protocol", pa.API+" "+pa.Protocol, pb.API+" "+pb.Protocol)
-	diff("batch", pa.Batch, pb.Batch)
-	diff("connections", pa.ConnMode, pb.ConnMode)
-	diff("hatch rate", pa.HatchRate, pb.HatchRate)
-	diff("duration (s)", pa.DurationS, pb.DurationS)
-	diff("GOMAXPROCS", pa.GOMAXPROCS, pb.GOMAXPROCS)
-	for _, d := range []struct {
+// short for the bootstrap to say much. Runs are named A and B, or A1, A2,
+// … B1, … when a side has several.
+func caveats(as, bs []*runData) []string {
+	type named struct {
 		name string
 		r    *runData
-	}{{"A", a}, {"B", b}} {
-		if d.r.n < 4*blockS {
+	}
+	var runs []named
+	for _, s := range []struct {
+		side string
+		ds   []*runData
+	}{{"A", as}, {"B", bs}} {
+		for i, d := range s.ds {
+			n := s.side
+			if len(s.ds) > 1 {
+				n = fmt.Sprintf("%s%d", s.side, i+1)
+			}
+			runs = append(runs, named{n, d})
+		}
+	}
+	var out []string
+	ref := runs[0]
+	pa := ref.r.r.Params
+	for _, o := range runs[1:] {
+		pb := o.r.r.Params
+		diff := func(name string, x, y any) {
+			if fmt.Sprint(x) != fmt.Sprint(y) {
+				out = append(out, fmt.Sprintf("%s differs: %v in %s, %v in %s", name, x, ref.name, y, o.name))
+			}
+		}
+		diff("kettles", pa.Devices, pb.Devices)
+		diff("interval", pa.IntervalS, pb.IntervalS)
+		diff("protocol", pa.API+" "+pa.Protocol, pb.API+" "+pb.Protocol)
+		diff("batch", pa.Batch, pb.Batch)
+		diff("connections", pa.ConnMode, pb.ConnMode)
+		diff("hatch rate", pa.HatchRate, pb.HatchRate)
+		diff("duration (s)", pa.DurationS, pb.DurationS)
+		diff("GOMAXPROCS", pa.GOMAXPROCS, pb.GOMAXPROCS)
+	}
+	pooled := len(as) > 1 || len(bs) > 1
+	var busy []string
+	for _, d := range runs {
+		if !pooled && d.r.n < 4*blockS {
 			out = append(out, fmt.Sprintf("run %s has %d steady seconds: the intervals are wide (run at least %d s after hatching)", d.name, d.r.n, 4*blockS))
 		}
-		// The interval is the noise within a run; neighbours that come and
-		// go between runs move every figure at once (the simulator's CPU
-		// per request with them).
+		// The interval of one run a side is the noise within a run;
+		// neighbours that come and go between runs move every figure at
+		// once (the simulator's CPU per request with them).
 		if d.r.s.Verdict.Class == ClassMachineCPU {
-			out = append(out, fmt.Sprintf("in run %s other processes held the machine's CPU (its verdict: %s): its figures measure them too", d.name, d.r.s.Verdict.Class))
+			if !pooled {
+				out = append(out, fmt.Sprintf("in run %s other processes held the machine's CPU (its verdict: %s): its figures measure them too", d.name, d.r.s.Verdict.Class))
+			}
+			busy = append(busy, d.name)
 		}
+	}
+	if pooled && len(busy) > 0 {
+		out = append(out, fmt.Sprintf("in %d of %d runs (%s) other processes held the machine's CPU (their verdict: %s): the spread between runs holds them", len(busy), len(runs), strings.Join(busy, ", "), ClassMachineCPU))
+	}
+	if pooled && len(as)+len(bs) < 4 {
+		out = append(out, fmt.Sprintf("%d runs in all: the spread between runs rests on %d degrees of freedom and the intervals are wide (run 3 or more a side)", len(as)+len(bs), len(as)+len(bs)-2))
 	}
 	return out
 }

@@ -37,6 +37,7 @@ var comparePage = template.Must(template.New("compare.html").Funcs(template.Func
 	},
 	"change":   func(f Figure) string { return change(&f) },
 	"pct":      func(c float64) string { return fmt.Sprintf("%.0f %%", 100*c) },
+	"runs":     func(i RunInfo) int { return max(1, len(i.Runs)) },
 	"statusID": func(s string) string { return strings.ReplaceAll(s, " ", "-") },
 	"add":      func(a, b int) int { return a + b },
 }).Parse(compareHTML))
@@ -223,8 +224,14 @@ func (c *Comparison) JSON() ([]byte, error) { return json.MarshalIndent(c, "", "
 // Summary prints the comparison for a terminal: one line a figure, then
 // the verdict.
 func (c *Comparison) Summary(w io.Writer) {
-	fmt.Fprintf(w, "\ncomparison against the baseline (%s, %d steady seconds) — B: %d steady seconds, %.0f%% intervals, %d resamples in %d s blocks\n",
-		c.Baseline.Start.UTC().Format("2006-01-02 15:04:05"), c.Baseline.Seconds, c.Candidate.Seconds, 100*c.Confidence, c.Resamples, c.BlockS)
+	if c.Method == "runs" {
+		na, nb := max(1, len(c.Baseline.Runs)), max(1, len(c.Candidate.Runs))
+		fmt.Fprintf(w, "\ncomparison of %d runs with %d baseline runs (from %s, %d steady seconds; B: %d) — %.0f%% intervals from the spread between runs (Student's t, %d degrees of freedom)\n",
+			nb, na, c.Baseline.Start.UTC().Format("2006-01-02 15:04:05"), c.Baseline.Seconds, c.Candidate.Seconds, 100*c.Confidence, na+nb-2)
+	} else {
+		fmt.Fprintf(w, "\ncomparison against the baseline (%s, %d steady seconds) — B: %d steady seconds, %.0f%% intervals, %d resamples in %d s blocks\n",
+			c.Baseline.Start.UTC().Format("2006-01-02 15:04:05"), c.Baseline.Seconds, c.Candidate.Seconds, 100*c.Confidence, c.Resamples, c.BlockS)
+	}
 	for _, cv := range c.Caveats {
 		fmt.Fprintf(w, "  caveat: %s\n", cv)
 	}

@@ -243,3 +243,82 @@ func TestQuantilesMatchHDR(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundsPooled: runs of one build whose latency moves from run to run
+// (each run's whole distribution scaled by a factor drawn for it, as
+// neighbours on a shared machine do) are flagged when compared one pair at
+// a time, since one run's seconds cannot show that spread; pooled three
+// runs a side they come out within noise, while 5 ms added to every upload
+// still regresses in every pool.
+func TestRoundsPooled(t *testing.T) {
+	const trials, rounds = 16, 3
+	rng := rand.New(rand.NewPCG(42, 42))
+	seed := uint64(1000)
+	runs := func(sy synth) []*sim.Results {
+		var rs []*sim.Results
+		for range rounds {
+			s := sy
+			s.medianMs *= math.Exp(0.3 * rng.NormFloat64())
+			seed++
+			rs = append(rs, s.run(t, seed))
+		}
+		return rs
+	}
+	moved := func(c *Comparison) int {
+		n := 0
+		for _, f := range c.Figures {
+			if f.Kind != "check" && f.Status != WithinNoise && f.Status != NotMeasured {
+				n++
+			}
+		}
+		return n
+	}
+	sy := base
+	sy.poisson, sy.seconds, sy.perS = true, 24, 60 // small runs: the test's time goes on making them
+	// The single pairs only need their verdicts: few resamples.
+	quick := fastThresholds()
+	quick.Resamples = 100
+	var single, pooled int
+	for k := range trials {
+		as, bs := runs(sy), runs(sy)
+		c, err := Compare(as[0], bs[0], quick, CompareOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if moved(c) > 0 {
+			single++
+		}
+		c, err = CompareRuns(as, bs, fastThresholds(), CompareOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Method != "runs" || len(c.Baseline.Runs) != rounds || c.Baseline.Seconds != rounds*sy.seconds {
+			t.Fatalf("pooled comparison: method %q, %d baseline runs, %d s", c.Method, len(c.Baseline.Runs), c.Baseline.Seconds)
+		}
+		if moved(c) > 0 {
+			pooled++
+			t.Logf("trial %d pooled: %s", k, c.Line)
+		}
+	}
+	t.Logf("same build: %d of %d single pairs flagged a figure, %d of %d pools of %d rounds", single, trials, pooled, trials, rounds)
+	if single < trials/4 {
+		t.Errorf("only %d of %d single pairs flagged: the runs' spread is too small to test pooling", single, trials)
+	}
+	// The t interval's 5 % a figure, on 95 % intervals; an interval blind to
+	// the spread between runs flags 4 of these 16.
+	if pooled > 2 {
+		t.Errorf("%d of %d pools of %d same-build rounds flagged a figure, want at most 2", pooled, trials, rounds)
+	}
+
+	slow := sy
+	slow.addMs = 5
+	for k := range 3 {
+		c, err := CompareRuns(runs(sy), runs(slow), fastThresholds(), CompareOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := figure(t, c, "measurement.p50"); f.Status != Regressed || !c.Failed {
+			t.Errorf("trial %d: 5 ms slower, pooled: %s; %s", k, f.Text, c.Line)
+		}
+	}
+}

@@ -64,65 +64,8 @@ func main() {
 	if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsLoopback() {
 		fail("-target %s: loopback addresses only", *target)
 	}
-	var cfg *tls.Config
-	if u.Scheme == "https" || u.Scheme == "mqtts" {
-		cfg = &tls.Config{ServerName: u.Hostname()}
-		if *ca != "" {
-			pem, err := os.ReadFile(*ca)
-			if err != nil {
-				fail("-ca: %v", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				fail("-ca %s: no certificate", *ca)
-			}
-		}
-		for _, n := range strings.Split(*curves, ",") {
-			id, ok := curveIDs[strings.TrimSpace(n)]
-			if n == "" {
-				continue
-			} else if !ok {
-				fail("-curves: %q is not one of X25519, CurveP256, CurveP384, X25519MLKEM768", n)
-			}
-			cfg.CurvePreferences = append(cfg.CurvePreferences, id)
-		}
-		if *resume {
-			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(16)
-		}
-	}
-	req := []byte("GET /healthz HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: close\r\n\r\n")
-	once := func() (bool, error) {
-		c, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
-		if err != nil {
-			return false, err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		resumed := false
-		if cfg != nil {
-			tc := tls.Client(c, cfg)
-			if err := tc.Handshake(); err != nil {
-				return false, err
-			}
-			resumed = tc.ConnectionState().DidResume
-			c = tc
-		}
-		if isMQTT {
-			return resumed, mqttExchange(c, []byte(*mqttKey))
-		}
-		if _, err := c.Write(req); err != nil {
-			return resumed, err
-		}
-		res, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			return resumed, err
-		}
-		res.Body.Close()
-		if res.StatusCode != 200 {
-			return resumed, fmt.Errorf("status %d", res.StatusCode)
-		}
-		return resumed, nil
-	}
+	cfg := clientTLS(u)
+	once := func() (bool, error) { return connectOnce(u, cfg, isMQTT) }
 	if _, err := once(); err != nil { // a certificate not trusted, a server not up: say so
 		fail("first connection: %v", err)
 	}
@@ -185,6 +128,75 @@ func main() {
 		line += " first_error=" + strings.ReplaceAll(e, " ", "_")
 	}
 	fmt.Println(line)
+}
+
+// clientTLS is the TLS client configuration for u (nil for plain
+// http and mqtt): -ca, -curves and -resume.
+func clientTLS(u *url.URL) *tls.Config {
+	var cfg *tls.Config
+	if u.Scheme == "https" || u.Scheme == "mqtts" {
+		cfg = &tls.Config{ServerName: u.Hostname()}
+		if *ca != "" {
+			pem, err := os.ReadFile(*ca)
+			if err != nil {
+				fail("-ca: %v", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				fail("-ca %s: no certificate", *ca)
+			}
+		}
+		for _, n := range strings.Split(*curves, ",") {
+			id, ok := curveIDs[strings.TrimSpace(n)]
+			if n == "" {
+				continue
+			} else if !ok {
+				fail("-curves: %q is not one of X25519, CurveP256, CurveP384, X25519MLKEM768", n)
+			}
+			cfg.CurvePreferences = append(cfg.CurvePreferences, id)
+		}
+		if *resume {
+			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(16)
+		}
+	}
+	return cfg
+}
+
+// connectOnce is one connection of the storm: dial, the TLS handshake
+// (it reports whether the session was resumed), then an HTTP GET /healthz
+// or a kettle's MQTT session, and close.
+func connectOnce(u *url.URL, cfg *tls.Config, isMQTT bool) (bool, error) {
+	req := []byte("GET /healthz HTTP/1.1\r\nHost: " + u.Host + "\r\nConnection: close\r\n\r\n")
+	c, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	resumed := false
+	if cfg != nil {
+		tc := tls.Client(c, cfg)
+		if err := tc.Handshake(); err != nil {
+			return false, err
+		}
+		resumed = tc.ConnectionState().DidResume
+		c = tc
+	}
+	if isMQTT {
+		return resumed, mqttExchange(c, []byte(*mqttKey))
+	}
+	if _, err := c.Write(req); err != nil {
+		return resumed, err
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return resumed, err
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		return resumed, fmt.Errorf("status %d", res.StatusCode)
+	}
+	return resumed, nil
 }
 
 // mqttExchange is a kettle's session on c: CONNECT as a fresh device with

@@ -22,6 +22,7 @@ const exitRegressed = 6
 // per-second series pushed to Prometheus.
 type ciFlags struct {
 	baseline    string
+	pool        string
 	thresholds  string
 	junit       string
 	remoteWrite string
@@ -52,6 +53,15 @@ is written to compare.html, the verdict as JSON to compare.json. A figure
 that regressed fails the run with exit status 6 (after the run's own
 failures: audit, SLO).
 
+Rounds: one run a side shows the noise within a run, not between runs (on
+a shared machine two runs of one build differ by more than their seconds
+suggest). --baseline A1,A2,A3 takes several runs of the baseline build and
+--pool B1,B2 more runs of this one (each a results.json or its directory);
+each run's figure is then one observation and the interval is Student's t
+over the runs (their logarithms; variance pooled across the sides), so two
+runs of one build come out within noise more often the more rounds there
+are. bench/compare.sh runs such rounds (docs/benchmarks.md).
+
 --junit FILE writes a JUnit XML summary for CI systems: one testcase per SLO
 check (each endpoint's p99, the error rate), audit check and compared
 figure, failures with their message.
@@ -66,7 +76,8 @@ only about an hour back (its head block) unless its TSDB allows out-of-order
 samples.`
 
 func (c *ciFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.baseline, "baseline", "", "compare this run with a baseline run's results.json (or its directory): compare.html and compare.json; exit 6 when a figure regressed")
+	fs.StringVar(&c.baseline, "baseline", "", "compare this run with a baseline run's results.json (or its directory; several runs of the baseline build comma-separated): compare.html and compare.json; exit 6 when a figure regressed")
+	fs.StringVar(&c.pool, "pool", "", "with --baseline: more runs of this build (results.json files or their directories, comma-separated), compared with this run as one side; the interval is then the spread between runs")
 	fs.StringVar(&c.thresholds, "thresholds", "", "with --baseline: YAML or JSON file of the thresholds per figure (empty: the defaults; see docs/operations.md)")
 	fs.StringVar(&c.junit, "junit", "", "write a JUnit XML summary here: one testcase per SLO, audit and comparison check")
 	fs.StringVar(&c.remoteWrite, "remote-write", "", "push the per-second series to this Prometheus remote-write URL, e.g. http://127.0.0.1:9090/api/v1/write (empty: off)")
@@ -78,10 +89,14 @@ func (c *ciFlags) validate() error {
 	if c.thresholds != "" && c.baseline == "" {
 		return fmt.Errorf("--thresholds %s: give --baseline too (thresholds judge a comparison)", c.thresholds)
 	}
-	if c.baseline != "" {
-		if _, err := readResults(c.baseline); err != nil {
-			return fmt.Errorf("--baseline: %w", err)
-		}
+	if c.pool != "" && c.baseline == "" {
+		return fmt.Errorf("--pool %s: give --baseline too (pooled runs are one side of a comparison)", c.pool)
+	}
+	if _, err := readRuns("--baseline", c.baseline); err != nil {
+		return err
+	}
+	if _, err := readRuns("--pool", c.pool); err != nil {
+		return err
 	}
 	if c.thresholds != "" {
 		if _, err := report.ReadThresholds(c.thresholds); err != nil {
@@ -97,6 +112,26 @@ func (c *ciFlags) validate() error {
 		return fmt.Errorf("--remote-write %q: want an http:// or https:// URL, e.g. http://127.0.0.1:9090/api/v1/write", c.remoteWrite)
 	}
 	return nil
+}
+
+// readRuns reads the comma-separated results of flag name (none when
+// list is empty); the error names the flag and the file.
+func readRuns(name, list string) ([]*sim.Results, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var rs []*sim.Results
+	for _, p := range strings.Split(list, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			return nil, fmt.Errorf("%s %q: an empty path in the list", name, list)
+		}
+		r, err := readResults(p)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		rs = append(rs, r)
+	}
+	return rs, nil
 }
 
 // readResults reads a results.json, or DIR/results.json.
@@ -149,9 +184,13 @@ func (c *ciFlags) apply(ctx context.Context, res *sim.Results, path, outDir stri
 }
 
 func (c *ciFlags) compare(res *sim.Results, path, outDir string, w io.Writer) (*report.Comparison, error) {
-	base, err := readResults(c.baseline)
+	base, err := readRuns("--baseline", c.baseline)
 	if err != nil {
-		return nil, fmt.Errorf("--baseline: %w", err)
+		return nil, err
+	}
+	more, err := readRuns("--pool", c.pool)
+	if err != nil {
+		return nil, err
 	}
 	th := report.DefaultThresholds()
 	if c.thresholds != "" {
@@ -159,7 +198,12 @@ func (c *ciFlags) compare(res *sim.Results, path, outDir string, w io.Writer) (*
 			return nil, err
 		}
 	}
-	cmp, err := report.Compare(base, res, th, report.CompareOptions{BaselinePath: c.baseline, CandidatePath: path})
+	cands := append([]*sim.Results{res}, more...)
+	cpaths := path
+	if c.pool != "" {
+		cpaths += "," + c.pool
+	}
+	cmp, err := report.CompareRuns(base, cands, th, report.CompareOptions{BaselinePath: c.baseline, CandidatePath: cpaths})
 	if err != nil {
 		return nil, err
 	}

@@ -136,6 +136,18 @@ func TestSwarmBaselineJUnitRemoteWrite(t *testing.T) {
 	if code, out := runKettle(t, "report", "--baseline", a, b, "-o", filepath.Join(dir, "r", "report.html")); code != 0 && code != 6 || !strings.Contains(out, "comparison: ") {
 		t.Errorf("kettle report --baseline: exit %d\n%s", code, out)
 	}
+	// Rounds: two runs a side (each run twice: the spread between runs is
+	// nil), judged by the spread between runs.
+	code, out = runKettle(t, "report", "--baseline", a+","+a, b, "--pool", b, "-o", filepath.Join(dir, "p", "report.html"))
+	var pooled struct {
+		Method   string
+		Baseline struct{ Runs []struct{ Path string } }
+	}
+	js, _ := os.ReadFile(filepath.Join(dir, "p", "compare.json"))
+	if err := json.Unmarshal(js, &pooled); (code != 0 && code != 6) || err != nil || pooled.Method != "runs" || len(pooled.Baseline.Runs) != 2 ||
+		!strings.Contains(out, "comparison of 2 runs with 2 baseline runs") {
+		t.Errorf("kettle report --baseline A,A B --pool B: exit %d, %v, %+v\n%s", code, err, pooled, out)
+	}
 	bad := filepath.Join(dir, "bad.yaml")
 	if err := os.WriteFile(bad, []byte("figures: {measurement.p99: {regress_if_ratio_over: 0.5}}\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -147,6 +159,8 @@ func TestSwarmBaselineJUnitRemoteWrite(t *testing.T) {
 		{[]string{"report", "--thresholds", bad, b}, "give --baseline too"},
 		{[]string{"report", "--baseline", a, "--thresholds", bad, b}, "figures.measurement.p99.regress_if_ratio_over: a ratio bound above 1"},
 		{[]string{"report", "--baseline", filepath.Join(dir, "none"), b}, "--baseline: "},
+		{[]string{"report", "--baseline", a + "," + filepath.Join(dir, "none"), b}, "--baseline: "},
+		{[]string{"report", "--pool", a, b}, "--pool " + a + ": give --baseline too"},
 		{[]string{"report", "--remote-write-label", "1x=y", b}, "--remote-write-label"},
 		{[]string{"swarm", "--target", srv.URL(), "--remote-write", "127.0.0.1:9090"}, "--remote-write \"127.0.0.1:9090\": want an http://"},
 	} {

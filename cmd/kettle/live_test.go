@@ -120,14 +120,19 @@ func TestLiveInBrowser(t *testing.T) {
 		}
 	}
 	var page struct {
-		Charts, Marks int
-		State, Line   string
+		Charts, Marks, VLines int
+		State, Line, Sub      string
 	}
 	eval(`({Charts: document.querySelectorAll('figure.chart[data-drawn=lines]').length,
 		Marks: document.querySelectorAll('#chart-kettles rect.band.stage').length,
+		VLines: document.querySelectorAll('line.vline').length, Sub: document.querySelector('header .sub').textContent,
 		State: window.liveState, Line: document.getElementById('live-line').textContent})`, &page)
 	if page.Charts < 6 || page.Marks < 3 || page.State != "running" || !strings.Contains(page.Line, "of 80 kettles") {
 		t.Errorf("live page: %+v, want its charts drawn, the stages marked (3 changes), running", page)
+	}
+	// No verdict yet: its time is not marked, and the header gives the start only.
+	if page.VLines != 0 || !strings.HasPrefix(page.Sub, "started ") {
+		t.Errorf("live page while running: %d verdict lines, header %q", page.VLines, page.Sub)
 	}
 	// The top of the page: the live panel and the first charts.
 	png, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())

@@ -19,7 +19,7 @@ type shapeFlags struct {
 func (f *swarmFlags) registerShape(fs *flag.FlagSet) {
 	fs.StringVar(&f.stages, "stages", "", "fleet size over time instead of --hatch-rate: DURATION:KETTLES,…, linear from 0 kettles at the start through each point, e.g. 2m:20000,5m:20000,30s:40000,5m:40000; a 0s stage is a step (its kettles join or leave at once); KETTLES may be a % of --devices. --devices and --duration default to the peak and the sum")
 	fs.StringVar(&f.scenario, "scenario", "", "a load shape file, YAML or JSON (stages and a firmware rollout; docs/operations.md, Load shapes), e.g. contrib/scenarios/power-cut.yaml; --devices, --interval and --batch given on the command line override the file's")
-	fs.Float64Var(&f.scenarioSpeed, "scenario-speed", 1, "play --scenario this many times faster: every duration of the file, its interval included, divided by it (a soak of hours tried in minutes)")
+	fs.Float64Var(&f.scenarioSpeed, "scenario-speed", 1, "play --scenario this many times faster: every duration of the file, its interval included, divided by it (a soak of hours tried in minutes; the load is then this many times the file's, unless --interval on the command line, which is not divided, keeps it)")
 }
 
 // resolveShape sets the run's stages from --stages or --scenario; flags

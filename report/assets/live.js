@@ -14,6 +14,9 @@
   // the run's: hidden, and filled in from the final summary.
   const finals = [document.querySelector('main > .kpis'), $('use'), $('verdict')];
   for (const e of finals) if (e) e.style.display = 'none';
+  // Nor is the verdict's time, which the charts would mark.
+  R.data().verdict = undefined;
+  R.update(R.data());
 
   function setState(s) {
     state = s;
