@@ -93,7 +93,8 @@ bench: bench-ingest
 # The seeded nemesis (3 seeds × 10 min on the machines of deploy/cluster.sh)
 # runs here only, its 2-minute form too: the machines' up and down, the
 # run, the audit and the members' catch-up take minutes on this 2-core
-# machine under the heavy lock, more than make test's 15-minute budget has left.
+# machine under the heavy lock, more than make test's 15-minute budget has left
+# (docs/reliability.md, Findings, gives a seed's cost from the recorded run).
 chaos:
 	$(GO) run ./chaos/cmd/chaos $(CHAOS_ARGS) all
 

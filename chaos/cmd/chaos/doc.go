@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -321,6 +322,10 @@ func writeFindings(e *env, rs []*Result, w func(string, ...any)) {
 					"themselves) competes with the ingest path — the batcher and the store's commit — on this 2-core machine; nothing gives the ingest path priority. " +
 					"Worth profiling (`kettle serve --debug-addr`) during `go run ./chaos/cmd/chaos slow` before deciding whether it is the CPU or the store's fsync.\n")
 			}
+		case "nemesis":
+			if line := nemesisBudget(r); line != "" {
+				item("%s\n", line)
+			}
 		case "auth":
 			item("The case-study protocol's credential is the device UUID itself (`servant-auth-cookie`): whoever learns a device's id can post and poll as it. " +
 				"That is the firmware's protocol, kept unchanged; the v1 API and MQTT use HMAC tokens and are what the auth part proves.\n")
@@ -332,4 +337,27 @@ func writeFindings(e *env, rs []*Result, w func(string, ...any)) {
 	if n == 0 {
 		w("Nothing beyond the table.\n")
 	}
+}
+
+// nemesisBudget says, from the nemesis's recorded run, why its seeds run in
+// make chaos and not in make test: what one seed costs beyond its
+// duration (the topology up, the checker, the topology down) and what a
+// 2-minute seed would cost with it.
+func nemesisBudget(r *Result) string {
+	m := regexp.MustCompile(`--seed ([0-9,]+) --duration (\S+) `).FindStringSubmatch(r.Command)
+	if m == nil || r.Seconds <= 0 {
+		return ""
+	}
+	d, err := time.ParseDuration(m[2])
+	if err != nil {
+		return ""
+	}
+	n := len(strings.Split(m[1], ","))
+	per := r.Seconds / float64(n)
+	over := per - d.Seconds()
+	return fmt.Sprintf("The seeded nemesis runs in `make chaos`, not in `make test`: its %d seed(s) of %s took %.0f s here, %.0f s a seed, of which %.0f s "+
+		"beyond the faults' %s (the machines up, the swarms' audits, the members' catch-up and the checker, the machines down). "+
+		"A 2-minute seed would take about %.0f s under the heavy lock, more than `make test`'s 15 minutes have left beside the tests already in it; "+
+		"`make test` keeps the nemesis's schedule, checker and part tests (chaos/nemesis, chaos/cmd/chaos), which need no machines.",
+		n, d, r.Seconds, per, over, d, over+120)
 }

@@ -109,3 +109,20 @@ func fmtSeed(seed uint64, pass bool) string {
 	}
 	return "seed " + fmtUint(seed) + ": FAIL audit"
 }
+
+// TestNemesisBudget: the page's reason for keeping the nemesis out of make
+// test comes from the recorded run (seeds, duration, seconds), and a record
+// without them gives no reason rather than a made-up one.
+func TestNemesisBudget(t *testing.T) {
+	f := func(cmd string, seconds float64, want string) {
+		t.Helper()
+		got := nemesisBudget(&Result{Command: cmd, Seconds: seconds})
+		if want == "" && got != "" || !strings.Contains(got, want) {
+			t.Errorf("nemesisBudget(%q, %v) = %q, want it to contain %q", cmd, seconds, got, want)
+		}
+	}
+	f("go run ./chaos/cmd/chaos nemesis --seed 1,2,3 --duration 10m0s --faults pause --nodes 2 --log=false --kettles 300", 2400, "3 seed(s) of 10m0s took 2400 s here, 800 s a seed, of which 200 s beyond")
+	f("go run ./chaos/cmd/chaos nemesis --seed 7 --duration 2m0s --faults pause --nodes 2 --log=false --kettles 300", 300, "about 300 s under the heavy lock")
+	f("go run ./chaos/cmd/chaos nemesis --seed 7 --duration 2m0s --faults pause", 0, "")
+	f("go run ./chaos/cmd/chaos nem-clock", 60, "")
+}

@@ -184,7 +184,8 @@ func judged(r *Result, v nemesis.Verdict, pass string) *Result {
 	return r
 }
 
-// watchLeader samples the Patroni leader every second.
+// watchLeader samples the Patroni leader, and whether the cluster is
+// healthy (a leader and two streaming standbys), every second.
 func watchLeader(ctx context.Context, t *haTopo, w *watchLog) {
 	for ctx.Err() == nil {
 		if l, err := t.cmd(ctx, 5*time.Second, "leader"); err == nil {
@@ -192,8 +193,30 @@ func watchLeader(ctx context.Context, t *haTopo, w *watchLog) {
 		} else {
 			w.add("leader", "")
 		}
+		_, err := t.cmd(ctx, 5*time.Second, "healthy")
+		w.add("healthy", fmt.Sprint(err == nil))
 		sleep(ctx, time.Second)
 	}
+}
+
+// rejoinBound is how long after the heal the old primary may take to
+// stream from the new one again (a leader and two streaming standbys):
+// Patroni's next loop reaches etcd, pg_rewind and a start as a standby
+// take seconds; its demotion, begun during the cut, is over by then
+// (primary_stop_timeout, deploy/patroni/patroni.yml).
+const rejoinBound = 60 * time.Second
+
+// rejoined is when, after at, the watch first saw the cluster healthy
+// (zero: not within what it watched).
+func (w *watchLog) rejoined(at time.Time) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.samples {
+		if s.key == "healthy" && s.value == "true" && !s.at.Before(at) {
+			return s.at
+		}
+	}
+	return time.Time{}
 }
 
 // watchReady samples a node's /readyz every second (from this host, which
@@ -237,9 +260,14 @@ func judgePrimaryCut(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis.I
 			c.Pass = true
 		}
 	}
-	rewind := nemesis.Check{Name: "the old primary rejoins", Pass: true}
 	after := w.during("leader", f.End, time.Now())
-	rewind.Detail = fmt.Sprintf("leaders after the heal: %v", counts(after))
+	rewind := nemesis.Check{Name: fmt.Sprintf("the old primary rejoins within %s of the heal", rejoinBound)}
+	if at := w.rejoined(f.End); at.IsZero() {
+		rewind.Detail = fmt.Sprintf("not streaming again %.0fs after the heal (leaders after the heal: %v)", time.Since(f.End).Seconds(), counts(after))
+	} else {
+		rewind.Pass = at.Sub(f.End) <= rejoinBound
+		rewind.Detail = fmt.Sprintf("a leader and two streaming standbys %.1fs after the heal (leaders after the heal: %v)", at.Sub(f.End).Seconds(), counts(after))
+	}
 	b, _ := os.ReadFile(filepath.Join(t.dir, old+".log"))
 	if strings.Contains(string(b), "pg_rewind") || strings.Contains(string(b), "rewind") {
 		rewind.Detail += "; " + old + "'s Patroni log mentions pg_rewind"
