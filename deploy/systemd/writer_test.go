@@ -42,9 +42,22 @@ func TestWriterUnit(t *testing.T) {
 
 	etc := t.TempDir()
 	addr := freeAddr(t)
+	// The brokers as kafka.sh brings them up: TLS and SCRAM, the writer
+	// reaching them as its user, its secrets as the unit's credentials.
+	if !kc.TLS {
+		t.Fatal("kafka.sh came up without TLS: the unit is written for its default (KAFKA_TLS=1)")
+	}
+	auth := kc.Auth(kafkatest.Writer)
+	ca, err := os.ReadFile(auth.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
 	writeFiles(t, etc, map[string]string{
-		"pgpass":     "*:*:*:*:unused-under-trust\n",
-		"writer.env": "KETTLE_ADDR=" + addr + "\nKETTLE_LOG=" + kc.URL("readings") + "\nKETTLE_DB=" + dsn + "\n",
+		"pgpass":         "*:*:*:*:unused-under-trust\n",
+		"kafka-ca.crt":   string(ca),
+		"kafka-password": auth.Password + "\n",
+		"writer.env": "KETTLE_ADDR=" + addr + "\nKETTLE_LOG=" + kc.URL("kettle.readings") + "\nKETTLE_LOG_USER=" + kafkatest.Writer +
+			"\nKETTLE_DB=" + dsn + "\n",
 	})
 	s := systemdRun(t, "kettle-writer.service", etc)
 	s.await(t, "READY=1", 2*time.Minute)
