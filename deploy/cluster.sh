@@ -438,10 +438,17 @@ sys.exit(0 if ok else 1)' && return 0
 	return 1
 }
 
+# as_postgres CMD…: CMD as the postgres user, from DIR and with HOME=DIR:
+# postgres may enter neither the checkout (a 0700 parent) nor root's home,
+# and psql says so on stderr, which callers read with the answer.
+as_postgres() {
+	(cd "$DIR" && setpriv --reuid=postgres --regid=postgres --init-groups env HOME="$DIR" "$@")
+}
+
 psql_leader() {
 	local l
 	l=$(leader) || return 1
-	setpriv --reuid=postgres --regid=postgres --init-groups "$PGBIN/psql" -h "$DIR/$l" -p 5432 -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 "$@"
+	as_postgres "$PGBIN/psql" -h "$DIR/$l" -p 5432 -U postgres -d postgres -qAt -v ON_ERROR_STOP=1 "$@"
 }
 
 create_db() {
@@ -462,7 +469,7 @@ create_db() {
 }
 
 has_db() {
-	[ "$(setpriv --reuid=postgres --regid=postgres --init-groups "$PGBIN/psql" -h "$DIR/pg$1" -p 5432 -U postgres -d postgres -qAt \
+	[ "$(as_postgres "$PGBIN/psql" -h "$DIR/pg$1" -p 5432 -U postgres -d postgres -qAt \
 		-c "SELECT 1 FROM pg_database WHERE datname = 'kettle'" 2>/dev/null)" = 1 ]
 }
 
