@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,6 +149,7 @@ type OverrideDriver struct {
 	mu             sync.Mutex
 	done           []Override
 	refused        map[string]int64 // operator requests not answered 200, by status
+	acked          atomic.Int64     // overrides acknowledged so far
 	wg             sync.WaitGroup
 	cancel         context.CancelFunc
 }
@@ -202,6 +204,7 @@ func StartOverrides(ctx context.Context, base, operator string, kettles int, per
 				continue
 			}
 			o := Override{Device: dev.ID, Flush: flush, AckedAt: time.Now()}
+			d.acked.Add(1)
 			d.wg.Add(1)
 			go func() {
 				defer d.wg.Done()
@@ -245,6 +248,9 @@ func (d *OverrideDriver) follow(ctx context.Context, token string, o Override) {
 	d.done = append(d.done, o)
 	d.mu.Unlock()
 }
+
+// Acked is how many overrides the node has acknowledged so far.
+func (d *OverrideDriver) Acked() int64 { return d.acked.Load() }
 
 // Stop ends the driver, waits for the overrides still being followed, and
 // returns every acknowledged override and the operator requests refused.

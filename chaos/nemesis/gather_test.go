@@ -107,8 +107,7 @@ func TestOverrideDriver(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatal("no override acknowledged in 10 s")
 		}
-		if c := do(t, "GET", u+"/v1/devices?limit=10", map[string]string{"Authorization": "Bearer " + opToken}, "", nil); c == 200 {
-			time.Sleep(time.Second)
+		if d.Acked() >= 3 {
 			break
 		}
 	}
@@ -136,7 +135,11 @@ func TestOverrideDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	for end := time.Now().Add(10 * time.Second); d.Acked() < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the forgetting node acknowledged no override in 10 s")
+		}
+	}
 	os, _ = d.Stop()
 	if c := nemesis.Overrides(os); c.Pass || !strings.Contains(c.Detail, fmt.Sprintf("0 by the kettle's next poll, 0 later, %d never", len(os))) {
 		t.Errorf("overrides a node forgot: %+v", c)
