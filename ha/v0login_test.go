@@ -229,10 +229,16 @@ func TestV0LoginRoundRobin(t *testing.T) {
 	if back.IsZero() {
 		t.Fatalf("failover: no new leader and readings acknowledged under it within 90 s of the kill of %s (%s)", old, during)
 	}
-	time.Sleep(3 * time.Second)
+	// Under the new primary as long as before the kill: 60 more readings
+	// acknowledged, every kettle round-robin over both nodes again.
+	for end, after := time.Now().Add(30*time.Second), during.acked.Load(); during.acked.Load() < after+60; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("failover: 60 readings more not acknowledged within 30 s of the first under the new primary (%s)", during)
+		}
+	}
 	close(stop)
 	wg.Wait()
-	t.Logf("failover: killed %s; foreign kettles from 2 s before until 3 s after the first readings acknowledged after it (%.1fs): %s; %d readings acknowledged",
+	t.Logf("failover: killed %s; foreign kettles from 2 s before until 60 readings after the first acknowledged after it (%.1fs): %s; %d readings acknowledged",
 		old, back.Sub(kill).Seconds(), during, during.acked.Load())
 	figure(t, "v0_roundrobin_failover_401", float64(during.get(401)), "answers")
 	if n := during.get(401); n > 0 {
