@@ -679,8 +679,11 @@ ns_pids() { ip netns pids "$1" 2>/dev/null || true; }
 
 # procs_of MEMBER: the pids of all its processes (in netns mode every process
 # of its machine but the Toxiproxy, which stands for the network; pgN in
-# loopback mode: Patroni's session and the postmaster's, which Patroni starts
-# in a session of its own).
+# loopback mode: Patroni's session, the postmaster and the postmaster's
+# children — each of which PostgreSQL puts in a session of its own
+# (InitPostmasterChild calls setsid), so the postmaster's session alone
+# leaves the backends, the walsenders and the WAL writer running: a
+# "paused" primary that goes on committing on its open connections).
 procs_of() {
 	local m=$1 p sid
 	if [ "$MODE" = netns ]; then
@@ -699,7 +702,11 @@ procs_of() {
 	esac
 	[ -n "$p" ] && sids+=("$p")
 	case "$m" in pg[1-3]) p=$(postmaster "${m#pg}"); [ -n "$p" ] && sids+=("$(ps -o sid= -p "$p" | tr -d ' ')") ;; esac
-	for sid in "${sids[@]}"; do [ -n "$sid" ] && ps -o pid= -s "$sid" | tr -d ' '; done | sort -u
+	{
+		for sid in "${sids[@]}"; do [ -n "$sid" ] && ps -o pid= -s "$sid" | tr -d ' '; done
+		# the postmaster's children, whatever their session
+		case "$m" in pg[1-3]) p=$(postmaster "${m#pg}"); [ -n "$p" ] && ps -o pid= --ppid "$p" | tr -d ' ' ;; esac
+	} | awk 'NF && !seen[$0]++'
 }
 
 # signal_member MEMBER SIGNAL: SIGNAL to all its processes, again until no
