@@ -18,13 +18,23 @@ const DefaultHostHoldoff = 100 * time.Millisecond
 
 // hungHoldoff is how long a host that stopped answering (a read on one of
 // its connections ran into its deadline: a handshake past connect_timeout,
-// a ping past pingTimeout, a commit past --store-timeout) is not dialled:
-// each try of such a host costs every waiting write a whole connect_timeout
-// before the driver goes on to the next host, while a refusal costs
-// nothing. Any answer on any connection to it ends the holdoff at once, so
-// a host that was only slow (a commit waiting for a synchronous standby)
-// is dialled again as soon as it answers anything.
+// a ping past pingTimeout, a commit past --store-timeout) is not dialled
+// by a caller: each try of such a host would cost the waiting write a
+// whole connect_timeout before the driver goes on to the next host (and
+// hold one of the pool's slots that long), while a refusal costs nothing.
+// Past it, a probe in the background (see probeHost) asks the host to
+// answer, and callers are still turned away until it has: a paused
+// primary costs the writes no more than a dead one. Any answer on any
+// connection to it ends the holdoff at once, so a host that was only slow
+// (a commit waiting for a synchronous standby) is dialled again as soon as
+// it answers anything.
 const hungHoldoff = 3 * time.Second
+
+// probeTimeout bounds a probe's wait for a hung host's answer: as long
+// as a handshake may take over the slowest link the nemesis makes
+// (Toxiproxy's latency, a few hundred ms each way), short enough that a
+// host that answers again is used within a few seconds.
+const probeTimeout = 2 * time.Second
 
 // pingTimeout bounds the ping the pool sends on a connection that was
 // idle over a second before handing it out (pgxpool's default ShouldPing).
@@ -60,8 +70,12 @@ type hostGate struct {
 }
 
 // hostState is what the connections to one host share: since when it has
-// not answered (UnixNano; 0: it answers).
-type hostState struct{ hungSince atomic.Int64 }
+// not answered (UnixNano of the last deadline one of them ran into; 0: it
+// answers), and whether a probe of it is out.
+type hostState struct {
+	hungSince atomic.Int64
+	probing   atomic.Bool
+}
 
 func newHostGate(holdoff time.Duration, now func() time.Time) *hostGate {
 	return &hostGate{holdoff: holdoff, now: now, failed: map[string]time.Time{}, hosts: map[string]*hostState{}}
@@ -106,7 +120,7 @@ func (c *gatedConn) Read(b []byte) (int, error) {
 			c.host.hungSince.Store(0)
 		}
 	} else if errors.Is(err, os.ErrDeadlineExceeded) {
-		c.host.hungSince.CompareAndSwap(0, c.now().UnixNano())
+		c.host.hungSince.Store(c.now().UnixNano())
 	}
 	return n, err
 }
@@ -129,7 +143,7 @@ type errHung struct {
 }
 
 func (e *errHung) Error() string {
-	return fmt.Sprintf("%s has not answered for %s (a connection to it ran into its deadline); not tried again before %s have passed or it answers", e.addr, e.ago.Round(time.Millisecond), hungHoldoff)
+	return fmt.Sprintf("%s did not answer (a connection to it ran into its deadline %s ago); not dialled again before it answers a probe (one every %s)", e.addr, e.ago.Round(time.Millisecond), hungHoldoff)
 }
 
 func (g *hostGate) fail(addr string) {
@@ -158,9 +172,11 @@ func (g *hostGate) dial(next pgconn.DialFunc) pgconn.DialFunc {
 		}
 		h := g.state(addr)
 		if since := h.hungSince.Load(); since != 0 {
-			if ago := g.now().Sub(time.Unix(0, since)); ago < hungHoldoff {
-				return nil, &errHung{addr, ago}
+			ago := g.now().Sub(time.Unix(0, since))
+			if ago >= hungHoldoff && h.probing.CompareAndSwap(false, true) {
+				go g.probeHost(h, network, addr, next)
 			}
+			return nil, &errHung{addr, ago}
 		}
 		c, err := next(ctx, network, addr)
 		if err != nil {
@@ -169,6 +185,47 @@ func (g *hostGate) dial(next pgconn.DialFunc) pgconn.DialFunc {
 		}
 		return &gatedConn{Conn: c, host: h, now: g.now}, nil
 	}
+}
+
+// sslRequest is PostgreSQL's SSLRequest message (length 8, code
+// 80877103): the postmaster's child answers it with one byte, 'S' or 'N',
+// before anything else of the protocol.
+var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+
+// probeHost asks a hung host for one byte, in the background, and lifts
+// the hung state when it answers (or refuses: a host that is down costs
+// callers nothing to try). A host that accepts the connection and says
+// nothing (a paused machine: its kernel still accepts) stays hung for
+// another hungHoldoff. It lasts at most probeTimeout.
+func (g *hostGate) probeHost(h *hostState, network, addr string, dial pgconn.DialFunc) {
+	defer h.probing.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	c, err := dial(ctx, network, addr)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.hungSince.Store(0)
+			g.fail(addr)
+		} else {
+			h.hungSince.Store(g.now().UnixNano())
+		}
+		return
+	}
+	defer c.Close()
+	deadline, _ := ctx.Deadline()
+	c.SetDeadline(deadline)
+	_, err = c.Write(sslRequest)
+	if err == nil {
+		var b [1]byte
+		_, err = c.Read(b[:])
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		h.hungSince.Store(g.now().UnixNano())
+		return
+	}
+	// An answer, or the connection closed or reset by the far end: not a
+	// host that holds connections silently.
+	h.hungSince.Store(0)
 }
 
 // validate wraps the driver's ValidateConnect (the read-write check of

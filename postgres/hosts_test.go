@@ -175,3 +175,103 @@ func TestHungHost(t *testing.T) {
 		t.Errorf("four writes after the first host hung took %s, want ≤ %s (one ping timeout, then the next host)", took.Round(time.Millisecond), pingTimeout+2*time.Second)
 	}
 }
+
+// TestHungHostProbe: a host that accepts connections and never answers (a
+// paused machine) is, once found out, not dialled by the writes again:
+// past the hung holdoff a probe in the background asks it for a byte, and
+// the writes go straight to the next host meanwhile instead of each
+// waiting out a connect_timeout on it. Once it answers the probe it is
+// dialled again.
+func TestHungHostProbe(t *testing.T) {
+	dsn := pgtest.Start(t)
+	kv := dsnFields(dsn)
+	network, target := blackhole.Target(dsn)
+	var ports []string
+	var proxies []*blackhole.Proxy
+	for range 2 {
+		p, err := blackhole.Listen("127.0.0.1:0", network, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		_, port, _ := net.SplitHostPort(p.Addr().String())
+		ports, proxies = append(ports, port), append(proxies, p)
+	}
+	paused := proxies[0]
+	pausedAddr := "127.0.0.1:" + ports[0]
+	var mu sync.Mutex
+	now := time.Unix(1e9, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	g := newHostGate(time.Second, clock)
+	var toPaused atomic.Int64 // connections the writes (not the probe) opened to the paused host
+	connect := func() (time.Duration, error) {
+		t.Helper()
+		cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%s,%s user=%s dbname=%s sslmode=disable target_session_attrs=read-write connect_timeout=2", ports[0], ports[1], kv["user"], kv["dbname"]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gated := g.dial(cfg.DialFunc)
+		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := gated(ctx, network, addr)
+			if err == nil && addr == pausedAddr {
+				toPaused.Add(1)
+			}
+			return c, err
+		}
+		cfg.ValidateConnect = g.validate(cfg.ValidateConnect)
+		start := time.Now()
+		c, err := pgconn.ConnectConfig(context.Background(), cfg)
+		if err == nil {
+			c.Close(context.Background())
+		}
+		return time.Since(start), err
+	}
+	state := g.state(pausedAddr)
+	probed := func(what string) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); state.probing.Load(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: the probe still out after 10 s (it is bounded by %s)", what, probeTimeout)
+			}
+		}
+	}
+
+	paused.Block(true)
+	// Found out the first time: the handshake runs into connect_timeout.
+	if _, err := connect(); err != nil {
+		t.Fatalf("first connection with the first host paused: %v", err)
+	}
+	if state.hungSince.Load() == 0 {
+		t.Fatal("the paused host is not marked as not answering after a handshake ran into its deadline")
+	}
+	for i, wait := range []time.Duration{0, hungHoldoff, hungHoldoff} {
+		advance(wait)
+		before := toPaused.Load()
+		took, err := connect()
+		if err != nil {
+			t.Fatalf("connection %d with the first host paused: %v", i, err)
+		}
+		if toPaused.Load() != before || took > time.Second {
+			t.Errorf("connection %d with the first host paused (%s after it was found out): took %s, dialled it %d times; want it skipped (probed in the background)", i, wait, took.Round(time.Millisecond), toPaused.Load()-before)
+		}
+		probed("paused")
+		if state.hungSince.Load() == 0 {
+			t.Errorf("connection %d: a probe of the paused host lifted its hung state", i)
+		}
+	}
+
+	paused.Block(false)
+	advance(hungHoldoff)
+	if _, err := connect(); err != nil {
+		t.Fatal(err)
+	}
+	probed("resumed")
+	if state.hungSince.Load() != 0 {
+		t.Fatal("the resumed host answered the probe, yet it is still marked as not answering")
+	}
+	before := toPaused.Load()
+	if _, err := connect(); err != nil || toPaused.Load() != before+1 {
+		t.Errorf("after the resumed host answered: %v, dialled it %d times, want once (it is the first host and writable)", err, toPaused.Load()-before)
+	}
+}

@@ -72,7 +72,9 @@ type Options struct {
 	// (statement_timeout), so a stuck query fails instead of holding a
 	// connection forever. 0 leaves the server's setting.
 	StatementTimeout time.Duration
-	// ConnectTimeout bounds opening one connection. 0 means 10s.
+	// ConnectTimeout bounds opening one connection (to each host of a
+	// multi-host DSN in turn). 0 means the DSN's connect_timeout, or 10s
+	// without one.
 	ConnectTimeout time.Duration
 	// PartitionsAhead is how many days after the current one (UTC) have
 	// their measurement partition made ahead: at Open, and again each day
@@ -179,6 +181,12 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = int32(max(8, 4*runtime.GOMAXPROCS(0)))
+	}
+	if opts.ConnectTimeout <= 0 {
+		// The DSN's connect_timeout: a host that accepts connections and
+		// never answers (a paused machine) costs each connection attempt
+		// this long before the driver tries the next host.
+		opts.ConnectTimeout = cfg.ConnConfig.ConnectTimeout
 	}
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = 10 * time.Second
