@@ -87,7 +87,7 @@ bench: bench-ingest
 # docs/reliability.md. One part: go run ./chaos/cmd/chaos PART, PART one of
 # crash outage outage-blackhole overload slow badinput auth failover pause
 # log-outage log-broker log-broker-pause log-controller log-writer
-# log-failover mqttstorm nemesis nem-primary-cut nem-node-cut nem-wal-full
+# log-failover mqttstorm nemesis nem-primary-cut nem-primary-pause nem-node-cut nem-wal-full
 # nem-broker-disk-full nem-sqlite-disk-full nem-clock nem-worker-cut machines bench-smoke
 # (every part of chaos/cmd/chaos; bench/docs_test.go holds this list to it).
 # The seeded nemesis (3 seeds × 10 min on the machines of deploy/cluster.sh)

@@ -85,6 +85,16 @@ var scenarios = []scenario{
 		judge: judgePrimaryCut,
 	},
 	{
+		name: "nem-primary-pause", title: "10b. The primary paused (SIGSTOP, 35 s, past the ttl) on its machine, then the new primary killed -9",
+		nodes: 2, duration: 200 * time.Second,
+		faults: []nemesis.Fault{
+			fault(nemesis.Pause, "pause @primary 35s", 30*time.Second, 65*time.Second, []string{"pause", nemesis.Primary}, []string{"resume", nemesis.Primary}),
+			fault(nemesis.Kill, "kill -9 @primary", 110*time.Second, 125*time.Second, []string{"kill", nemesis.Primary}, []string{"start", nemesis.Primary}),
+		},
+		watch: watchLeader,
+		judge: judgePrimaryPause,
+	},
+	{
 		name: "nem-node-cut", title: "10c. A node cut from the database, the balancer still reaching it (40 s)",
 		nodes: 2, duration: 120 * time.Second,
 		faults: []nemesis.Fault{fault(nemesis.Partition, "kettle1 cut from pg1-3", 30*time.Second, 70*time.Second,
@@ -273,6 +283,49 @@ func judgePrimaryCut(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis.I
 		rewind.Detail += "; " + old + "'s Patroni log mentions pg_rewind"
 	}
 	return []nemesis.Check{c, rewind}
+}
+
+// leaderRaceTimeout is what a paused primary costs beyond a dead one in
+// Patroni itself: in the leader race each standby asks every member it
+// knows, the old leader too, for its WAL position with a fixed 2 s
+// timeout (patroni/ha.py fetch_node_status), which a dead machine's
+// refusal ends at once and a paused one's silence does not.
+const leaderRaceTimeout = 2 * time.Second
+
+// judgePrimaryPause (scenario b on machines): a standby took over while
+// the primary was paused, the resumed primary rejoined, and the pause cost
+// the kettles no more seconds without an acknowledgement than the kill of
+// the next primary (beyond Patroni's leader race; the checker counts
+// whole seconds). A commit the resumed stale leader took would be lost
+// in the checker's audit.
+func judgePrimaryPause(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis.Interval, res map[string]*sim.Results) []nemesis.Check {
+	if len(iv) < 2 || iv[0].Start.IsZero() || iv[1].Start.IsZero() || len(iv[0].Inject) < 2 {
+		return []nemesis.Check{{Name: "a standby takes over the paused primary", Detail: "the faults did not start"}}
+	}
+	p := iv[0]
+	old := p.Inject[1]
+	leaders := w.during("leader", p.Start, p.End)
+	c := nemesis.Check{Name: "a standby takes over the paused primary", Detail: fmt.Sprintf("paused %s; leaders seen during the pause: %v", old, counts(leaders))}
+	for _, l := range leaders {
+		if l != "" && l != old {
+			c.Pass = true
+		}
+	}
+	rejoin := nemesis.Check{Name: fmt.Sprintf("the resumed primary rejoins within %s", rejoinBound)}
+	if at := w.rejoined(p.End); at.IsZero() || !at.Before(iv[1].Start) {
+		rejoin.Detail = "not a leader and two streaming standbys between the resume and the kill"
+	} else {
+		rejoin.Pass = at.Sub(p.End) <= rejoinBound
+		rejoin.Detail = fmt.Sprintf("a leader and two streaming standbys %.1fs after the resume", at.Sub(p.End).Seconds())
+	}
+	cost := nemesis.Check{Name: fmt.Sprintf("a paused primary costs no more than a dead one (+%s, Patroni's leader race, +1 s)", leaderRaceTimeout)}
+	if cs := nemesis.Costs(iv, res); len(cs) < 2 {
+		cost.Detail = "no cost measured"
+	} else {
+		cost.Detail = fmt.Sprintf("paused: %ds without an acknowledgement; killed: %ds", cs[0].NoAckS, cs[1].NoAckS)
+		cost.Pass = time.Duration(cs[0].NoAckS)*time.Second <= time.Duration(cs[1].NoAckS)*time.Second+leaderRaceTimeout+time.Second
+	}
+	return []nemesis.Check{c, rejoin, cost}
 }
 
 // judgeNodeCut: the cut node said not-ready while cut and ready after, and
