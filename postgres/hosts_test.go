@@ -117,23 +117,8 @@ func TestHostGate(t *testing.T) {
 // writes go to the next host. Against pgxpool's defaults (no ping
 // timeout) every write here fails at its 3 s deadline.
 func TestHungHost(t *testing.T) {
-	dsn := pgtest.Start(t)
-	kv := dsnFields(dsn)
-	network, target := blackhole.Target(dsn)
-	var ports []string
-	var hung *blackhole.Proxy
-	for range 2 {
-		p, err := blackhole.Listen("127.0.0.1:0", network, target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		_, port, _ := net.SplitHostPort(p.Addr().String())
-		ports = append(ports, port)
-		if hung == nil {
-			hung = p
-		}
-	}
+	kv, ports, proxies := twoHosts(t)
+	hung := proxies[0]
 	multi := fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%s,%s user=%s dbname=%s sslmode=disable target_session_attrs=read-write connect_timeout=2", ports[0], ports[1], kv["user"], kv["dbname"])
 	s, err := Open(context.Background(), multi, Options{MaxConns: 6, CompactEvery: time.Hour})
 	if err != nil {
@@ -183,20 +168,7 @@ func TestHungHost(t *testing.T) {
 // waiting out a connect_timeout on it. Once it answers the probe it is
 // dialled again.
 func TestHungHostProbe(t *testing.T) {
-	dsn := pgtest.Start(t)
-	kv := dsnFields(dsn)
-	network, target := blackhole.Target(dsn)
-	var ports []string
-	var proxies []*blackhole.Proxy
-	for range 2 {
-		p, err := blackhole.Listen("127.0.0.1:0", network, target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		_, port, _ := net.SplitHostPort(p.Addr().String())
-		ports, proxies = append(ports, port), append(proxies, p)
-	}
+	kv, ports, proxies := twoHosts(t)
 	paused := proxies[0]
 	pausedAddr := "127.0.0.1:" + ports[0]
 	var mu sync.Mutex
@@ -274,4 +246,24 @@ func TestHungHostProbe(t *testing.T) {
 	if _, err := connect(); err != nil || toPaused.Load() != before+1 {
 		t.Errorf("after the resumed host answered: %v, dialled it %d times, want once (it is the first host and writable)", err, toPaused.Load()-before)
 	}
+}
+
+// twoHosts starts a throwaway PostgreSQL behind two blackhole proxies: the
+// two hosts of a multi-host DSN (its fields, the proxies' ports).
+func twoHosts(t *testing.T) (map[string]string, []string, []*blackhole.Proxy) {
+	t.Helper()
+	dsn := pgtest.Start(t)
+	network, target := blackhole.Target(dsn)
+	var ports []string
+	var proxies []*blackhole.Proxy
+	for range 2 {
+		p, err := blackhole.Listen("127.0.0.1:0", network, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		_, port, _ := net.SplitHostPort(p.Addr().String())
+		ports, proxies = append(ports, port), append(proxies, p)
+	}
+	return dsnFields(dsn), ports, proxies
 }

@@ -263,13 +263,7 @@ func judgePrimaryCut(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis.I
 		return []nemesis.Check{{Name: "a standby takes over", Detail: "the fault did not start"}}
 	}
 	old := f.Inject[1]
-	leaders := w.during("leader", f.Start, f.End)
-	c := nemesis.Check{Name: "a standby takes over", Detail: fmt.Sprintf("old primary %s; leaders seen during the cut: %v", old, counts(leaders))}
-	for _, l := range leaders {
-		if l != "" && l != old {
-			c.Pass = true
-		}
-	}
+	c := tookOver(w, "a standby takes over", "old primary "+old+"; leaders seen during the cut", old, f.Start, f.End)
 	after := w.during("leader", f.End, time.Now())
 	rewind := nemesis.Check{Name: fmt.Sprintf("the old primary rejoins within %s of the heal", rejoinBound)}
 	if at := w.rejoined(f.End); at.IsZero() {
@@ -304,13 +298,7 @@ func judgePrimaryPause(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis
 	}
 	p := iv[0]
 	old := p.Inject[1]
-	leaders := w.during("leader", p.Start, p.End)
-	c := nemesis.Check{Name: "a standby takes over the paused primary", Detail: fmt.Sprintf("paused %s; leaders seen during the pause: %v", old, counts(leaders))}
-	for _, l := range leaders {
-		if l != "" && l != old {
-			c.Pass = true
-		}
-	}
+	c := tookOver(w, "a standby takes over the paused primary", "paused "+old+"; leaders seen during the pause", old, p.Start, p.End)
 	rejoin := nemesis.Check{Name: fmt.Sprintf("the resumed primary rejoins within %s", rejoinBound)}
 	if at := w.rejoined(p.End); at.IsZero() || !at.Before(iv[1].Start) {
 		rejoin.Detail = "not a leader and two streaming standbys between the resume and the kill"
@@ -326,6 +314,18 @@ func judgePrimaryPause(ctx context.Context, t *haTopo, w *watchLog, iv []nemesis
 		cost.Pass = time.Duration(cs[0].NoAckS)*time.Second <= time.Duration(cs[1].NoAckS)*time.Second+leaderRaceTimeout+time.Second
 	}
 	return []nemesis.Check{c, rejoin, cost}
+}
+
+// tookOver passes when the watch saw a leader other than old in [from, to).
+func tookOver(w *watchLog, name, detail, old string, from, to time.Time) nemesis.Check {
+	leaders := w.during("leader", from, to)
+	c := nemesis.Check{Name: name, Detail: fmt.Sprintf("%s: %v", detail, counts(leaders))}
+	for _, l := range leaders {
+		if l != "" && l != old {
+			c.Pass = true
+		}
+	}
+	return c
 }
 
 // judgeNodeCut: the cut node said not-ready while cut and ready after, and
