@@ -196,7 +196,8 @@ var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
 // the hung state when it answers (or refuses: a host that is down costs
 // callers nothing to try). A host that accepts the connection and says
 // nothing (a paused machine: its kernel still accepts) stays hung for
-// another hungHoldoff. It lasts at most probeTimeout.
+// another hungHoldoff. It lasts at most probeTimeout, its own bound: it
+// holds nothing of the store, whose Close need not wait for it.
 func (g *hostGate) probeHost(h *hostState, network, addr string, dial pgconn.DialFunc) {
 	defer h.probing.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
