@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/metrics/metricstest"
 )
@@ -261,16 +261,6 @@ func TestWithBool(t *testing.T) {
 	f(`rate(x[5m])`, `rate(x[5m])`)
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // start runs a process until the test ends (SIGTERM, then SIGKILL after 5 s).
 func start(t *testing.T, bin string, args ...string) *syncbuf.Buffer {
 	t.Helper()
@@ -418,7 +408,7 @@ func TestAgainstPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeAddr := freePort(t)
+	nodeAddr := testkit.FreeAddr(t)
 	nodeOut := start(t, nodeBin, "--web.listen-address="+nodeAddr, "--collector.textfile.directory="+textDir)
 
 	// The shipped configuration, pointed at this test's ports.
@@ -451,7 +441,7 @@ func TestAgainstPrometheus(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "alerts.yml"), alerts, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := freePort(t)
+	promAddr := testkit.FreeAddr(t)
 	promOut := start(t, promBin,
 		"--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),

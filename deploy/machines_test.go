@@ -10,11 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // machines is one deploy/cluster.sh topology in netns mode, named by its
@@ -38,8 +39,7 @@ func newMachines(t *testing.T, prefix, net string, extraEnv ...string) *machines
 			t.Fatalf("%s not found: make deps (deploy/deps/machines.sh)", bin)
 		}
 	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
+	root := testkit.Root()
 	// Short: PostgreSQL's socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", prefix+"-")
 	if err != nil {
@@ -52,19 +52,6 @@ func newMachines(t *testing.T, prefix, net string, extraEnv ...string) *machines
 		t.Fatalf("the system already holds objects named %s-: %q (deploy/cluster.sh down with KETTLE_HA_PREFIX=%s)", prefix, left, prefix)
 	}
 	return m
-}
-
-// buildKettle builds the kettle binary for the topology's nodes.
-func buildKettle(t *testing.T) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	bin := filepath.Join(t.TempDir(), "kettle")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
-	build.Dir = filepath.Dir(filepath.Dir(file))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/kettle: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // cmd runs deploy/cluster.sh args… within limit.
@@ -242,7 +229,10 @@ func TestMachines(t *testing.T) {
 		// on two cores and runs in make chaos.
 		t.Skip("KETTLE_HA_LONG: the whole topology on machines, a partition, pause, disk and latency (minutes; make chaos's machines part)")
 	}
-	bin := buildKettle(t)
+	bin, err := testkit.BuildKettle(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := newMachines(t, "kft", "198.18.16", "KETTLE_BIN="+bin, "KETTLE_HA_NODES=1", "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
 	cleaned := false
 	t.Cleanup(func() {

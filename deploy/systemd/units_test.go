@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 var units = []string{"kettle.service", "kettle-writer.service", "kettle-swarm-worker.service"}
@@ -26,11 +27,9 @@ var kettleBin = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "kettle")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/kettle: %v\n%s", err, out)
+	bin, err := testkit.BuildKettle(dir)
+	if err != nil {
+		return "", err
 	}
 	// The unprivileged user of DynamicUser must be able to run it.
 	return bin, os.Chmod(dir, 0o755)
@@ -315,16 +314,6 @@ func (s *service) stop(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func writeFiles(t *testing.T, dir string, files map[string]string) {
 	t.Helper()
 	for name, body := range files {
@@ -361,7 +350,7 @@ func TestServeUnit(t *testing.T) {
 		t.Fatal("runs the service as another user, as systemd does: run the tests as root (make test)")
 	}
 	etc := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	op := "operator-token-from-a-credential-0123456789"
 	writeFiles(t, etc, map[string]string{
 		"operator-token": op + "\n",
@@ -393,7 +382,7 @@ func TestSwarmWorkerUnit(t *testing.T) {
 		t.Fatal("runs the service as another user, as systemd does: run the tests as root (make test)")
 	}
 	etc := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	writeFiles(t, etc, map[string]string{
 		"worker-token":     "worker-token-from-a-credential\n",
 		"swarm-worker.env": "KETTLE_LISTEN=" + addr + "\n",
