@@ -21,6 +21,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -84,24 +85,17 @@ func TestHAProxyConfig(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("haproxy's output:\n%s", out.String())
+		}
+	})
 	base := "http://" + haproxyNet + ".30:8080"
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, Timeout: 5 * time.Second}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		res, err := c.Get(base + "/healthz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("haproxy not routing: %v\n%s", err, out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "haproxy routing /healthz", 20*time.Second, func() bool { return testkit.Answers200(c, base+"/healthz") })
 	req, _ := http.NewRequest("POST", base+"/session", strings.NewReader(`{"token":"`+op+`"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Origin", base)
@@ -199,11 +193,5 @@ func mqttThrough(t *testing.T, addr, secret, okFrom, refusedFrom string, logged 
 	if code := connect(refusedFrom, b, kettle.DeviceToken([]byte(secret), a)); code < 0x80 {
 		t.Fatalf("an MQTT kettle with another's token through HAProxy: CONNACK 0x%02x, want a refusal", code)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !logged(refusedFrom) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refusal logged under the kettle's address %s (the balancer's MQTT server lines need send-proxy-v2)", refusedFrom)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "a refusal logged under the kettle's address "+refusedFrom+" (the balancer's MQTT server lines need send-proxy-v2)", 10*time.Second, func() bool { return logged(refusedFrom) })
 }

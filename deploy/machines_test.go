@@ -159,19 +159,6 @@ func getWith(c *http.Client, url string) (int, error) {
 	return r.StatusCode, nil
 }
 
-// waitFor polls cond every 200 ms until it holds or limit passes.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // members is a client of the members' HTTPS (Patroni's REST API), trusting
 // the topology's CA (plain HTTP with KETTLE_HA_TLS=0).
 func (m *machines) members() (*http.Client, string) {
@@ -302,13 +289,13 @@ func TestMachines(t *testing.T) {
 		t.Fatalf("pg%d, not isolated, does not reach etcd1: %v %s", other, err, out)
 	}
 	var now string
-	waitFor(t, "a new leader after isolating "+old, 90*time.Second, func() bool {
+	testkit.WaitFor(t, "a new leader after isolating "+old, 90*time.Second, func() bool {
 		l, err := m.patroniView(other)
 		now = l
 		return err == nil && l != "" && l != old
 	})
 	t.Logf("figure: isolated_primary_replaced = %.1f s (%s → %s)", time.Since(isolated).Seconds(), old, now)
-	waitFor(t, old+" no longer primary", 60*time.Second, func() bool {
+	testkit.WaitFor(t, old+" no longer primary", 60*time.Second, func() bool {
 		c, scheme := m.members()
 		code, err := getWith(c, fmt.Sprintf("%s://%s:8008/primary", scheme, m.addr(10+oi)))
 		return err == nil && code != 200
@@ -321,7 +308,7 @@ func TestMachines(t *testing.T) {
 	// for: cut from the nodes too, its fast shutdown waits for backends
 	// blocked sending to clients it cannot reach, and for its walsenders'
 	// timeout, minutes.
-	waitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
+	testkit.WaitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
 		_, err := m.inNS(old, m.etcdHealth()...)
 		return err == nil
 	})
@@ -336,7 +323,7 @@ func TestMachines(t *testing.T) {
 		t.Errorf("kettle1 paused answered %d", code)
 	}
 	m.must(10*time.Second, "resume", "kettle1")
-	waitFor(t, "kettle1 answering after resume", 10*time.Second, func() bool { code, _ := get(node); return code == 200 })
+	testkit.WaitFor(t, "kettle1 answering after resume", 10*time.Second, func() bool { code, _ := get(node); return code == 200 })
 
 	// fill-disk: nothing left on kettle1's filesystem; free-disk gives it back.
 	var st syscall.Statfs_t
@@ -410,7 +397,7 @@ func TestDownAfterKill(t *testing.T) {
 	// Patroni started: etcd's three machines and pg1's exist, disks mounted.
 	// The bound is generous: on a loaded machine etcd's three members and
 	// initdb take minutes, and the test is about what down finds, not speed.
-	waitFor(t, "pg1's Patroni running", 4*time.Minute, func() bool {
+	testkit.WaitFor(t, "pg1's Patroni running", 4*time.Minute, func() bool {
 		_, err := os.Stat(filepath.Join(m.dir, "pg1.pid"))
 		return err == nil
 	})

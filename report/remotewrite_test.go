@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // TestRemoteWriteToPrometheus pushes the recorded run's per-second series
@@ -47,12 +47,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := writeFile(cfg, "global: {scrape_interval: 1m}\n"); err != nil {
@@ -66,22 +61,15 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cancel(); cmd.Wait() })
+	t.Cleanup(func() {
+		cancel()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("Prometheus's output:\n%s", out.String())
+		}
+	})
 	base := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(base + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Prometheus not ready after 30 s:\n%s", out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "Prometheus ready", 30*time.Second, func() bool { return testkit.Answers200(nil, base+"/-/ready") })
 
 	series := s.RemoteSeries(map[string]string{"build": "test"})
 	want := 0
@@ -90,7 +78,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	}
 	n, err := RemoteWrite(t.Context(), nil, base+"/api/v1/write", series)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatal(err)
 	}
 	if n != want || n < 1000 {
 		t.Fatalf("pushed %d samples, want %d (≥ 1000)", n, want)

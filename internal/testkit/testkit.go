@@ -1,15 +1,17 @@
 // Package testkit holds what the process-level tests of several packages
-// share: the kettle binary of this checkout and a free loopback address for
-// a process the test starts.
+// share: the kettle binary of this checkout, a free loopback address for a
+// process the test starts, and a wait on a condition.
 package testkit
 
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // Root is the directory of this checkout (the module's root).
@@ -43,4 +45,32 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// WaitFor polls cond every 100 ms until it holds and returns how long that
+// took; past limit the test fails naming what.
+func WaitFor(t testing.TB, what string, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %s", what, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// Answers200 reports whether a GET of url through c (nil: the default
+// client) answers 200 OK.
+func Answers200(c *http.Client, url string) bool {
+	if c == nil {
+		c = http.DefaultClient
+	}
+	res, err := c.Get(url)
+	if err != nil {
+		return false
+	}
+	res.Body.Close()
+	return res.StatusCode == http.StatusOK
 }

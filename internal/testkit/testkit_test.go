@@ -2,7 +2,10 @@ package testkit_test
 
 import (
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
@@ -17,5 +20,32 @@ func TestFreeAddr(t *testing.T) {
 	l.Close()
 	if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
 		t.Fatalf("FreeAddr = %s, want 127.0.0.1:port", addr)
+	}
+}
+
+// TestWaitFor: it returns as soon as the condition holds, polling again
+// while it does not.
+func TestWaitFor(t *testing.T) {
+	n := 0
+	testkit.WaitFor(t, "the third poll", time.Minute, func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Fatalf("polled %d times, want 3", n)
+	}
+}
+
+// TestAnswers200: 200 is true; another status or no server is false.
+func TestAnswers200(t *testing.T) {
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) }))
+	defer srv.Close()
+	if !testkit.Answers200(nil, srv.URL) {
+		t.Error("200: false")
+	}
+	status = http.StatusServiceUnavailable
+	if testkit.Answers200(srv.Client(), srv.URL) {
+		t.Error("503: true")
+	}
+	if testkit.Answers200(nil, "http://"+testkit.FreeAddr(t)) {
+		t.Error("no server: true")
 	}
 }
