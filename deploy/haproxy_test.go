@@ -9,10 +9,8 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +35,7 @@ const haproxyNet = "127.0.56"
 // devices' frontend refuses /metrics and pprof, and an MQTT kettle reaches
 // a node with its own address (PROXY protocol v2: the node's log names it).
 func TestHAProxyConfig(t *testing.T) {
-	bin := tool(t, "haproxy", "haproxy")
+	bin := testkit.Tool(t, "haproxy", "haproxy")
 	dir := t.TempDir()
 	const op = "haproxy-test-operator-token"
 	const secret = "haproxy-test-device-secret"
@@ -79,19 +77,7 @@ func TestHAProxyConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-db", "-f", path)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("haproxy's output:\n%s", out.String())
-		}
-	})
+	testkit.Start(t, bin, "-db", "-f", path)
 	base := "http://" + haproxyNet + ".30:8080"
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, Timeout: 5 * time.Second}

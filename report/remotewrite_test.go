@@ -2,7 +2,6 @@ package report
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -10,13 +9,11 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
@@ -28,10 +25,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus; run without -short")
 	}
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus not found on PATH: apt-get install -y prometheus (make deps)")
-	}
+	bin := testkit.Tool(t, "prometheus", "prometheus")
 	r := loadRecorded(t)
 	// Samples are accepted into Prometheus' head block only, so the run is
 	// moved to a few minutes ago.
@@ -53,21 +47,8 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	if err := writeFile(cfg, "global: {scrape_interval: 1m}\n"); err != nil {
 		t.Fatal(err)
 	}
-	var out syncbuf.Buffer
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+	testkit.Start(t, bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--web.enable-remote-write-receiver", "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("Prometheus's output:\n%s", out.String())
-		}
-	})
 	base := "http://" + addr
 	testkit.WaitFor(t, "Prometheus ready", 30*time.Second, func() bool { return testkit.Answers200(nil, base+"/-/ready") })
 

@@ -48,10 +48,7 @@ func bin(t *testing.T) string {
 // machine's own units and the binary at /usr/bin/kettle; any complaint
 // (an unknown key is only a warning to systemd) fails.
 func TestVerify(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Fatal("systemd-analyze not found: apt-get install -y systemd (make deps)")
-	}
+	analyze := testkit.Tool(t, "systemd", "systemd-analyze")
 	root := t.TempDir()
 	for _, d := range []string{"usr/bin", "etc/systemd/system", "lib/systemd"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {

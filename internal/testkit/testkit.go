@@ -1,6 +1,7 @@
 // Package testkit holds what the process-level tests of several packages
-// share: the kettle binary of this checkout, a free loopback address for a
-// process the test starts, and a wait on a condition.
+// share: the kettle binary of this checkout, the Debian-packaged tools they
+// run (Prometheus, HAProxy …) found and started for the test's length, a
+// free loopback address for such a process, and a wait on a condition.
 package testkit
 
 import (
@@ -10,8 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 )
 
 // Root is the directory of this checkout (the module's root).
@@ -32,6 +36,48 @@ func BuildKettle(dir string, flags ...string) (string, error) {
 		return "", fmt.Errorf("go build ./cmd/kettle: %v\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// Tool finds a Debian-packaged binary under one of names or fails saying
+// how to install it.
+func Tool(t testing.TB, pkg string, names ...string) string {
+	t.Helper()
+	for _, n := range names {
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	t.Fatalf("%s not found on PATH: apt-get install -y %s (make deps)", names[0], pkg)
+	return ""
+}
+
+// Start runs bin with args until the test ends (SIGTERM, then SIGKILL after
+// 5 s) and returns its output so far, stdout and stderr together; when the
+// test has failed, the output is logged.
+func Start(t testing.TB, bin string, args ...string) *syncbuf.Buffer {
+	t.Helper()
+	out := &syncbuf.Buffer{}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = time.Second // a child it left holding the output does not hold the test
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s's output:\n%s", filepath.Base(bin), out)
+		}
+	})
+	return out
 }
 
 // FreeAddr returns a loopback TCP address that nothing listens on: the

@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +49,20 @@ func TestAnswers200(t *testing.T) {
 	}
 	if testkit.Answers200(nil, "http://"+testkit.FreeAddr(t)) {
 		t.Error("no server: true")
+	}
+}
+
+// TestStart: the process's output is read while it runs, and it is stopped
+// when the (sub)test ends.
+func TestStart(t *testing.T) {
+	sh := testkit.Tool(t, "dash", "sh")
+	var pid string
+	t.Run("run", func(t *testing.T) {
+		out := testkit.Start(t, sh, "-c", "echo pid $$; exec sleep 60")
+		testkit.WaitFor(t, "its first line", 10*time.Second, func() bool { return strings.Contains(out.String(), "\n") })
+		pid = strings.Fields(out.String())[1]
+	})
+	if _, err := os.Stat("/proc/" + pid); !os.IsNotExist(err) {
+		t.Fatalf("process %s still there after its test ended: %v", pid, err)
 	}
 }
