@@ -1,16 +1,19 @@
 // Package testkit holds what the process-level tests of several packages
 // share: the kettle binary of this checkout, the Debian-packaged tools they
 // run (Prometheus, HAProxy …) found and started for the test's length, a
-// free loopback address for such a process, and a wait on a condition.
+// free loopback address for such a process, a wait on a condition, and
+// deploy/cluster.sh run for a topology.
 package testkit
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -119,4 +122,38 @@ func Answers200(c *http.Client, url string) bool {
 	}
 	res.Body.Close()
 	return res.StatusCode == http.StatusOK
+}
+
+// Cluster runs deploy/cluster.sh of this checkout for one topology, whose
+// settings (KETTLE_HA_NET, KETTLE_HA_DIR …) are in Env.
+type Cluster struct {
+	T   testing.TB
+	Env []string
+}
+
+// Command is deploy/cluster.sh args… with c's environment, not started.
+func (c *Cluster) Command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(Root(), "deploy", "cluster.sh"), args...)
+	cmd.Env = c.Env
+	cmd.WaitDelay = 5 * time.Second // the script's children may hold its output
+	return cmd
+}
+
+// Run runs deploy/cluster.sh args… within limit and returns its output
+// (stdout and stderr), trimmed.
+func (c *Cluster) Run(limit time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	out, err := c.Command(ctx, args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// Must is Run that fails the test, with the output, when the script fails.
+func (c *Cluster) Must(limit time.Duration, args ...string) string {
+	c.T.Helper()
+	out, err := c.Run(limit, args...)
+	if err != nil {
+		c.T.Fatalf("deploy/cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
 }
