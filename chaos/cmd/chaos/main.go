@@ -108,7 +108,7 @@ Parts (run in the order given; "all" = every part, then docs/reliability.md):
   badinput  go test -fuzz on every decoder (bounded), then the hostile-input tables
   auth      cross-device access over HTTP and MQTT, operator endpoints, revoked devices
   failover  Patroni failover, switchover, standby loss, rolling restart behind HAProxy (go test ./ha/, long)
-  pause     the primary paused (SIGSTOP) 30 s, past the ttl, then a kill -9: a pause costs no more than a kill (go test ./ha/, long)
+  pause     the primary paused (SIGSTOP) past the ttl, then a kill -9: a pause costs no more than a kill + Patroni's 2 s (go test ./ha/, long)
   log-outage, log-broker, log-broker-pause, log-controller, log-writer
             kettle serve --log (Kafka): PostgreSQL away 60 s, a broker killed or paused, the
             active controller killed (each: ≤ 1 s over the usual p99 for 30 foreign kettles), a writer killed
