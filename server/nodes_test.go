@@ -106,12 +106,7 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	if v := metricValue(t, a, "kettle_pg_wal_segment"); v < 1 {
 		t.Errorf("kettle_pg_wal_segment %v (absent?)", v)
 	}
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	beats, peers := watchNode(t, db, a)
+	db, beats, peers := watchNode(t, dsn, a)
 	// Alone: over 15 beats, the first beat's refresh (and the failed beats').
 	beats(15, "alone")
 	peers(0, "alone")
@@ -234,12 +229,7 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	beats, waitPeers := watchNode(t, db, a)
+	_, beats, waitPeers := watchNode(t, dsn, a)
 	// Alone (its own connections not counted): 0 peers at a beat that
 	// answered.
 	beats(3, "alone")
@@ -332,12 +322,17 @@ func TestV0LoginOnAnotherNode(t *testing.T) {
 	waitFor(t, func() bool { return post(cb, id, 0).status == 200 }, "a reading on B once its database is reachable again")
 }
 
-// watchNode watches a node (alone on its database but for db) through the
-// nodes table. beats returns once the node has beaten n times more (its
+// watchNode watches a node through the nodes table, on a connection of
+// its own to the database (db, not a kettle's: no peer). beats returns once the node has beaten n times more (its
 // seen_at moved n times), with the seen_at of the first of them. peers
 // waits for the node's count of other writers (-1, a failed beat, passes
 // on).
-func watchNode(t *testing.T, db *pgx.Conn, a *server.Server) (beats func(n int, what string) time.Time, peers func(want float64, what string)) {
+func watchNode(t *testing.T, dsn string, a *server.Server) (db *pgx.Conn, beats func(n int, what string) time.Time, peers func(want float64, what string)) {
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
 	seenAt := func() time.Time {
 		t.Helper()
 		var at time.Time
@@ -375,7 +370,7 @@ func watchNode(t *testing.T, db *pgx.Conn, a *server.Server) (beats func(n int, 
 			}
 		}
 	}
-	return beats, peers
+	return db, beats, peers
 }
 
 // spurious is how many refreshes a node alone may run in beats beats: a
