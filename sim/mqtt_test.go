@@ -3,11 +3,13 @@ package sim
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,7 +132,15 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 			}
 		}
 		srv.Close()
-		srv2, restartErr = server.Start(ctx, cfg)
+		// The same ports again: on a busy machine another process's
+		// outgoing connection may hold one of them (an ephemeral port) for
+		// a moment.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			srv2, restartErr = server.Start(ctx, cfg)
+			if !errors.Is(restartErr, syscall.EADDRINUSE) || time.Now().After(deadline) {
+				return
+			}
+		}
 	}()
 	res, err := Run(ctx, Config{
 		TargetConfig:    TargetConfig{Target: url, Secret: secret, Operator: op},
