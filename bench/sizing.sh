@@ -36,6 +36,10 @@
 # serve and of the primary's processes, perf of the primary; after it the
 # statements by time, pg_stat_wal and pg_waldump's WAL by record type over
 # the run. Profiling costs CPU: the run's figures are not recorded.
+#
+# WAL_PROFILE=DIR: only where the run's WAL went, read after the run
+# (bench/lib/profile.sh wal_profile: by record type, and by relation with
+# each relation's record types), so the run is recorded as usual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib/record.sh
@@ -97,6 +101,7 @@ echo "after: $after (primary $leader, synchronous standby $sync)"
 [ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "sizing.sh: the primary changed during the run" >&2; exit 1; }
 
 [ -z "${PROFILE:-}" ] || profile_after "$before" "$after"
+[ -z "${WAL_PROFILE:-}" ] || { . bench/lib/profile.sh; wal_profile "$WAL_PROFILE" "$before" "$after"; echo "WAL profile: $WAL_PROFILE"; cat "$WAL_PROFILE/wal-relations.txt"; }
 [ -z "${PROFILE:-}" ] || export KETTLE_NO_RECORD=1 # profiled: printed, not recorded
 rec_begin sizing.sh "NODES=$NODES WORKERS=$WORKERS DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${PG_SET:+ PG_SET=\"$PG_SET\"}${CHECKPOINT_AT:+ CHECKPOINT_AT=$CHECKPOINT_AT}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
 # A kettle's interval is one reading and one poll: readings acknowledged

@@ -112,7 +112,7 @@ func naive(t *testing.T, dsn string) recompute {
 	// last_seen_counts must equal the devices' last_seen values, counted.
 	// (last_seen_counts plus the changes not yet folded into it)
 	err = conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT at, sum(n) AS n FROM
-			(SELECT at, n FROM last_seen_counts UNION ALL SELECT at, n FROM last_seen_moves) x GROUP BY at HAVING sum(n) <> 0) c
+			(SELECT at, n FROM last_seen_counts UNION ALL SELECT u.at, u.n FROM last_seen_moves m, unnest(m.at, m.n) u(at, n)) x GROUP BY at HAVING sum(n) <> 0) c
 		FULL JOIN (SELECT last_seen AS at, count(*) AS n FROM devices WHERE last_seen IS NOT NULL GROUP BY 1) d USING (at)
 		WHERE c.n IS DISTINCT FROM d.n`).Scan(&r.seenMismatches)
 	if err != nil {
@@ -592,7 +592,8 @@ func BenchmarkStatisticsRange(b *testing.B) {
 }
 
 // TestMigrateLastSeenCounts: migrations 3 and 4 backfill last_seen_counts
-// from a database written without it.
+// from a database written without it (and 9 brings last_seen_moves back to a
+// row per batch).
 func TestMigrateLastSeenCounts(t *testing.T) {
 	dsn := pgtest.Start(t)
 	s := open(t, dsn)
@@ -616,7 +617,7 @@ func TestMigrateLastSeenCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version IN (3, 4)"); err != nil {
+	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version IN (3, 4, 9)"); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
