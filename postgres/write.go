@@ -844,13 +844,15 @@ func maxTime(a, b time.Time) time.Time {
 // round trip, by a plain INSERT from arrays (optimistic, like the COPY: under
 // the savepoint, falling back to the staging table if a row is already
 // stored); larger ones go by COPY (see liveInsert), a round trip more but
-// less per row. For the batches single readings make, the INSERT costs less
-// than both the COPY and an INSERT … ON CONFLICT DO NOTHING RETURNING, which
-// probes the primary key once before inserting and sends every new key back;
-// for the batches of many-reading uploads the COPY costs less
-// (docs/performance.md). Store.plainBatchRows holds it; tests set 0 to send
-// every batch down the COPY path.
-const defaultPlainBatchRows = 1000
+// less per row, in CPU and in WAL: COPY logs the rows it puts on a page in
+// one record (Heap2/MULTI_INSERT), where an INSERT logs a record per row,
+// header and all (about a third of a row's WAL, bench/sizing.sh WAL_PROFILE).
+// At the commit window's batches of a few readings the COPY's round trip
+// measured no CPU more; a batch of one reading (a quiet fleet, answered at
+// once) is a record either way, and saves the round trip.
+// Store.plainBatchRows holds it; tests set 0 to send every batch down the
+// COPY path.
+const defaultPlainBatchRows = 1
 
 // ksum is a Neumaier-compensated running sum: the total is s + c.
 type ksum struct{ s, c float64 }
