@@ -24,6 +24,15 @@ func storeAndConn(t *testing.T) (*postgres.Store, *pgx.Conn) {
 	return s, connect(t, dsn)
 }
 
+// newDevices returns n new device ids.
+func newDevices(n int) []kettle.DeviceID {
+	devs := make([]kettle.DeviceID, n)
+	for i := range devs {
+		devs[i] = uuid.New()
+	}
+	return devs
+}
+
 // TestWriteMakesNoMultiXact: a live batch locks its devices, inserts
 // behind a savepoint, then updates the devices; the updates must be the
 // transaction's own, not the savepoint's, or each row's lock and update are
@@ -44,10 +53,7 @@ func TestWriteMakesNoMultiXact(t *testing.T) {
 		return n
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	devs := make([]kettle.DeviceID, 5)
-	for i := range devs {
-		devs[i] = uuid.New()
-	}
+	devs := newDevices(5)
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	write := func(k int) {
 		t.Helper()
@@ -81,10 +87,7 @@ func TestAnalyzeOnGrowth(t *testing.T) {
 		}
 		return n
 	}
-	ids := make([]kettle.DeviceID, 300)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
+	ids := newDevices(300)
 	if err := s.Register(ctx, ids[:100], time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -121,10 +124,7 @@ func TestWALPerBatch(t *testing.T) {
 		return l
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
-	devs := make([]kettle.DeviceID, 8)
-	for i := range devs {
-		devs[i] = uuid.New()
-	}
+	devs := newDevices(8)
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	batches, k := 0, 0
 	write := func(ds []kettle.DeviceID) {
