@@ -1045,3 +1045,50 @@ func TestDayLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateMovesPerBatch: migration 9 turns last_seen_moves into a row per
+// batch; the changes left unfolded in the old table (a row per value) are
+// folded into last_seen_counts first, so no statistic changes across it.
+func TestMigrateMovesPerBatch(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 8))
+	base := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	write := func(s *postgres.Store, k int) {
+		t.Helper()
+		var batch []kettle.Measurement
+		for d := k % 3; d < 10; d += 1 + k%2 {
+			batch = append(batch, rowAt(rng, devID(d), base.Add(time.Duration(k)*time.Minute)))
+		}
+		if _, err := s.Write(ctx, batch, base.Add(time.Duration(k)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range 4 {
+		write(s, k)
+	}
+	if err := s.CompactSeen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	// The table as migration 4 left it, holding the latest values' counts
+	// as changes not folded yet.
+	conn := connect(t, dsn)
+	if _, err := conn.Exec(ctx, `DROP TABLE last_seen_moves;
+		CREATE TABLE last_seen_moves (at timestamptz NOT NULL, n bigint NOT NULL);
+		WITH d AS (DELETE FROM last_seen_counts WHERE at >= (SELECT max(at) FROM last_seen_counts) - interval '1 second' RETURNING at, n)
+		INSERT INTO last_seen_moves SELECT at, n FROM d;
+		DELETE FROM schema_migrations WHERE version = 9`); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dsn)
+	defer s.Close()
+	checkExact(t, s, dsn)
+	write(s, 4)
+	checkExact(t, s, dsn)
+	st, err := s.Statistics(ctx, kettle.StatsQuery{ReportingSince: base.Add(3 * time.Second)})
+	if err != nil || st.DevicesReporting != 10 {
+		t.Fatalf("after migration 9: %d devices reporting since the 4th batch, %v; want 10", st.DevicesReporting, err)
+	}
+}
