@@ -17,6 +17,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -188,7 +189,7 @@ func brokerFault(t *testing.T, fault string) {
 	healAt := time.Now()
 	// The other tests share these brokers: every partition in sync again
 	// before the next one starts.
-	waitFor(t, settleTo, fmt.Sprintf("every partition's ISR back to 3 after node %d was back", node), func() bool { return fullyReplicated(topic) })
+	testkit.WaitFor(t, fmt.Sprintf("every partition's ISR back to 3 after node %d was back", node), settleTo, func() bool { return fullyReplicated(topic) })
 	t.Logf("%s: node %d (the KRaft quorum's leader: node %d) back %.1fs after the fault; every partition in sync again %.1fs later", fault, node, leader, healAt.Sub(faultAt).Seconds(), time.Since(healAt).Seconds())
 	stop()
 	wg.Wait()
