@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // TestPausedPrimary (issue 53, scenario b; make chaos's pause part): the
@@ -111,24 +113,21 @@ const leaderRaceTimeout = 2 * time.Second
 // waitAcked waits until n uploads sent after t were acknowledged.
 func (p *probe) waitAcked(t *testing.T, after time.Time, n int, limit time.Duration, what string) {
 	t.Helper()
-	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if countStatus(p.between(after, time.Now()), 200) >= n {
-			return
-		}
-	}
-	t.Fatalf("%s: fewer than %d acknowledged within %s (%s)", what, n, limit, counts(p.between(after, time.Now())))
+	testkit.WaitFor(t, fmt.Sprintf("%s: %d acknowledged", what, n), limit, func() bool {
+		return countStatus(p.between(after, time.Now()), 200) >= n
+	})
 }
 
 // waitLeaderNot waits until a member other than old holds the leader lock.
 func (tp *topo) waitLeaderNot(t *testing.T, old string, limit time.Duration) string {
 	t.Helper()
-	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-		if l, err := tp.cmd(10*time.Second, "leader"); err == nil && l != "" && l != old {
-			return l
-		}
-	}
-	t.Fatalf("no member but %s leads %s after", old, limit)
-	return ""
+	var l string
+	testkit.WaitFor(t, "a leader other than "+old, limit, func() bool {
+		out, err := tp.cmd(10*time.Second, "leader")
+		l = out
+		return err == nil && l != "" && l != old
+	})
+	return l
 }
 
 // waitRoleNot waits until member m's own Patroni answers with a role
@@ -140,21 +139,13 @@ func (tp *topo) waitRoleNot(t *testing.T, m, role string, limit time.Duration) {
 		t.Fatalf("member %q: not pgN", m)
 	}
 	c := tp.client()
-	last := "no answer"
-	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+	testkit.WaitFor(t, m+"'s Patroni answering a role other than "+role, limit, func() bool {
 		r, err := c.Get(patroni(i, "/patroni"))
 		if err != nil {
-			continue
+			return false
 		}
+		defer r.Body.Close()
 		var st struct{ Role string }
-		err = json.NewDecoder(r.Body).Decode(&st)
-		r.Body.Close()
-		if err != nil {
-			continue
-		}
-		if last = st.Role; st.Role != "" && st.Role != role {
-			return
-		}
-	}
-	t.Fatalf("%s still answers role %q after %s", m, last, limit)
+		return json.NewDecoder(r.Body).Decode(&st) == nil && st.Role != "" && st.Role != role
+	})
 }
