@@ -72,7 +72,7 @@ func conformance(t *testing.T, tune ...func(*postgres.Store)) {
 
 // TestConformanceCopyPath runs the suite again with every live batch, even
 // a single reading, written by the optimistic COPY (and its fallback to the
-// staging table on a duplicate) instead of the plain INSERT from arrays.
+// INSERT … ON CONFLICT on a duplicate) instead of the plain INSERT from arrays.
 func TestConformanceCopyPath(t *testing.T) { conformance(t, copyPath) }
 
 func rowAt(rng *rand.Rand, dev kettle.DeviceID, t time.Time) kettle.Measurement {
