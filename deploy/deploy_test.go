@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -14,28 +13,15 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/metrics"
 	"github.com/kettlefleet/kettlefleet/metrics/metricstest"
 )
-
-// tool finds a Debian-packaged binary or fails saying how to install it.
-func tool(t *testing.T, pkg string, names ...string) string {
-	t.Helper()
-	for _, n := range names {
-		if p, err := exec.LookPath(n); err == nil {
-			return p
-		}
-	}
-	t.Fatalf("%s not found on PATH: apt-get install -y %s (make deps)", names[0], pkg)
-	return ""
-}
 
 func run(t *testing.T, bin string, args ...string) {
 	t.Helper()
@@ -46,7 +32,7 @@ func run(t *testing.T, bin string, args ...string) {
 }
 
 func TestPromtool(t *testing.T) {
-	promtool := tool(t, "prometheus", "promtool")
+	promtool := testkit.Tool(t, "prometheus", "promtool")
 	run(t, promtool, "check", "config", "prometheus/prometheus.yml")
 	run(t, promtool, "check", "rules", "prometheus/alerts.yml")
 	run(t, promtool, "test", "rules", "prometheus/alerts_test.yml")
@@ -261,39 +247,6 @@ func TestWithBool(t *testing.T) {
 	f(`rate(x[5m])`, `rate(x[5m])`)
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// start runs a process until the test ends (SIGTERM, then SIGKILL after 5 s).
-func start(t *testing.T, bin string, args ...string) *syncbuf.Buffer {
-	t.Helper()
-	out := &syncbuf.Buffer{}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	return out
-}
-
 // promAPI is a Prometheus HTTP API client.
 type promAPI struct{ base string }
 
@@ -377,8 +330,8 @@ func TestAgainstPrometheus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus and node_exporter (~15 s); run without -short")
 	}
-	promBin := tool(t, "prometheus", "prometheus")
-	nodeBin := tool(t, "prometheus-node-exporter", "prometheus-node-exporter", "node_exporter")
+	promBin := testkit.Tool(t, "prometheus", "prometheus")
+	nodeBin := testkit.Tool(t, "prometheus-node-exporter", "prometheus-node-exporter", "node_exporter")
 
 	// The system under observation, and traffic.
 	const queue = 64
@@ -418,8 +371,8 @@ func TestAgainstPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodeAddr := freePort(t)
-	nodeOut := start(t, nodeBin, "--web.listen-address="+nodeAddr, "--collector.textfile.directory="+textDir)
+	nodeAddr := testkit.FreeAddr(t)
+	testkit.Start(t, nodeBin, "--web.listen-address="+nodeAddr, "--collector.textfile.directory="+textDir)
 
 	// The shipped configuration, pointed at this test's ports.
 	dir := t.TempDir()
@@ -451,17 +404,13 @@ func TestAgainstPrometheus(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "alerts.yml"), alerts, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	promAddr := freePort(t)
-	promOut := start(t, promBin,
+	promAddr := testkit.FreeAddr(t)
+	testkit.Start(t, promBin,
 		"--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+promAddr,
 		"--log.level=warn")
 	api := promAPI{base: "http://" + promAddr}
-	fail := func(format string, args ...any) {
-		t.Helper()
-		t.Fatalf(format+"\n--- prometheus:\n%s\n--- node_exporter:\n%.2000s", append(args, promOut.String(), nodeOut.String())...)
-	}
 
 	// Ready, every target up, every rule loaded.
 	deadline := time.Now().Add(45 * time.Second)
@@ -469,7 +418,7 @@ func TestAgainstPrometheus(t *testing.T) {
 	var rules []check
 	for {
 		if time.Now().After(deadline) {
-			fail("Prometheus not ready with every target up and %d rules loaded", wantRules)
+			t.Fatalf("Prometheus not ready with every target up and %d rules loaded", wantRules)
 		}
 		time.Sleep(300 * time.Millisecond)
 		r, err := api.get("/api/v1/targets", nil)
@@ -519,7 +468,7 @@ func TestAgainstPrometheus(t *testing.T) {
 		for _, g := range rs.Groups {
 			for _, rule := range g.Rules {
 				if rule.LastError != "" || rule.Health == "err" {
-					fail("alert %s: %s", rule.Name, rule.LastError)
+					t.Fatalf("alert %s: %s", rule.Name, rule.LastError)
 				}
 				healthy = healthy && rule.Health == "ok"
 				rules = append(rules, check{where: "alert " + rule.Name, expr: withBool(rule.Query), storeOnly: optional(rule.Query)})
@@ -561,7 +510,7 @@ func TestAgainstPrometheus(t *testing.T) {
 		for _, ch := range pending {
 			n, err := api.query(ch.expr)
 			if err != nil {
-				fail("%s: invalid PromQL: %v\n  %s", ch.where, err, ch.expr)
+				t.Fatalf("%s: invalid PromQL: %v\n  %s", ch.where, err, ch.expr)
 			}
 			if n == 0 && !ch.storeOnly {
 				still = append(still, ch)
@@ -576,7 +525,7 @@ func TestAgainstPrometheus(t *testing.T) {
 		t.Errorf("%s: no series\n  %s", ch.where, ch.expr)
 	}
 	if t.Failed() {
-		fail("%d of %d expressions returned no series", len(pending), len(checks))
+		t.Fatalf("%d of %d expressions returned no series", len(pending), len(checks))
 	}
 	t.Logf("%d expressions (%d alerts, %d dashboard) valid and non-empty against Prometheus", len(checks), len(rules), len(checks)-len(rules))
 }

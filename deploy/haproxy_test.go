@@ -9,10 +9,8 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -36,7 +35,7 @@ const haproxyNet = "127.0.56"
 // devices' frontend refuses /metrics and pprof, and an MQTT kettle reaches
 // a node with its own address (PROXY protocol v2: the node's log names it).
 func TestHAProxyConfig(t *testing.T) {
-	bin := tool(t, "haproxy", "haproxy")
+	bin := testkit.Tool(t, "haproxy", "haproxy")
 	dir := t.TempDir()
 	const op = "haproxy-test-operator-token"
 	const secret = "haproxy-test-device-secret"
@@ -78,30 +77,11 @@ func TestHAProxyConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-db", "-f", path)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	testkit.Start(t, bin, "-db", "-f", path)
 	base := "http://" + haproxyNet + ".30:8080"
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, Timeout: 5 * time.Second}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		res, err := c.Get(base + "/healthz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("haproxy not routing: %v\n%s", err, out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "haproxy routing /healthz", 20*time.Second, func() bool { return testkit.Answers200(c, base+"/healthz") })
 	req, _ := http.NewRequest("POST", base+"/session", strings.NewReader(`{"token":"`+op+`"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Origin", base)
@@ -199,11 +179,5 @@ func mqttThrough(t *testing.T, addr, secret, okFrom, refusedFrom string, logged 
 	if code := connect(refusedFrom, b, kettle.DeviceToken([]byte(secret), a)); code < 0x80 {
 		t.Fatalf("an MQTT kettle with another's token through HAProxy: CONNACK 0x%02x, want a refusal", code)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !logged(refusedFrom) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no refusal logged under the kettle's address %s (the balancer's MQTT server lines need send-proxy-v2)", refusedFrom)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "a refusal logged under the kettle's address "+refusedFrom+" (the balancer's MQTT server lines need send-proxy-v2)", 10*time.Second, func() bool { return logged(refusedFrom) })
 }

@@ -10,22 +10,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // machines is one deploy/cluster.sh topology in netns mode, named by its
 // own prefix and address block so it never meets another on this host.
 type machines struct {
-	t      *testing.T
-	script string
+	testkit.Cluster
 	prefix string
 	net    string
 	dir    string
-	env    []string
 }
 
 func newMachines(t *testing.T, prefix, net string, extraEnv ...string) *machines {
@@ -38,53 +37,17 @@ func newMachines(t *testing.T, prefix, net string, extraEnv ...string) *machines
 			t.Fatalf("%s not found: make deps (deploy/deps/machines.sh)", bin)
 		}
 	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
 	// Short: PostgreSQL's socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", prefix+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &machines{t: t, script: filepath.Join(root, "deploy", "cluster.sh"), prefix: prefix, net: net, dir: dir}
-	m.env = append(os.Environ(), "KETTLE_HA_MODE=netns", "KETTLE_HA_PREFIX="+prefix, "KETTLE_HA_NET="+net, "KETTLE_HA_DIR="+dir)
-	m.env = append(m.env, extraEnv...)
+	env := append(os.Environ(), "KETTLE_HA_MODE=netns", "KETTLE_HA_PREFIX="+prefix, "KETTLE_HA_NET="+net, "KETTLE_HA_DIR="+dir)
+	m := &machines{Cluster: testkit.Cluster{T: t, Env: append(env, extraEnv...)}, prefix: prefix, net: net, dir: dir}
 	if left := m.leftovers(); len(left) > 0 {
 		t.Fatalf("the system already holds objects named %s-: %q (deploy/cluster.sh down with KETTLE_HA_PREFIX=%s)", prefix, left, prefix)
 	}
 	return m
-}
-
-// buildKettle builds the kettle binary for the topology's nodes.
-func buildKettle(t *testing.T) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	bin := filepath.Join(t.TempDir(), "kettle")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
-	build.Dir = filepath.Dir(filepath.Dir(file))
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/kettle: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// cmd runs deploy/cluster.sh args… within limit.
-func (m *machines) cmd(limit time.Duration, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	c := exec.CommandContext(ctx, m.script, args...)
-	c.Env = m.env
-	c.WaitDelay = 5 * time.Second
-	out, err := c.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
-}
-
-func (m *machines) must(limit time.Duration, args ...string) string {
-	m.t.Helper()
-	out, err := m.cmd(limit, args...)
-	if err != nil {
-		m.t.Fatalf("deploy/cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
 }
 
 func (m *machines) addr(last int) string { return fmt.Sprintf("%s.%d", m.net, last) }
@@ -92,7 +55,7 @@ func (m *machines) addr(last int) string { return fmt.Sprintf("%s.%d", m.net, la
 // leftovers lists what the system still holds of this prefix: namespaces,
 // links, mounts, loop devices, the nftables table.
 func (m *machines) leftovers() []string {
-	m.t.Helper()
+	m.T.Helper()
 	var left []string
 	for _, c := range [][]string{
 		{"ip", "netns", "list"},
@@ -103,7 +66,7 @@ func (m *machines) leftovers() []string {
 	} {
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 		if err != nil {
-			m.t.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
+			m.T.Fatalf("%s: %v\n%s", strings.Join(c, " "), err, out)
 		}
 		for _, l := range strings.Split(string(out), "\n") {
 			if strings.Contains(l, m.prefix+"-") || strings.TrimSpace(l) == "table bridge "+m.prefix {
@@ -116,10 +79,10 @@ func (m *machines) leftovers() []string {
 
 // killAll SIGKILLs every process in the prefix's namespaces, as a power cut.
 func (m *machines) killAll() int {
-	m.t.Helper()
+	m.T.Helper()
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
-		m.t.Fatal(err)
+		m.T.Fatal(err)
 	}
 	n := 0
 	for _, l := range strings.Split(string(out), "\n") {
@@ -141,15 +104,15 @@ func (m *machines) killAll() int {
 
 // downClean runs down and fails for anything left.
 func (m *machines) downClean(what string) {
-	m.t.Helper()
-	if out, err := m.cmd(3*time.Minute, "down"); err != nil {
-		m.t.Errorf("deploy/cluster.sh down %s: %v\n%s", what, err, out)
+	m.T.Helper()
+	if out, err := m.Run(3*time.Minute, "down"); err != nil {
+		m.T.Errorf("deploy/cluster.sh down %s: %v\n%s", what, err, out)
 	}
 	if left := m.leftovers(); len(left) > 0 {
-		m.t.Errorf("deploy/cluster.sh down %s left:\n  %s", what, strings.Join(left, "\n  "))
+		m.T.Errorf("deploy/cluster.sh down %s left:\n  %s", what, strings.Join(left, "\n  "))
 	}
 	if _, err := os.Stat(m.dir); err == nil {
-		m.t.Errorf("deploy/cluster.sh down %s left %s", what, m.dir)
+		m.T.Errorf("deploy/cluster.sh down %s left %s", what, m.dir)
 	}
 }
 
@@ -172,19 +135,6 @@ func getWith(c *http.Client, url string) (int, error) {
 	return r.StatusCode, nil
 }
 
-// waitFor polls cond every 200 ms until it holds or limit passes.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // members is a client of the members' HTTPS (Patroni's REST API), trusting
 // the topology's CA (plain HTTP with KETTLE_HA_TLS=0).
 func (m *machines) members() (*http.Client, string) {
@@ -193,7 +143,7 @@ func (m *machines) members() (*http.Client, string) {
 	}
 	pool := x509.NewCertPool()
 	if pem, err := os.ReadFile(filepath.Join(m.dir, "tls", "ca.crt")); err != nil || !pool.AppendCertsFromPEM(pem) {
-		m.t.Fatalf("the topology's CA: %v", err)
+		m.T.Fatalf("the topology's CA: %v", err)
 	}
 	return &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, "https"
 }
@@ -202,7 +152,7 @@ func (m *machines) members() (*http.Client, string) {
 // with this host's client certificate (etcd asks every client for one).
 func (m *machines) etcdHealth() []string {
 	_, scheme := m.members()
-	return append(append([]string{"curl", "-fsS", "-m", "1"}, strings.Fields(m.must(10*time.Second, "tls-args"))...), scheme+"://"+m.addr(1)+":2379/health")
+	return append(append([]string{"curl", "-fsS", "-m", "1"}, strings.Fields(m.Must(10*time.Second, "tls-args"))...), scheme+"://"+m.addr(1)+":2379/health")
 }
 
 // patroniView is what member i's Patroni says of the cluster: the leader's
@@ -242,16 +192,19 @@ func TestMachines(t *testing.T) {
 		// on two cores and runs in make chaos.
 		t.Skip("KETTLE_HA_LONG: the whole topology on machines, a partition, pause, disk and latency (minutes; make chaos's machines part)")
 	}
-	bin := buildKettle(t)
+	bin, err := testkit.BuildKettle(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := newMachines(t, "kft", "198.18.16", "KETTLE_BIN="+bin, "KETTLE_HA_NODES=1", "KETTLE_HA_SERVE_ARGS=--access-log-sample 0")
 	cleaned := false
 	t.Cleanup(func() {
 		if !cleaned {
-			m.cmd(3*time.Minute, "down")
+			m.Run(3*time.Minute, "down")
 		}
 	})
 	start := time.Now()
-	m.must(4*time.Minute, "up")
+	m.Must(4*time.Minute, "up")
 	t.Logf("figure: machines_up = %.1f s", time.Since(start).Seconds())
 
 	// Every member a machine: one address on its link, no way out of the bridge.
@@ -299,12 +252,12 @@ func TestMachines(t *testing.T) {
 
 	// Isolate the primary: its Patroni loses etcd, etcd's and Patroni's
 	// majority elect another.
-	old := m.must(30*time.Second, "leader")
+	old := m.Must(30*time.Second, "leader")
 	var oi int
 	fmt.Sscanf(old, "pg%d", &oi)
 	other := oi%3 + 1
 	isolated := time.Now()
-	m.must(30*time.Second, "isolate", old)
+	m.Must(30*time.Second, "isolate", old)
 	if out, err := m.inNS(old, m.etcdHealth()...); err == nil {
 		t.Fatalf("%s, isolated, still reaches etcd1: %s", old, out)
 	}
@@ -312,49 +265,49 @@ func TestMachines(t *testing.T) {
 		t.Fatalf("pg%d, not isolated, does not reach etcd1: %v %s", other, err, out)
 	}
 	var now string
-	waitFor(t, "a new leader after isolating "+old, 90*time.Second, func() bool {
+	testkit.WaitFor(t, "a new leader after isolating "+old, 90*time.Second, func() bool {
 		l, err := m.patroniView(other)
 		now = l
 		return err == nil && l != "" && l != old
 	})
 	t.Logf("figure: isolated_primary_replaced = %.1f s (%s → %s)", time.Since(isolated).Seconds(), old, now)
-	waitFor(t, old+" no longer primary", 60*time.Second, func() bool {
+	testkit.WaitFor(t, old+" no longer primary", 60*time.Second, func() bool {
 		c, scheme := m.members()
 		code, err := getWith(c, fmt.Sprintf("%s://%s:8008/primary", scheme, m.addr(10+oi)))
 		return err == nil && code != 200
 	})
-	if f := m.must(10*time.Second, "faults"); !strings.Contains(f, "isolate "+old) {
+	if f := m.Must(10*time.Second, "faults"); !strings.Contains(f, "isolate "+old) {
 		t.Errorf("faults does not list the isolation:\n%s", f)
 	}
-	m.must(30*time.Second, "heal")
+	m.Must(30*time.Second, "heal")
 	// Healed: the old primary reaches etcd again. Its rejoin is not waited
 	// for: cut from the nodes too, its fast shutdown waits for backends
 	// blocked sending to clients it cannot reach, and for its walsenders'
 	// timeout, minutes.
-	waitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
+	testkit.WaitFor(t, old+" reaching etcd after heal", 10*time.Second, func() bool {
 		_, err := m.inNS(old, m.etcdHealth()...)
 		return err == nil
 	})
-	if f := m.must(10*time.Second, "faults"); strings.Contains(f, "isolate") {
+	if f := m.Must(10*time.Second, "faults"); strings.Contains(f, "isolate") {
 		t.Errorf("faults after heal:\n%s", f)
 	}
 
 	// pause: the node stops answering, resume: it answers again.
 	node := "http://" + m.addr(21) + ":8080/healthz"
-	m.must(10*time.Second, "pause", "kettle1")
+	m.Must(10*time.Second, "pause", "kettle1")
 	if code, err := get(node); err == nil {
 		t.Errorf("kettle1 paused answered %d", code)
 	}
-	m.must(10*time.Second, "resume", "kettle1")
-	waitFor(t, "kettle1 answering after resume", 10*time.Second, func() bool { code, _ := get(node); return code == 200 })
+	m.Must(10*time.Second, "resume", "kettle1")
+	testkit.WaitFor(t, "kettle1 answering after resume", 10*time.Second, func() bool { code, _ := get(node); return code == 200 })
 
 	// fill-disk: nothing left on kettle1's filesystem; free-disk gives it back.
 	var st syscall.Statfs_t
-	m.must(30*time.Second, "fill-disk", "kettle1")
+	m.Must(30*time.Second, "fill-disk", "kettle1")
 	if err := syscall.Statfs(filepath.Join(m.dir, "kettle1"), &st); err != nil || st.Bavail != 0 {
 		t.Errorf("after fill-disk kettle1: %d blocks free (%v)", st.Bavail, err)
 	}
-	m.must(10*time.Second, "free-disk", "kettle1")
+	m.Must(10*time.Second, "free-disk", "kettle1")
 	if err := syscall.Statfs(filepath.Join(m.dir, "kettle1"), &st); err != nil || st.Bavail*uint64(st.Bsize) < 200<<20 {
 		t.Errorf("after free-disk kettle1: %d blocks free (%v)", st.Bavail, err)
 	}
@@ -368,22 +321,22 @@ func TestMachines(t *testing.T) {
 		}
 		return time.Since(s)
 	}
-	m.must(10*time.Second, "toxic", "lb", "latency", "300", "0")
+	m.Must(10*time.Second, "toxic", "lb", "latency", "300", "0")
 	if d := took(); d < 550*time.Millisecond {
 		t.Errorf("with 300 ms each way on balancer→node a request took %s", d)
 	}
-	m.must(10*time.Second, "untoxic")
+	m.Must(10*time.Second, "untoxic")
 	if d := took(); d > 250*time.Millisecond {
 		t.Errorf("untoxic: a request still took %s", d)
 	}
 
 	// slow: tbf on the link, listed, gone with heal.
-	m.must(10*time.Second, "slow", "haproxy", "1mbit")
-	if f := m.must(10*time.Second, "faults"); !strings.Contains(f, "slow haproxy 1Mbit") {
+	m.Must(10*time.Second, "slow", "haproxy", "1mbit")
+	if f := m.Must(10*time.Second, "faults"); !strings.Contains(f, "slow haproxy 1Mbit") {
 		t.Errorf("faults does not list the slow link:\n%s", f)
 	}
-	m.must(30*time.Second, "heal")
-	if f := m.must(10*time.Second, "faults"); f != "" {
+	m.Must(30*time.Second, "heal")
+	if f := m.Must(10*time.Second, "faults"); f != "" {
 		t.Errorf("faults after heal:\n%s", f)
 	}
 
@@ -406,11 +359,10 @@ func TestDownAfterKill(t *testing.T) {
 	cleaned := false
 	t.Cleanup(func() {
 		if !cleaned {
-			m.cmd(3*time.Minute, "down")
+			m.Run(3*time.Minute, "down")
 		}
 	})
-	up := exec.Command(m.script, "up")
-	up.Env = m.env
+	up := m.Command(context.Background(), "up")
 	up.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := up.Start(); err != nil {
 		t.Fatal(err)
@@ -420,12 +372,12 @@ func TestDownAfterKill(t *testing.T) {
 	// Patroni started: etcd's three machines and pg1's exist, disks mounted.
 	// The bound is generous: on a loaded machine etcd's three members and
 	// initdb take minutes, and the test is about what down finds, not speed.
-	waitFor(t, "pg1's Patroni running", 4*time.Minute, func() bool {
+	testkit.WaitFor(t, "pg1's Patroni running", 4*time.Minute, func() bool {
 		_, err := os.Stat(filepath.Join(m.dir, "pg1.pid"))
 		return err == nil
 	})
 	// a fault in force too: the nftables table
-	m.must(30*time.Second, "partition", "etcd1", "etcd2,etcd3")
+	m.Must(30*time.Second, "partition", "etcd1", "etcd2,etcd3")
 	syscall.Kill(-up.Process.Pid, syscall.SIGKILL)
 	<-done
 	if n := m.killAll(); n < 3 {

@@ -2,12 +2,12 @@ package kafka
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 )
 
 // Auth is how a client of the log checks the brokers and proves itself to
@@ -25,13 +25,9 @@ type Auth struct {
 func (a Auth) opts() ([]kgo.Opt, error) {
 	var o []kgo.Opt
 	if a.CA != "" {
-		b, err := os.ReadFile(a.CA)
+		pool, err := tlscert.Pool("--log-ca", a.CA)
 		if err != nil {
-			return nil, fmt.Errorf("--log-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("--log-ca %s: no PEM certificate in it", a.CA)
+			return nil, err
 		}
 		// franz-go sets ServerName to the host of each broker it dials:
 		// every broker's certificate is checked against its own address.

@@ -2,22 +2,19 @@ package report
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // TestRemoteWriteToPrometheus pushes the recorded run's per-second series
@@ -28,10 +25,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus; run without -short")
 	}
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus not found on PATH: apt-get install -y prometheus (make deps)")
-	}
+	bin := testkit.Tool(t, "prometheus", "prometheus")
 	r := loadRecorded(t)
 	// Samples are accepted into Prometheus' head block only, so the run is
 	// moved to a few minutes ago.
@@ -47,41 +41,16 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := writeFile(cfg, "global: {scrape_interval: 1m}\n"); err != nil {
 		t.Fatal(err)
 	}
-	var out syncbuf.Buffer
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
+	testkit.Start(t, bin, "--config.file="+cfg, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--web.enable-remote-write-receiver", "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); cmd.Wait() })
 	base := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(base + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Prometheus not ready after 30 s:\n%s", out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "Prometheus ready", 30*time.Second, func() bool { return testkit.Answers200(nil, base+"/-/ready") })
 
 	series := s.RemoteSeries(map[string]string{"build": "test"})
 	want := 0
@@ -90,7 +59,7 @@ func TestRemoteWriteToPrometheus(t *testing.T) {
 	}
 	n, err := RemoteWrite(t.Context(), nil, base+"/api/v1/write", series)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatal(err)
 	}
 	if n != want || n < 1000 {
 		t.Fatalf("pushed %d samples, want %d (≥ 1000)", n, want)

@@ -1,18 +1,15 @@
 package sysstat_test
 
 import (
-	"io"
-	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/internal/servertest"
 	"github.com/kettlefleet/kettlefleet/sysstat"
 )
 
@@ -20,15 +17,7 @@ import (
 // process, as kettle demo does: the process is recorded once, the server's
 // gauges are scraped, and the listener is found from its port.
 func TestSamplerAgainstServer(t *testing.T) {
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	srv, _ := servertest.SQLite(t)
 	_, port, _ := net.SplitHostPort(srv.Addr())
 	p, _ := strconv.Atoi(port)
 	pid, err := sysstat.FindListener("", p)

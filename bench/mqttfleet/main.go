@@ -68,7 +68,9 @@ func main() {
 	}
 }
 
-// add sums one swarm's results.json over the window.
+// add sums one swarm's results.json over the window. sim's own totals
+// (Results.Totals) sum every second of one run; this keeps only the seconds
+// all the swarms ran together, and the lag of each 10 s slice.
 func (m *merged) add(p string) error {
 	r, err := sim.ReadResults(p)
 	if err != nil {

@@ -18,7 +18,6 @@ package main
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"net"
@@ -36,6 +35,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 )
 
 var (
@@ -137,14 +137,11 @@ func clientTLS(u *url.URL) *tls.Config {
 	if u.Scheme == "https" || u.Scheme == "mqtts" {
 		cfg = &tls.Config{ServerName: u.Hostname()}
 		if *ca != "" {
-			pem, err := os.ReadFile(*ca)
+			pool, err := tlscert.Pool("-ca", *ca)
 			if err != nil {
-				fail("-ca: %v", err)
+				fail("%v", err)
 			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				fail("-ca %s: no certificate", *ca)
-			}
+			cfg.RootCAs = pool
 		}
 		for _, n := range strings.Split(*curves, ",") {
 			id, ok := curveIDs[strings.TrimSpace(n)]

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/liar"
+	"github.com/kettlefleet/kettlefleet/internal/servertest"
 )
 
 // TestSwarmAuditCanFail runs the kettle binary against a real server behind
@@ -14,7 +15,7 @@ import (
 // status: acknowledged but not stored → 3 naming the reading, stored twice
 // → 4; no operator token → "audit: skipped" and 1 unless --audit=false.
 func TestSwarmAuditCanFail(t *testing.T) {
-	srv, _ := startSQLite(t)
+	srv, _ := servertest.SQLite(t)
 	secret := string(srv.Secret())
 
 	// run runs kettle swarm through p and returns its exit status and output.

@@ -6,7 +6,6 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kettlefleet/kettlefleet/server"
+	"github.com/kettlefleet/kettlefleet/internal/servertest"
 )
 
 // runKettle runs the kettle binary and returns its exit status and output.
@@ -37,29 +36,13 @@ func runKettle(t *testing.T, args ...string) (int, string) {
 	return -1, ""
 }
 
-// startSQLite starts a kettle server on :0 with a SQLite store in a temp
-// data dir (closed when the test ends) and returns it and the dir.
-func startSQLite(t *testing.T) (*server.Server, string) {
-	t.Helper()
-	dir := t.TempDir()
-	srv, err := server.Start(t.Context(), server.Config{
-		Addr: "127.0.0.1:0", DB: "sqlite:" + filepath.Join(dir, "k.db"), DataDir: dir,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv, dir
-}
-
 // TestSwarmBaselineJUnitRemoteWrite runs two small swarms against a real
 // server, the second with --baseline (the first's results), --junit and
 // --remote-write: the comparison's page and JSON are written, the JUnit
 // summary holds the SLO, audit and comparison checks, and the series
 // reach the remote-write receiver as snappy-compressed protobuf.
 func TestSwarmBaselineJUnitRemoteWrite(t *testing.T) {
-	srv, dir := startSQLite(t)
+	srv, dir := servertest.SQLite(t)
 	var pushes, bytes atomic.Int64
 	rw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)

@@ -16,43 +16,19 @@ import (
 
 var workerListening = regexp.MustCompile(`worker: listening on (\S+)`)
 
-// startWorker starts `kettle swarm worker` on ip (port chosen by the kernel).
-func startWorker(t *testing.T, ip, token string) (*exec.Cmd, string) {
+// startWorker starts `kettle swarm worker` on ip (port chosen by the kernel)
+// and returns it with its address.
+func startWorker(t *testing.T, ip, token string) (*proc, string) {
 	t.Helper()
 	return startWorkerWith(t, ip, "--token", token)
 }
 
 // startWorkerWith is startWorker with the worker's other arguments (its
 // token among them) given.
-func startWorkerWith(t *testing.T, ip string, args ...string) (*exec.Cmd, string) {
+func startWorkerWith(t *testing.T, ip string, args ...string) (*proc, string) {
 	t.Helper()
-	cmd := exec.Command(kettleBin, append([]string{"swarm", "worker", "--listen", ip + ":0"}, args...)...)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := workerListening.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		return cmd, a
-	case <-time.After(30 * time.Second):
-		t.Fatalf("kettle swarm worker on %s did not start", ip)
-	}
-	return nil, ""
+	w := start(t, workerListening, append([]string{"swarm", "worker", "--listen", ip + ":0"}, args...)...)
+	return w, w.url
 }
 
 // TestSwarmWorkersCLI: kettle swarm --workers drives three kettle swarm
@@ -64,10 +40,10 @@ func TestSwarmWorkersCLI(t *testing.T) {
 	p := serve(t, dir, "sqlite:"+filepath.Join(dir, "k.db"))
 	const token = "cli-lab-token-0123456789"
 	var addrs []string
-	var cmds []*exec.Cmd
+	var workers []*proc
 	for i := range 3 {
-		c, a := startWorker(t, fmt.Sprintf("127.0.45.%d", 21+i), token)
-		cmds, addrs = append(cmds, c), append(addrs, a)
+		w, a := startWorker(t, fmt.Sprintf("127.0.45.%d", 21+i), token)
+		workers, addrs = append(workers, w), append(addrs, a)
 	}
 	out := filepath.Join(dir, "out")
 	ctl := exec.Command(kettleBin, "swarm", "--target", p.url, "--data-dir", dir,
@@ -86,7 +62,7 @@ func TestSwarmWorkersCLI(t *testing.T) {
 		if strings.HasPrefix(line, "lab: common start") {
 			go func() {
 				time.Sleep(4 * time.Second) // the 1 s start delay, then 3 s of its 5
-				cmds[1].Process.Kill()
+				workers[1].cmd.Process.Kill()
 			}()
 		}
 	}

@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bufio"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -27,28 +26,7 @@ func TestSwarmWorkersOverTLSChannel(t *testing.T) {
 	tlscerttest.Write(t, cCert, cKey, time.Now().Add(time.Hour))
 	const token = "tls-lab-token-0123456789"
 
-	cmd := exec.Command(kettleBin, "swarm", "worker", "--listen", "127.0.0.1:0", "--token", token,
-		"--tls-cert", wCert, "--tls-key", wKey, "--client-ca", cCert)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := workerListening.FindStringSubmatch(sc.Text()); m != nil {
-				addrc <- m[1]
-			}
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-addrc:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the TLS worker did not start")
-	}
+	_, addr := startWorkerWith(t, "127.0.0.1", "--token", token, "--tls-cert", wCert, "--tls-key", wKey, "--client-ca", cCert)
 
 	p := serve(t, dir, "sqlite:"+filepath.Join(dir, "k.db"))
 	run := func(extra ...string) (string, error) {

@@ -1,10 +1,8 @@
 package main_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/internal/leaktest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // newLeakSecrets are known values given to every command of
@@ -111,7 +110,7 @@ func TestNoSecretLeaks(t *testing.T) {
 	// kettle serve on SQLite, every secret on its command line, pprof on.
 	dir := filepath.Join(top, "sqlite")
 	os.MkdirAll(dir, 0o700)
-	debug := freeTCP(t)
+	debug := testkit.FreeAddr(t)
 	p := serve(t, dir, "sqlite:"+filepath.Join(dir, "k.db"),
 		"--operator-token", s["operator token"], "--secret", s["device secret"],
 		"--mqtt-password", s["MQTT password"], "--debug-addr", debug, "--access-log-sample", "1", "--log-level", "debug")
@@ -131,24 +130,7 @@ func TestNoSecretLeaks(t *testing.T) {
 
 	// The lab: a worker, the controller with every secret on its command line.
 	const workerIP = "127.0.45.71"
-	w := exec.Command(kettleBin, "swarm", "worker", "--listen", workerIP+":0", "--token", s["worker token"])
-	wlog := &syncBuf{}
-	wout, _ := w.StderrPipe()
-	if err := w.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Process.Kill(); w.Wait() })
-	waddr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(wout)
-		for sc.Scan() {
-			wlog.Write([]byte(sc.Text() + "\n"))
-			if m := workerListening.FindStringSubmatch(sc.Text()); m != nil {
-				waddr <- m[1]
-			}
-		}
-	}()
-	addr := <-waddr
+	w, addr := startWorker(t, workerIP, s["worker token"])
 	out := filepath.Join(top, "swarm")
 	b, err := exec.Command(kettleBin, "swarm", "--target", p.url, "--workers", addr, "--worker-token", s["worker token"],
 		"--operator-token", s["operator token"], "--secret", s["device secret"],
@@ -179,7 +161,7 @@ func TestNoSecretLeaks(t *testing.T) {
 	p.cmd.Process.Signal(os.Interrupt)
 	<-p.done
 	c.Add("kettle serve (SQLite) log", p.log.String())
-	c.Add("kettle swarm worker log", wlog.String())
+	c.Add("kettle swarm worker log", w.log.String())
 
 	// kettle serve on PostgreSQL, its password in the DSN.
 	pgDSN := withPassword(t, pgtest.Start(t), s["database secret"])
@@ -233,14 +215,4 @@ func closedAfter(d time.Duration) chan struct{} {
 	ch := make(chan struct{})
 	time.AfterFunc(d, func() { close(ch) })
 	return ch
-}
-
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kettlefleet/kettlefleet/internal/browsertest"
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -25,38 +25,10 @@ var liveAt = regexp.MustCompile(`swarm: live view at (\S+)`)
 
 // liveSwarm starts kettle swarm --ui with args and returns the page's
 // address; the process's exit arrives on done.
-func liveSwarm(t *testing.T, args ...string) (url string, log *syncBuf, done chan error) {
+func liveSwarm(t *testing.T, args ...string) (url string, log *syncbuf.Buffer, done chan error) {
 	t.Helper()
-	cmd := exec.Command(kettleBin, append([]string{"swarm", "--ui", "127.0.0.1:0", "--slo-p99", "0", "--max-error-rate", "-1"}, args...)...)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	log, done = &syncBuf{}, make(chan error, 1)
-	urlc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			log.Write([]byte(sc.Text() + "\n"))
-			if m := liveAt.FindStringSubmatch(sc.Text()); m != nil {
-				urlc <- m[1]
-			}
-		}
-		done <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-		}
-	})
-	select {
-	case url = <-urlc:
-	case err := <-done:
-		t.Fatalf("kettle swarm --ui exited: %v\n%s", err, log)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("no live view\n%s", log)
-	}
-	return url, log, done
+	p := start(t, liveAt, append([]string{"swarm", "--ui", "127.0.0.1:0", "--slo-p99", "0", "--max-error-rate", "-1"}, args...)...)
+	return p.url, p.log, p.done
 }
 
 // TestLiveInBrowser: kettle swarm --ui against a kettle serve process,

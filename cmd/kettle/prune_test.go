@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -76,13 +77,7 @@ func TestPruneCommand(t *testing.T) {
 			t.Errorf("a second prune removed %d", n)
 		}
 		if p != nil {
-			deadline := time.Now().Add(10 * time.Second)
-			for registeredOn(t, p) != 10 {
-				if time.Now().After(deadline) {
-					t.Fatalf("the server still holds %v devices 10 s after kettle prune, want 10", registeredOn(t, p))
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			testkit.WaitFor(t, "the server holding the 10 devices kettle prune left", 10*time.Second, func() bool { return registeredOn(t, p) == 10 })
 		}
 		for _, bad := range [][]string{{}, {"--older-than", "5m"}, {"--older-than", "soon"}} {
 			out, err := exec.Command(kettleBin, append([]string{"prune", "--db", db}, bad...)...).CombinedOutput()

@@ -41,8 +41,8 @@ func TestWorkerTokenRotation(t *testing.T) {
 	}
 
 	// The rotation: the worker restarted on the new file.
-	w.Process.Signal(syscall.SIGTERM)
-	if err := w.Wait(); err != nil {
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-w.done; err != nil {
 		t.Fatalf("the worker's exit on SIGTERM: %v", err)
 	}
 	_, addr = startWorkerWith(t, ip, "--token-file", newFile)

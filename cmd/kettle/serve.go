@@ -106,16 +106,7 @@ func runServe(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	printServing(srv, cfg)
-	stopping := notifyReady(ctx, "serving on "+srv.URL())
-	select {
-	case <-ctx.Done():
-	case err := <-srv.Done():
-		if err != nil {
-			log.Error("serve failed", "err", err)
-		}
-	}
-	stopping()
-	return srv.Close()
+	return runUntilStopped(ctx, srv, "serving on "+srv.URL(), "serve failed", log)
 }
 
 // sampleServer is --sample: system samples every second, written to

@@ -37,16 +37,7 @@ func runWriter(ctx context.Context, cfg server.Config, log *slog.Logger) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "kettle serve --role writer listening on %s (/metrics, /readyz, /drained), writing %s into %s\n", w.URL(), cfg.Log.URL, w.DB())
-	stopping := notifyReady(ctx, "writing "+cfg.Log.URL)
-	select {
-	case <-ctx.Done():
-	case err := <-w.Done():
-		if err != nil {
-			log.Error("writer metrics listener failed", "err", err)
-		}
-	}
-	stopping()
-	return w.Close()
+	return runUntilStopped(ctx, w, "writing "+cfg.Log.URL, "writer metrics listener failed", log)
 }
 
 // checkRole validates --role against --log.

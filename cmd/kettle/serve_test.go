@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 var kettleBin string
@@ -27,10 +29,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	kettleBin = filepath.Join(dir, "kettle")
-	out, err := exec.Command("go", "build", "-race", "-o", kettleBin, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build kettle: %v\n%s", err, out)
+	if kettleBin, err = testkit.BuildKettle(dir, "-race"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := pgtest.Run(m) // runs the tests, removes a cluster if one was started
@@ -38,60 +38,63 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// proc is a kettle serve process started as a user starts it.
+// proc is a kettle process started as a user starts it.
 type proc struct {
-	cmd  *exec.Cmd
-	url  string
-	log  *syncBuf
-	done chan error
+	cmd    *exec.Cmd
+	url    string          // what its ready line names: serve's URL, a worker's host:port
+	log    *syncbuf.Buffer // its standard error
+	done   chan error      // its exit status, once
+	exited chan struct{}   // closed after done is sent
 }
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 var listening = regexp.MustCompile(`listening on (https?://\S+)`)
 
-func serve(t *testing.T, dataDir, db string, extra ...string) *proc {
+// start runs kettle with args and returns once a line of its standard
+// error matches ready (p.url: the line's first group); the test fails if
+// the process exits first or no such line comes within a minute. A process
+// still running when the test ends is killed.
+func start(t *testing.T, ready *regexp.Regexp, args ...string) *proc {
 	t.Helper()
-	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--db", db}, extra...)
 	cmd := exec.Command(kettleBin, args...)
 	stderr, _ := cmd.StderrPipe()
-	p := &proc{cmd: cmd, log: &syncBuf{}, done: make(chan error, 1)}
+	p := &proc{cmd: cmd, log: &syncbuf.Buffer{}, done: make(chan error, 1), exited: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	urlc := make(chan string, 1)
+	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			line := sc.Text()
-			p.log.Write([]byte(line + "\n"))
-			if m := listening.FindStringSubmatch(line); m != nil {
-				urlc <- m[1]
+			p.log.Write([]byte(sc.Text() + "\n"))
+			if m := ready.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default: // only the first
+				}
 			}
 		}
+		// Wait closes the pipe, so only once every line is read.
+		p.done <- cmd.Wait()
+		close(p.exited)
 	}()
-	go func() { p.done <- cmd.Wait() }()
-	select {
-	case p.url = <-urlc:
-	case err := <-p.done:
-		t.Fatalf("kettle serve exited: %v\n%s", err, p.log)
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("kettle serve did not start\n%s", p.log)
-	}
 	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.cmd.Process.Kill()
+		<-p.exited
 	})
+	select {
+	case p.url = <-found:
+	case err := <-p.done:
+		t.Fatalf("%s exited before a line matching %q: %v\n%s", cmd, ready, err, p.log)
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: no line matching %q within a minute\n%s", cmd, ready, p.log)
+	}
 	return p
+}
+
+// serve starts kettle serve on a port the kernel chooses.
+func serve(t *testing.T, dataDir, db string, extra ...string) *proc {
+	t.Helper()
+	return start(t, listening, append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--db", db}, extra...)...)
 }
 
 func req(method, url string, hdr map[string]string, body string) (int, []byte, error) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/tlscert"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -119,13 +119,9 @@ func (f *swarmFlags) workerTLS() (*tls.Config, error) {
 		}
 		return nil, nil
 	}
-	pem, err := os.ReadFile(f.workerCA)
+	pool, err := tlscert.Pool("--worker-ca", f.workerCA)
 	if err != nil {
-		return nil, fmt.Errorf("--worker-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--worker-ca %s: no PEM certificate in it", f.workerCA)
+		return nil, err
 	}
 	c := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	if (f.workerCert == "") != (f.workerKey == "") {
@@ -225,13 +221,9 @@ func workerServerTLS(listen, cert, key, clientCA string) (*tls.Config, error) {
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 	if clientCA != "" {
-		pem, err := os.ReadFile(clientCA)
+		pool, err := tlscert.Pool("--client-ca", clientCA)
 		if err != nil {
-			return nil, fmt.Errorf("--client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--client-ca %s: no PEM certificate in it", clientCA)
+			return nil, err
 		}
 		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}

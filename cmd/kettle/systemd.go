@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 
@@ -23,4 +24,23 @@ func notifyReady(ctx context.Context, what string) (stopping func()) {
 	once := sync.OnceFunc(func() { daemon.SdNotify(false, daemon.SdNotifyStopping+"\nSTATUS=draining") })
 	context.AfterFunc(ctx, once)
 	return once
+}
+
+// runUntilStopped is the life of a serving role after its start: READY=1
+// with status, then until a signal ends ctx or r's listener fails (logged
+// as failed), then STOPPING=1 and r's Close, which drains.
+func runUntilStopped(ctx context.Context, r interface {
+	Done() <-chan error
+	Close() error
+}, status, failed string, log *slog.Logger) error {
+	stopping := notifyReady(ctx, status)
+	select {
+	case <-ctx.Done():
+	case err := <-r.Done():
+		if err != nil {
+			log.Error(failed, "err", err)
+		}
+	}
+	stopping()
+	return r.Close()
 }

@@ -15,6 +15,16 @@ import (
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
+// serveTLS starts kettle serve on SQLite in dir with data as its data
+// directory and a self-signed certificate valid for a month (--tls-cert),
+// and returns it with the certificate's file.
+func serveTLS(t *testing.T, dir, data string, extra ...string) (*proc, string) {
+	t.Helper()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	tlscerttest.Write(t, certFile, keyFile, time.Now().Add(30*24*time.Hour))
+	return serve(t, data, "sqlite:"+filepath.Join(dir, "k.db"), append([]string{"--tls-cert", certFile, "--tls-key", keyFile}, extra...)...), certFile
+}
+
 // TestSwarmOverTLS: kettle swarm against kettle serve --tls-cert, the
 // server's certificate trusted through --ca: every acknowledged reading
 // stored (the audit), the handshakes counted, resumed or not as
@@ -22,10 +32,8 @@ import (
 // that does not trust the certificate fails with the reason.
 func TestSwarmOverTLS(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	tlscerttest.Write(t, certFile, keyFile, time.Now().Add(30*24*time.Hour))
 	data := filepath.Join(dir, "data")
-	p := serve(t, data, "sqlite:"+filepath.Join(dir, "k.db"), "--tls-cert", certFile, "--tls-key", keyFile, "--mqtt-addr", "127.0.0.1:0")
+	p, certFile := serveTLS(t, dir, data, "--mqtt-addr", "127.0.0.1:0")
 	if !strings.HasPrefix(p.url, "https://") {
 		t.Fatalf("kettle serve --tls-cert listens on %s", p.url)
 	}
@@ -114,10 +122,8 @@ func TestSwarmOverTLS(t *testing.T) {
 // handshake, and the merged audit is clean.
 func TestSwarmWorkersOverTLS(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	tlscerttest.Write(t, certFile, keyFile, time.Now().Add(30*24*time.Hour))
 	data := filepath.Join(dir, "data")
-	p := serve(t, data, "sqlite:"+filepath.Join(dir, "k.db"), "--tls-cert", certFile, "--tls-key", keyFile)
+	p, certFile := serveTLS(t, dir, data)
 	const token = "tls-lab-token-0123456789"
 	var addrs []string
 	for i := range 2 {

@@ -92,20 +92,15 @@ func render(t *testing.T, vals map[string]any) objects {
 		var into any
 		switch head.APIVersion + " " + head.Kind {
 		case "apps/v1 Deployment":
-			o.deployments = append(o.deployments, appsv1.Deployment{})
-			into = &o.deployments[len(o.deployments)-1]
+			into = grow(&o.deployments)
 		case "apps/v1 StatefulSet":
-			o.statefulSets = append(o.statefulSets, appsv1.StatefulSet{})
-			into = &o.statefulSets[len(o.statefulSets)-1]
+			into = grow(&o.statefulSets)
 		case "v1 Service":
-			o.services = append(o.services, corev1.Service{})
-			into = &o.services[len(o.services)-1]
+			into = grow(&o.services)
 		case "policy/v1 PodDisruptionBudget":
-			o.pdbs = append(o.pdbs, policyv1.PodDisruptionBudget{})
-			into = &o.pdbs[len(o.pdbs)-1]
+			into = grow(&o.pdbs)
 		case "batch/v1 Job":
-			o.jobs = append(o.jobs, batchv1.Job{})
-			into = &o.jobs[len(o.jobs)-1]
+			into = grow(&o.jobs)
 		default:
 			t.Fatalf("%s: %s %s: no decoder in this test (add it)", name, head.APIVersion, head.Kind)
 		}
@@ -116,6 +111,12 @@ func render(t *testing.T, vals map[string]any) objects {
 		}
 	}
 	return o
+}
+
+// grow appends a zero object to *s and returns it, to decode into.
+func grow[T any](s *[]T) *T {
+	*s = append(*s, *new(T))
+	return &(*s)[len(*s)-1]
 }
 
 // containers of every workload, with the kettle command each runs.
@@ -150,7 +151,8 @@ func TestChartRendersStrictly(t *testing.T) {
 }
 
 // kettle is a binary of this checkout, for what the chart is checked
-// against: its routes and its flags.
+// against: its routes and its flags. It is internal/testkit.BuildKettle,
+// run once; this module imports none of kettlefleet's packages.
 var kettle = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "kettle-chart-")
 	if err != nil {

@@ -21,6 +21,8 @@ type proc struct {
 	done chan error
 }
 
+// lockedBuffer is internal/syncbuf.Buffer, copied for the same reason as
+// freeAddr: this module imports none of kettlefleet's packages.
 type lockedBuffer struct {
 	mu chan struct{}
 	b  bytes.Buffer
@@ -92,6 +94,8 @@ func (p *proc) stop(t *testing.T) {
 	}
 }
 
+// freeAddr is internal/testkit.FreeAddr: deploy/dist is a module of its
+// own that imports no package of kettlefleet's, so it keeps this copy.
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

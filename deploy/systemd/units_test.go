@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 var units = []string{"kettle.service", "kettle-writer.service", "kettle-swarm-worker.service"}
@@ -26,11 +27,9 @@ var kettleBin = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "kettle")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/kettle: %v\n%s", err, out)
+	bin, err := testkit.BuildKettle(dir)
+	if err != nil {
+		return "", err
 	}
 	// The unprivileged user of DynamicUser must be able to run it.
 	return bin, os.Chmod(dir, 0o755)
@@ -49,10 +48,7 @@ func bin(t *testing.T) string {
 // machine's own units and the binary at /usr/bin/kettle; any complaint
 // (an unknown key is only a warning to systemd) fails.
 func TestVerify(t *testing.T) {
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Fatal("systemd-analyze not found: apt-get install -y systemd (make deps)")
-	}
+	analyze := testkit.Tool(t, "systemd", "systemd-analyze")
 	root := t.TempDir()
 	for _, d := range []string{"usr/bin", "etc/systemd/system", "lib/systemd"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -315,16 +311,6 @@ func (s *service) stop(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func writeFiles(t *testing.T, dir string, files map[string]string) {
 	t.Helper()
 	for name, body := range files {
@@ -361,7 +347,7 @@ func TestServeUnit(t *testing.T) {
 		t.Fatal("runs the service as another user, as systemd does: run the tests as root (make test)")
 	}
 	etc := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	op := "operator-token-from-a-credential-0123456789"
 	writeFiles(t, etc, map[string]string{
 		"operator-token": op + "\n",
@@ -393,7 +379,7 @@ func TestSwarmWorkerUnit(t *testing.T) {
 		t.Fatal("runs the service as another user, as systemd does: run the tests as root (make test)")
 	}
 	etc := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	writeFiles(t, etc, map[string]string{
 		"worker-token":     "worker-token-from-a-credential\n",
 		"swarm-worker.env": "KETTLE_LISTEN=" + addr + "\n",

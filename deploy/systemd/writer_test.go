@@ -9,6 +9,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -41,7 +42,7 @@ func TestWriterUnit(t *testing.T) {
 	t.Cleanup(func() { kc.Stop() })
 
 	etc := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	// The brokers as kafka.sh brings them up: TLS and SCRAM, the writer
 	// reaching them as its user, its secrets as the unit's credentials.
 	if !kc.TLS {

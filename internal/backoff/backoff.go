@@ -46,7 +46,12 @@ func (b *Backoff) Reset() { b.bound = 0 }
 // Wait sleeps Next(limit) and reports true, or returns false as soon as
 // ctx is done.
 func (b *Backoff) Wait(ctx context.Context, limit time.Duration) bool {
-	t := time.NewTimer(b.Next(limit))
+	return Sleep(ctx, b.Next(limit))
+}
+
+// Sleep waits d and reports true, or returns false as soon as ctx is done.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

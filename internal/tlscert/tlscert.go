@@ -2,7 +2,7 @@
 // up a renewed pair without a restart: certbot, cert-manager or an
 // operator's script replace the files, and the next handshake after the
 // replacement gets the new pair. The listeners of kettle serve (HTTP and
-// MQTT) share one Reloader.
+// MQTT) share one Reloader. Pool reads the CA file a flag names.
 package tlscert
 
 import (

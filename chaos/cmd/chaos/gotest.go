@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -27,6 +28,7 @@ var fuzzTargets = []struct{ pkg, name, what string }{
 }
 
 var (
+	figureRE    = regexp.MustCompile(`figure: (\S+) = (\S+) (\S+)`)
 	fuzzStatsRE = regexp.MustCompile(`fuzz: elapsed: (\d+)s, execs: (\d+) .*?(?:new interesting: (\d+))?`)
 	testLineRE  = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+)`)
 )
@@ -43,6 +45,28 @@ func goTest(ctx context.Context, e *env, limit time.Duration, args ...string) (s
 	err := cmd.Run()
 	fmt.Fprintf(e.log, "%s\n", buf.String())
 	return buf.String(), err
+}
+
+// longTest runs one test of pkg in its long form (KETTLE_HA_LONG=1), bounded
+// by limit, and copies into r the figures it logs, then the lines keep
+// picks (nil: none); a failed test fails r.
+func longTest(ctx context.Context, e *env, r *Result, pkg, test string, limit time.Duration, keep func(line string) bool) {
+	os.Setenv("KETTLE_HA_LONG", "1")
+	defer os.Unsetenv("KETTLE_HA_LONG")
+	out, err := goTest(ctx, e, limit, "-count=1", "-v", "-timeout", (limit - time.Minute).String(), "-run", "^"+test+"$", pkg)
+	var figures, lines []string
+	for _, line := range strings.Split(out, "\n") {
+		if m := figureRE.FindStringSubmatch(line); m != nil {
+			figures = append(figures, fmt.Sprintf("%s: %s %s", m[1], m[2], m[3]))
+		} else if l := strings.TrimSpace(line); keep != nil && keep(l) {
+			lines = append(lines, l)
+		}
+	}
+	r.Measured = append(r.Measured, figures...)
+	r.Measured = append(r.Measured, lines...)
+	if err != nil {
+		r.fail("go test %s -run %s: %v %s", pkg, test, err, failureExcerpt(out))
+	}
 }
 
 func partBadInput(ctx context.Context, e *env) *Result {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"time"
 )
@@ -40,22 +38,9 @@ func partLogFailover(ctx context.Context, e *env) *Result {
 // haTestPart runs one long ha/ test and copies its figures and its own
 // file's log lines into r; a failed test fails r.
 func haTestPart(ctx context.Context, e *env, r *Result, test string, limit time.Duration, file string) {
-	os.Setenv("KETTLE_HA_LONG", "1")
-	defer os.Unsetenv("KETTLE_HA_LONG")
-	out, err := goTest(ctx, e, limit, "-count=1", "-v", "-timeout", (limit - time.Minute).String(), "-run", "^"+test+"$", "./ha/")
-	var figures, lines []string
-	for _, line := range strings.Split(out, "\n") {
-		if m := figureRE.FindStringSubmatch(line); m != nil {
-			figures = append(figures, fmt.Sprintf("%s: %s %s", m[1], m[2], m[3]))
-		} else if l := strings.TrimSpace(line); strings.HasPrefix(l, file+":") && !strings.Contains(l, "timeline (from") {
-			lines = append(lines, l)
-		}
-	}
-	r.Measured = append(r.Measured, figures...)
-	r.Measured = append(r.Measured, lines...)
-	if err != nil {
-		r.fail("go test ./ha/ -run %s: %v %s", test, err, failureExcerpt(out))
-	}
+	longTest(ctx, e, r, "./ha/", test, limit, func(l string) bool {
+		return strings.HasPrefix(l, file+":") && !strings.Contains(l, "timeline (from")
+	})
 }
 
 // headline joins the findings of r that report the named figures.

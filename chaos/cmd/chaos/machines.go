@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 )
@@ -18,16 +17,9 @@ func init() {
 func partMachines(ctx context.Context, e *env) *Result {
 	r := &Result{Pass: true, Done: "deploy/cluster.sh up in netns mode (etcd × 3, PostgreSQL × 3 under Patroni, a node, HAProxy, each in a network namespace on a bridge, data on its own filesystem); " +
 		"the primary isolated (a new leader must appear), healed; a member paused and resumed; a disk filled and freed; latency on a link; down leaves nothing. (go test ./deploy/ -run TestMachines with KETTLE_HA_LONG=1)"}
-	os.Setenv("KETTLE_HA_LONG", "1")
-	defer os.Unsetenv("KETTLE_HA_LONG")
-	out, err := goTest(ctx, e, 15*time.Minute, "-count=1", "-v", "-timeout", "14m", "-run", "^TestMachines$", "./deploy/")
-	for _, line := range strings.Split(out, "\n") {
-		if m := figureRE.FindStringSubmatch(line); m != nil {
-			r.measure("%s: %s %s", m[1], m[2], m[3])
-		}
-	}
-	if err != nil {
-		return r.fail("go test ./deploy/ -run TestMachines: %v %s", err, failureExcerpt(out))
+	longTest(ctx, e, r, "./deploy/", "TestMachines", 15*time.Minute, nil)
+	if !r.Pass {
+		return r
 	}
 	r.Verdict = "the topology on machines: partition, heal, pause, disk and latency verbs took effect and down left nothing"
 	return r
@@ -41,18 +33,16 @@ func init() {
 // script, the heavy ones make test skips included, must start and record.
 func partBenchSmoke(ctx context.Context, e *env) *Result {
 	r := &Result{Pass: true, Done: "every bench/*.sh with SMOKE=1 (tiny sizes): each must exit 0 and record one run of itself; ha-sync.sh, sizing.sh and log-vs-direct.sh, which make test skips, included. (go test ./bench/ -run TestBenchSmoke with KETTLE_HA_LONG=1)"}
-	os.Setenv("KETTLE_HA_LONG", "1")
-	defer os.Unsetenv("KETTLE_HA_LONG")
-	out, err := goTest(ctx, e, 20*time.Minute, "-count=1", "-v", "-timeout", "19m", "-run", "^TestBenchSmoke$", "./bench/")
 	n := 0
-	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "figures") && strings.Contains(line, ".sh in ") {
-			r.measure("%s", strings.TrimSpace(line))
+	longTest(ctx, e, r, "./bench/", "TestBenchSmoke", 20*time.Minute, func(l string) bool {
+		if strings.Contains(l, "figures") && strings.Contains(l, ".sh in ") {
 			n++
+			return true
 		}
-	}
-	if err != nil {
-		return r.fail("go test ./bench/ -run TestBenchSmoke: %v %s", err, failureExcerpt(out))
+		return false
+	})
+	if !r.Pass {
+		return r
 	}
 	r.Verdict = fmt.Sprintf("%d benchmark scripts started and recorded in smoke mode", n)
 	return r

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kettlefleet/kettlefleet/internal/backoff"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -275,17 +276,8 @@ func tail(path string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+// sleep waits d or until ctx ends (false).
+var sleep = backoff.Sleep
 
 // rssKiB reads VmRSS of a process (0 when gone).
 func rssKiB(pid int) int64 {
