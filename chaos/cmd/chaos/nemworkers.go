@@ -35,6 +35,9 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 		return r.fail("%v", err)
 	}
 	defer t.down()
+	out := filepath.Join(e.out, "nem-worker-cut")
+	os.RemoveAll(out)
+	t.keep = out // the members' logs, the workers' too, also when they do not start
 	list, err := t.cmd(ctx, 2*time.Minute, "workers", "3")
 	if err != nil {
 		return r.fail("cluster.sh workers 3: %v: %s", err, lastLines(list, 3))
@@ -44,9 +47,6 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 	if err != nil {
 		return r.fail("cluster.sh worker-token: %v", err)
 	}
-	out := filepath.Join(e.out, "nem-worker-cut")
-	os.RemoveAll(out)
-	t.keep = out
 	// The workers' token travels in the environment (kettle swarm's
 	// KETTLE_WORKER_TOKEN), never in argv.
 	os.Setenv("KETTLE_WORKER_TOKEN", token)
