@@ -22,6 +22,10 @@
 #   CONNS=2000 HOLD=35 bench/mqtt-memory.sh                        # a quick look
 #   KETTLE_A=/tmp/kettle-main B_ARGS="--gc-percent 400" bench/mqtt-memory.sh
 #
+# PROFILE=DIR: each kettle target's CPU profile over the hold (go tool
+# pprof, from --debug-addr), into DIR/TARGETROUND.pprof with its top in
+# .txt; the run is then printed, not recorded.
+#
 # Records one run in bench/results.jsonl. Bounded: each target runs
 # WARMUP+HOLD seconds, every process it starts is killed at exit; traffic
 # goes to 127.0.47.x only.
@@ -50,6 +54,7 @@ bench_build "$work/mqttpub" ./bench/mqttpub
 cp "${KETTLE_A:-$work/B}" "$work/A"
 targets="A B ${KETTLE_C:+C }M"
 [ -z "${KETTLE_C:-}" ] || cp "$KETTLE_C" "$work/C"
+[ -z "${PROFILE:-}" ] || { mkdir -p "$PROFILE"; export KETTLE_NO_RECORD=1; } # profiled: printed, not recorded
 cmdline="CONNS=$CONNS INTERVAL=$INTERVAL HOLD=$HOLD ROUNDS=$ROUNDS ${KETTLE_A:+KETTLE_A=$KETTLE_A }${KETTLE_B:+KETTLE_B=$KETTLE_B }${KETTLE_C:+KETTLE_C=$KETTLE_C C_ARGS=\"${C_ARGS:-}\" }A_ARGS=\"${A_ARGS:-}\" A_ENV=\"${A_ENV:-}\" B_ARGS=\"${B_ARGS:-}\" B_ENV=\"${B_ENV:-}\" bench/mqtt-memory.sh"
 echo "rerun: $cmdline"
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -73,6 +78,7 @@ run() { # TARGET ROUND → one JSON object in $work/runs
 		C) args=${C_ARGS:-} env=${C_ENV:-} ;;
 		*) args=${B_ARGS:-} env=${B_ENV:-} ;;
 		esac
+		[ -z "${PROFILE:-}" ] || args="$args --debug-addr $HOST:$((port + 1000))"
 		# shellcheck disable=SC2086
 		env $env "$work/$t" serve --data-dir "$d/data" --db "sqlite:$d/data/k.db" --addr "$HOST:$hport" \
 			--mqtt-addr "$HOST:$mport" --mqtt-max-conns $((CONNS + 100)) --access-log-sample 0 --log-level warn $args >"$d/serve.log" 2>&1 &
@@ -88,6 +94,10 @@ run() { # TARGET ROUND → one JSON object in $work/runs
 		-warmup "${WARMUP}s" -duration "${HOLD}s" ${secret:+-secret "$secret"} -pid "$spid" -json -label "$t" >"$d/pub.json" &
 	local ppid=$!
 	: >"$d/metrics"
+	if [ -n "${PROFILE:-}" ] && [ "$t" != M ]; then
+		(sleep "$WARMUP"; curl -fsS "http://$HOST:$((mport + 1000))/debug/pprof/profile?seconds=$((HOLD - 4))" -o "$PROFILE/$t$r.pprof" &&
+			go tool pprof -top -nodecount=60 "$work/$t" "$PROFILE/$t$r.pprof" >"$PROFILE/$t$r.txt" 2>&1) &
+	fi
 	sleep $((WARMUP + HOLD - 2)) # Go's stack and heap while every kettle is still connected
 	if [ "$t" != M ]; then curl -fsS "http://$HOST:$hport/metrics" >"$d/metrics" || true; fi
 	wait "$ppid"

@@ -36,6 +36,12 @@
 # serve and of the primary's processes, perf of the primary; after it the
 # statements by time, pg_stat_wal and pg_waldump's WAL by record type over
 # the run. Profiling costs CPU: the run's figures are not recorded.
+#
+# WAL_PROFILE=DIR: only where the run's WAL went, read after the run
+# (bench/lib/profile.sh wal_profile: by record type, and by relation with
+# each relation's record types), so the run is recorded as usual, with the
+# WAL a reading of each table and index of the write path beside the
+# figures (wal_RELATION_bytes_per_reading).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib/record.sh
@@ -97,6 +103,7 @@ echo "after: $after (primary $leader, synchronous standby $sync)"
 [ "$(deploy/cluster.sh leader)" = "$leader" ] || { echo "sizing.sh: the primary changed during the run" >&2; exit 1; }
 
 [ -z "${PROFILE:-}" ] || profile_after "$before" "$after"
+[ -z "${WAL_PROFILE:-}" ] || { . bench/lib/profile.sh; wal_profile "$WAL_PROFILE" "$before" "$after"; echo "WAL profile: $WAL_PROFILE"; cat "$WAL_PROFILE/wal-relations.txt"; }
 [ -z "${PROFILE:-}" ] || export KETTLE_NO_RECORD=1 # profiled: printed, not recorded
 rec_begin sizing.sh "NODES=$NODES WORKERS=$WORKERS DEVICES=$DEVICES RUN_INTERVAL=$RUN_INTERVAL DURATION=$DURATION INTERVAL=$INTERVAL${SERVE_ARGS:+ SERVE_ARGS=\"$SERVE_ARGS\"}${PG_SET:+ PG_SET=\"$PG_SET\"}${CHECKPOINT_AT:+ CHECKPOINT_AT=$CHECKPOINT_AT}${BIN_LABEL:+ KETTLE_BIN=$BIN_LABEL} bench/sizing.sh"
 # A kettle's interval is one reading and one poll: readings acknowledged
@@ -132,4 +139,15 @@ jq -r --argjson b "$before" --argjson a "$after" --arg l "${leader#pg}" --arg s 
 	fig("readings_acked"; $n; "readings"),
 	fig("polls"; $t.endpoints.command.requests; "requests"),
 	fig("swarm_cpu_s"; $t.cpu_seconds; "s")' "$res" | tee /dev/stderr | rec_lines
+# WAL_PROFILE: the WAL a reading that each table and index of the write
+# path cost (a partition under its table's name; "none": commits and other
+# records of no relation; "other": the rest, catalogs among them).
+if [ -n "${WAL_PROFILE:-}" ]; then
+	awk -v n="$(jq .totals.acked "$res")" 'BEGIN {
+			split("devices devices_pkey measurements measurements_pkey last_seen_moves last_seen_counts last_seen_counts_pkey rollups hours_of_day totals none other", k, " ")
+			for (i in k) b[k[i]] = 0 }
+		NR > 1 && $1 != "total" { r = $1; gsub(/_y[0-9]+m[0-9]+(d[0-9]+)?/, "", r); if (r == "-") r = "none"; if (!(r in b)) r = "other"; b[r] += $2 }
+		END { for (r in b) printf "figure wal_%s_bytes_per_reading=%.1f:bytes\n", r, b[r] / n }' "$WAL_PROFILE/wal-relations.txt" |
+		sort | tee /dev/stderr | rec_lines
+fi
 rec_end

@@ -12,14 +12,15 @@ import (
 
 // cacheRefresh is the refresher's state. With a store several processes
 // write (kettle.Nodes): this node's id in it, the others it saw alive at
-// the last beat (-1: not known yet, or the beat failed), and the
-// refreshes run.
+// the last beat (-1: not known yet, or the beat failed), the refreshes
+// run and the beats that failed.
 type cacheRefresh struct {
 	stopRefresh chan struct{}
 	refreshDone chan struct{}
 	node        uuid.UUID
 	peers       atomic.Int64
 	refreshes   atomic.Uint64
+	beatsFailed atomic.Uint64
 	wasAlone    bool // at the previous beat (refresher goroutine only)
 	decided     bool // a beat has answered (refresher goroutine only)
 }
@@ -64,6 +65,7 @@ func (s *Service) beat(ctx context.Context) bool {
 	}
 	others, err := n.Beat(ctx, s.node, "serve", s.cfg.Refresh)
 	if err != nil {
+		s.beatsFailed.Add(1)
 		s.peers.Store(-1)
 		// The refresh that follows fails and warns too when the store is
 		// down: one warning a beat is enough.
@@ -96,10 +98,11 @@ func (s *Service) needRefresh(ctx context.Context) bool {
 }
 
 // RefreshStats reports the other processes writing the store seen at the
-// last beat (-1: unknown, or the store is not shared) and the refreshes
-// run since start.
-func (s *Service) RefreshStats() (peers int64, refreshes uint64) {
-	return s.peers.Load(), s.refreshes.Load()
+// last beat (-1: unknown, or the store is not shared), the refreshes run
+// since start, and the beats the store did not answer (each is followed by
+// a refresh, as if others wrote).
+func (s *Service) RefreshStats() (peers int64, refreshes, beatsFailed uint64) {
+	return s.peers.Load(), s.refreshes.Load(), s.beatsFailed.Load()
 }
 
 // Refresh merges every device's stored state into the cache: a newer latest

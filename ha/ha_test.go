@@ -2,7 +2,6 @@ package ha_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kettlefleet/kettlefleet"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -52,13 +51,10 @@ func figure(t *testing.T, name string, value float64, unit string) {
 // and takes it down when the test ends.
 func up(t *testing.T, nodes int, extraEnv ...string) *topo {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
-	bin := filepath.Join(t.TempDir(), "kettle")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kettle")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/kettle: %v\n%s", err, out)
+	root := testkit.Root()
+	bin, err := testkit.BuildKettle(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	// Short: PostgreSQL's socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("/tmp", "kha-")
@@ -153,22 +149,12 @@ func metricsExist(t *testing.T, c *http.Client, url string, series ...string) {
 
 // cmd runs deploy/cluster.sh args… within limit.
 func (tp *topo) cmd(limit time.Duration, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	c := exec.CommandContext(ctx, filepath.Join(tp.root, "deploy", "cluster.sh"), args...)
-	c.Env = tp.env
-	c.WaitDelay = 5 * time.Second
-	out, err := c.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	return (&testkit.Cluster{T: tp.t, Env: tp.env}).Run(limit, args...)
 }
 
 func (tp *topo) must(limit time.Duration, args ...string) string {
 	tp.t.Helper()
-	out, err := tp.cmd(limit, args...)
-	if err != nil {
-		tp.t.Fatalf("deploy/cluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
+	return (&testkit.Cluster{T: tp.t, Env: tp.env}).Must(limit, args...)
 }
 
 func (tp *topo) leader() string { return tp.must(30*time.Second, "leader") }

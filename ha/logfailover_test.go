@@ -87,7 +87,8 @@ func TestLogFailover(t *testing.T) {
 		}
 	}
 	defer closeProbes()
-	time.Sleep(12 * time.Second)
+	// Every kettle and probe stored through the log and the writer.
+	tp.waitReporting(t, "http://"+haNet+".21:8080", 300+len(probes), 2)
 
 	phase := func(name string, fault func() string) window {
 		start := time.Now()

@@ -23,6 +23,7 @@ import (
 	"github.com/kettlefleet/kettlefleet"
 	"github.com/kettlefleet/kettlefleet/internal/kafkatest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/kafka"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -195,19 +196,6 @@ func hourCount(s kettle.Statistics) (n int64) {
 	return n
 }
 
-// waitFor polls cond every 50 ms until it holds or d passed.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // TestAckAfterLog: with --log and no writer, a v1 upload, a case-study
 // upload and an MQTT QoS 1 publish are acknowledged once the log holds
 // them — the records are readable (below the high watermark, so on every
@@ -354,7 +342,7 @@ func TestWriterReplayAndRebalance(t *testing.T) {
 	w1.Close() // leaves: w2 takes every partition
 	send(4)
 	st := front.Store()
-	waitFor(t, 30*time.Second, "writers store every acknowledged reading", func() bool { return stats(t, st).MeasurementCount == int64(sent) })
+	testkit.WaitFor(t, "writers store every acknowledged reading", 30*time.Second, func() bool { return stats(t, st).MeasurementCount == int64(sent) })
 	s := stats(t, st)
 	if s.MeasurementCount != int64(sent) || hourCount(s) != int64(sent) {
 		t.Fatalf("stored %d, by-hour statistics count %d; want %d each", s.MeasurementCount, hourCount(s), sent)
@@ -383,7 +371,7 @@ func TestWriterReplayAndRebalance(t *testing.T) {
 	}
 	w3 := startWriter(t, dsn, tp)
 	var dups float64
-	waitFor(t, 30*time.Second, "the replay reaches the end of the topic", func() bool {
+	testkit.WaitFor(t, "the replay reaches the end of the topic", 30*time.Second, func() bool {
 		dups = metricValue(t, w3.URL(), "kettle_log_writer_duplicates_total")
 		return dups >= float64(sent)
 	})
@@ -506,7 +494,7 @@ func TestUnwrittenBound(t *testing.T) {
 		t.Fatalf("first upload: %d", st)
 	}
 	var h http.Header
-	refusedAfter := waitFor(t, 15*time.Second, "uploads refused while readings wait past --log-max-unwritten-age", func() bool {
+	refusedAfter := testkit.WaitFor(t, "uploads refused while readings wait past --log-max-unwritten-age", 15*time.Second, func() bool {
 		st, hh := next()
 		h = hh
 		return st == 503
@@ -519,12 +507,12 @@ func TestUnwrittenBound(t *testing.T) {
 		t.Errorf("kettle_log_unwritten_too_old %v, want 1", v)
 	}
 	startWriter(t, dsn, tp)
-	waitFor(t, 30*time.Second, "uploads accepted again after the writer caught up", func() bool {
+	testkit.WaitFor(t, "uploads accepted again after the writer caught up", 30*time.Second, func() bool {
 		time.Sleep(100 * time.Millisecond)
 		st, _ := next()
 		return st == 200
 	})
-	waitFor(t, 30*time.Second, "every acknowledged reading stored", func() bool { return stats(t, front.Store()).MeasurementCount == int64(acked) })
+	testkit.WaitFor(t, "every acknowledged reading stored", 30*time.Second, func() bool { return stats(t, front.Store()).MeasurementCount == int64(acked) })
 }
 
 // TestMetricsNamedByDashboard: every kettle_log_* series the dashboard and
@@ -538,7 +526,7 @@ func TestMetricsNamedByDashboard(t *testing.T) {
 	if st, body, _ := upload(t, front.URL(), uuid.New(), "["+reading(time.Now().Add(-time.Minute), 100)+"]"); st != 200 {
 		t.Fatalf("upload: %d %s", st, body)
 	}
-	waitFor(t, 20*time.Second, "the reading written", func() bool { return stats(t, front.Store()).MeasurementCount == 1 })
+	testkit.WaitFor(t, "the reading written", 20*time.Second, func() bool { return stats(t, front.Store()).MeasurementCount == 1 })
 	var exported strings.Builder
 	for _, u := range []string{front.URL(), w.URL()} {
 		res, err := http.Get(u + "/metrics")

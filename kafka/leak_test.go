@@ -16,6 +16,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/internal/leaktest"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
 	"github.com/kettlefleet/kettlefleet/internal/syncbuf"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -57,7 +58,7 @@ func TestNoKafkaSecretLeaks(t *testing.T) {
 	}
 
 	c := leaktest.Corpus{}
-	waitFor(t, 30*time.Second, "the writer stores the reading", func() bool {
+	testkit.WaitFor(t, "the writer stores the reading", 30*time.Second, func() bool {
 		res, err := http.Get(w.URL() + "/metrics")
 		if err != nil {
 			return false

@@ -325,7 +325,7 @@ type Fleet interface {
 	DeviceCount() int
 	ReportingSince(time.Time) int
 	Now() time.Time
-	RefreshStats() (peers int64, refreshes uint64)
+	RefreshStats() (peers int64, refreshes, beatsFailed uint64)
 	ExpiryStats() fleet.ExpiryStats
 	Limits() fleet.LimitStats
 	Pruned() int64
@@ -373,11 +373,15 @@ func fleetRegistry(f Fleet) []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "kettle_cache_refresh_peers",
 			Help: "Other processes writing the store (kettle serve nodes, kettle seed) at this node's last beat; while there are none the device cache is not refreshed from the store (--cache-refresh). -1: not known (the store is not shared, or the beat failed).",
-		}, func() float64 { p, _ := f.RefreshStats(); return float64(p) }),
+		}, func() float64 { p, _, _ := f.RefreshStats(); return float64(p) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kettle_cache_refreshes_total",
 			Help: "Full reloads of the device cache from the store (--cache-refresh; on PostgreSQL only while another process writes it).",
-		}, func() float64 { _, n := f.RefreshStats(); return float64(n) }),
+		}, func() float64 { _, n, _ := f.RefreshStats(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kettle_cache_refresh_beats_failed_total",
+			Help: "Cache-refresh beats the store did not answer within --cache-refresh; each is followed by a refresh of the device cache, as if other processes wrote.",
+		}, func() float64 { _, _, n := f.RefreshStats(); return float64(n) }),
 	}
 }
 

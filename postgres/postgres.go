@@ -21,6 +21,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -101,6 +102,11 @@ type Options struct {
 	// pace of the reconnection attempts while no primary is writable (see
 	// hostGate). 0 means DefaultHostHoldoff; negative, no holdoff.
 	HostHoldoff time.Duration
+
+	// pingIdle: a connection idle longer is pinged (within pingTimeout)
+	// before the pool hands it out. 0 means pgxpool's default, a second;
+	// tests set it lower to meet the rule without waiting it out.
+	pingIdle time.Duration
 }
 
 // Store is kettle.Store on PostgreSQL. It is safe for concurrent use, also by
@@ -205,6 +211,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		g := newHostGate(opts.HostHoldoff, time.Now)
 		cfg.ConnConfig.DialFunc = g.dial(cfg.ConnConfig.DialFunc)
 		cfg.ConnConfig.ValidateConnect = g.validate(cfg.ConnConfig.ValidateConnect)
+		pingIdle := cmp.Or(opts.pingIdle, time.Second) // pgxpool's default
 		cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
 			if g.stale(p.Conn.PgConn().Conn()) {
 				// Closed here, the ping fails at once and the pool
@@ -212,7 +219,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 				p.Conn.PgConn().Conn().Close()
 				return true
 			}
-			return p.IdleDuration > time.Second // pgxpool's default
+			return p.IdleDuration > pingIdle
 		}
 	}
 	cfg.PingTimeout = pingTimeout
@@ -334,12 +341,15 @@ func (s *Store) analyzeGrowth(ctx context.Context) {
 	s.analyzed += n
 }
 
-// compactSeen folds last_seen_moves (what writers append: changes in how
-// many devices have each last_seen value) into last_seen_counts, and drops
-// the values no device has any more, in one transaction. Writers never
-// touch last_seen_counts, so this waits for none of them; a second node
-// compacting at the same time skips (advisory lock). Rows a writer appends
-// meanwhile are not in this snapshot and stay for the next round.
+// compactSeen folds last_seen_moves (what writers append: a row per batch,
+// the changes in how many devices have each last_seen value) into
+// last_seen_counts, and drops the values no device has any more, in one
+// statement. Writers never touch last_seen_counts, so this waits for none
+// of them; a second node compacting at the same time skips (advisory lock),
+// so nothing else writes last_seen_counts meanwhile and each value's row is
+// written once, by a plain insert, update or delete (sqlFoldSeen). Rows a
+// writer appends meanwhile are not in this snapshot and stay for the next
+// round.
 //
 // With wait false it skips the run when another node's compactor holds the
 // lock (the background loop); with wait true it waits for that one (tests,
@@ -356,32 +366,26 @@ func (s *Store) compactSeen(ctx context.Context, wait bool) error {
 				return err
 			}
 		}
-		rows, _ := tx.Query(ctx, `WITH m AS (DELETE FROM last_seen_moves RETURNING at, n)
-			INSERT INTO last_seen_counts AS c (at, n) SELECT at, sum(n) FROM m GROUP BY at HAVING sum(n) <> 0 ORDER BY at
-			ON CONFLICT (at) DO UPDATE SET n = c.n + excluded.n
-			RETURNING at, n`)
-		var zero []time.Time
-		for rows.Next() {
-			var at time.Time
-			var n int64
-			if err := rows.Scan(&at, &n); err != nil {
-				return err
-			}
-			if n == 0 {
-				zero = append(zero, at)
-			}
-		}
-		if err := rows.Err(); err != nil {
+		if _, err := tx.Exec(ctx, sqlFoldSeen); err != nil {
 			return fmt.Errorf("compact last_seen_moves: %w", err)
-		}
-		if len(zero) > 0 {
-			if _, err := tx.Exec(ctx, "DELETE FROM last_seen_counts WHERE at = ANY($1) AND n = 0", zero); err != nil {
-				return fmt.Errorf("compact last_seen_moves: %w", err)
-			}
 		}
 		return nil
 	})
 }
+
+// sqlFoldSeen is compactSeen's fold: the moves summed per value, then each
+// value's row of last_seen_counts deleted when it reaches 0, updated when it
+// moves, inserted when new. Not an INSERT … ON CONFLICT DO UPDATE, which
+// logs a row lock before each update and a confirmation after each insert
+// (a third of last_seen_counts' WAL in bench/sizing.sh's WAL profile), nor an
+// update to 0 followed by a delete. The data-modifying parts touch disjoint
+// rows, so one snapshot serves them all.
+const sqlFoldSeen = `WITH m AS (DELETE FROM last_seen_moves RETURNING at, n),
+	d AS (SELECT u.at, sum(u.n)::int8 AS n FROM m, unnest(m.at, m.n) AS u(at, n) GROUP BY u.at HAVING sum(u.n) <> 0),
+	j AS (SELECT d.at, d.n, c.n AS old FROM d LEFT JOIN last_seen_counts c USING (at)),
+	gone AS (DELETE FROM last_seen_counts c USING j WHERE c.at = j.at AND j.old + j.n = 0),
+	moved AS (UPDATE last_seen_counts c SET n = j.old + j.n FROM j WHERE c.at = j.at AND j.old + j.n <> 0)
+	INSERT INTO last_seen_counts (at, n) SELECT at, n FROM j WHERE old IS NULL ORDER BY at`
 
 // foldRows bounds the rollup rows one compactRollups transaction folds;
 // the rest wait for the next round.

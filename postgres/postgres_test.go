@@ -112,7 +112,7 @@ func naive(t *testing.T, dsn string) recompute {
 	// last_seen_counts must equal the devices' last_seen values, counted.
 	// (last_seen_counts plus the changes not yet folded into it)
 	err = conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT at, sum(n) AS n FROM
-			(SELECT at, n FROM last_seen_counts UNION ALL SELECT at, n FROM last_seen_moves) x GROUP BY at HAVING sum(n) <> 0) c
+			(SELECT at, n FROM last_seen_counts UNION ALL SELECT u.at, u.n FROM last_seen_moves m, unnest(m.at, m.n) u(at, n)) x GROUP BY at HAVING sum(n) <> 0) c
 		FULL JOIN (SELECT last_seen AS at, count(*) AS n FROM devices WHERE last_seen IS NOT NULL GROUP BY 1) d USING (at)
 		WHERE c.n IS DISTINCT FROM d.n`).Scan(&r.seenMismatches)
 	if err != nil {
@@ -635,7 +635,8 @@ func BenchmarkStatisticsRange(b *testing.B) {
 }
 
 // TestMigrateLastSeenCounts: migrations 3 and 4 backfill last_seen_counts
-// from a database written without it.
+// from a database written without it (and 9 brings last_seen_moves back to a
+// row per batch).
 func TestMigrateLastSeenCounts(t *testing.T) {
 	dsn := pgtest.Start(t)
 	s := open(t, dsn)
@@ -659,7 +660,7 @@ func TestMigrateLastSeenCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version IN (3, 4)"); err != nil {
+	if _, err := conn.Exec(ctx, "DROP TABLE last_seen_counts; DELETE FROM schema_migrations WHERE version IN (3, 4, 9)"); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
@@ -1085,5 +1086,52 @@ func TestDayLoad(t *testing.T) {
 		if d, err := s.Device(ctx, devID(dev)); err != nil || d.Measurements != want {
 			t.Errorf("device %d: %d measurements (%v), want %d", dev, d.Measurements, err, want)
 		}
+	}
+}
+
+// TestMigrateMovesPerBatch: migration 9 turns last_seen_moves into a row per
+// batch; the changes left unfolded in the old table (a row per value) are
+// folded into last_seen_counts first, so no statistic changes across it.
+func TestMigrateMovesPerBatch(t *testing.T) {
+	dsn := pgtest.Start(t)
+	s := open(t, dsn)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 8))
+	base := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	write := func(s *postgres.Store, k int) {
+		t.Helper()
+		var batch []kettle.Measurement
+		for d := k % 3; d < 10; d += 1 + k%2 {
+			batch = append(batch, rowAt(rng, devID(d), base.Add(time.Duration(k)*time.Minute)))
+		}
+		if _, err := s.Write(ctx, batch, base.Add(time.Duration(k)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range 4 {
+		write(s, k)
+	}
+	if err := s.CompactSeen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	// The table as migration 4 left it, holding the latest values' counts
+	// as changes not folded yet.
+	conn := connect(t, dsn)
+	if _, err := conn.Exec(ctx, `DROP TABLE last_seen_moves;
+		CREATE TABLE last_seen_moves (at timestamptz NOT NULL, n bigint NOT NULL);
+		WITH d AS (DELETE FROM last_seen_counts WHERE at >= (SELECT max(at) FROM last_seen_counts) - interval '1 second' RETURNING at, n)
+		INSERT INTO last_seen_moves SELECT at, n FROM d;
+		DELETE FROM schema_migrations WHERE version = 9`); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dsn)
+	defer s.Close()
+	checkExact(t, s, dsn)
+	write(s, 4)
+	checkExact(t, s, dsn)
+	st, err := s.Statistics(ctx, kettle.StatsQuery{ReportingSince: base.Add(3 * time.Second)})
+	if err != nil || st.DevicesReporting != 10 {
+		t.Fatalf("after migration 9: %d devices reporting since the 4th batch, %v; want 10", st.DevicesReporting, err)
 	}
 }

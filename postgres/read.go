@@ -57,14 +57,14 @@ func (s *Store) Statistics(ctx context.Context, q kettle.StatsQuery) (kettle.Sta
 				return rows.Err()
 			})
 		// From last_seen_counts (migration 3) and the changes not yet folded
-		// into it (last_seen_moves, migration 4): a handful of rows, not a
-		// scan of devices.
+		// into it (last_seen_moves, migrations 4 and 9: a row per batch of
+		// the last second or so): a handful of rows, not a scan of devices.
 		since := time.Time{}
 		if !q.ReportingSince.IsZero() {
 			since = q.ReportingSince.UTC()
 		}
 		b.Queue(`SELECT (SELECT coalesce(sum(n), 0) FROM last_seen_counts WHERE at >= $1)::int8
-			+ (SELECT coalesce(sum(n), 0) FROM last_seen_moves WHERE at >= $1)::int8`, since).
+			+ (SELECT coalesce(sum(u.n), 0) FROM last_seen_moves m, unnest(m.at, m.n) u(at, n) WHERE u.at >= $1)::int8`, since).
 			QueryRow(func(r pgx.Row) error { return r.Scan(&st.DevicesReporting) })
 		merge := func(rows pgx.Rows, hod func(k time.Time, h int16) int) error {
 			defer rows.Close()

@@ -102,10 +102,10 @@ const (
 		WHERE d.ctid = u.tid`
 	// sqlMoveSeen appends a batch's changes in how many devices have each
 	// last_seen value (−1 at a device's old value, +1 at its new one, summed
-	// per value; no value twice) to last_seen_moves (migration 4): plain
-	// inserts, no row another writer could hold. compactSeen folds them into
-	// last_seen_counts.
-	sqlMoveSeen = `INSERT INTO last_seen_moves (at, n) SELECT * FROM unnest($1::timestamptz[], $2::int8[])`
+	// per value; no value twice) to last_seen_moves (migrations 4 and 9): one
+	// plain insert of one row, no row another writer could hold.
+	// compactSeen folds them into last_seen_counts.
+	sqlMoveSeen = `INSERT INTO last_seen_moves (at, n) VALUES ($1::timestamptz[], $2::int8[])`
 	// The merge is kettle.Moments.Merge, operation for operation, so every
 	// store computes bit-identical moments from the same partial aggregates.
 	mergeMoments = `n = r.n + excluded.n,
@@ -113,14 +113,6 @@ const (
 		water_m2 = r.water_m2 + excluded.water_m2 + (excluded.water_mean - r.water_mean) * (excluded.water_mean - r.water_mean) * r.n::float8 * excluded.n::float8 / (r.n + excluded.n)::float8,
 		ambient_mean = r.ambient_mean + (excluded.ambient_mean - r.ambient_mean) * excluded.n::float8 / (r.n + excluded.n)::float8,
 		ambient_m2 = r.ambient_m2 + excluded.ambient_m2 + (excluded.ambient_mean - r.ambient_mean) * (excluded.ambient_mean - r.ambient_mean) * r.n::float8 * excluded.n::float8 / (r.n + excluded.n)::float8`
-	// The rollups and hours of day go into the connection's shard ($7,
-	// migration 4): concurrent writers of the same hour touch different rows.
-	sqlMergeRollups = `INSERT INTO rollups AS r (hour, n, water_mean, water_m2, ambient_mean, ambient_m2, shard)
-		SELECT *, $7::int2 FROM unnest($1::timestamptz[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
-		ON CONFLICT (hour, shard) DO UPDATE SET ` + mergeMoments
-	sqlMergeHods = `INSERT INTO hours_of_day AS r (hod, n, water_mean, water_m2, ambient_mean, ambient_m2, shard)
-		SELECT *, $7::int2 FROM unnest($1::int2[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
-		ON CONFLICT (hod, shard) DO UPDATE SET ` + mergeMoments
 	// sqlAddTotals adds a batch's counts and its three compensated sums
 	// (sum, compensation: see ksum) to the connection's totals row (its
 	// shard, $9): one Neumaier step for
@@ -139,6 +131,31 @@ const (
 			ELSE ($7::float8 - (potential + $7::float8)) + potential END + $8::float8
 		WHERE id = $9::int2`
 )
+
+// The rollups and hours of day go into the connection's shard ($7,
+// migration 4): concurrent writers of the same hour touch different rows.
+var (
+	sqlMergeRollups = mergeInto("rollups", "hour", "timestamptz")
+	sqlMergeHods    = mergeInto("hours_of_day", "hod", "int2")
+)
+
+// mergeInto is the statement that merges moments ($2–$6, by key $1 of
+// type typ) into table's rows of shard $7. The rows a batch merges into
+// nearly always exist (the hour's first batch of a shard makes them), so it
+// updates those that exist in the statement's snapshot with a plain UPDATE
+// and inserts the rest with INSERT … ON CONFLICT DO UPDATE (a row another
+// writer of the shard inserted meanwhile: merged into). The upsert alone
+// logs a row lock before every update, a third of these tables' WAL in
+// bench/sizing.sh's WAL profile.
+func mergeInto(table, key, typ string) string {
+	return `WITH b AS (SELECT * FROM unnest($1::` + typ + `[], $2::int8[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+			AS x(` + key + `, n, water_mean, water_m2, ambient_mean, ambient_m2)),
+		merged AS (UPDATE ` + table + ` AS r SET ` + mergeMoments + ` FROM b AS excluded
+			WHERE r.` + key + ` = excluded.` + key + ` AND r.shard = $7::int2 RETURNING r.` + key + `)
+		INSERT INTO ` + table + ` AS r (` + key + `, n, water_mean, water_m2, ambient_mean, ambient_m2, shard)
+		SELECT *, $7::int2 FROM b WHERE ` + key + ` NOT IN (SELECT ` + key + ` FROM merged)
+		ON CONFLICT (` + key + `, shard) DO UPDATE SET ` + mergeMoments
+}
 
 // Write stores batch in one transaction and returns per row whether it was a
 // duplicate. See kettle.Store.
@@ -833,13 +850,15 @@ func maxTime(a, b time.Time) time.Time {
 // round trip, by a plain INSERT from arrays (optimistic, like the COPY: under
 // the savepoint, falling back to insertNew if a row is already
 // stored); larger ones go by COPY (see liveInsert), a round trip more but
-// less per row. For the batches single readings make, the INSERT costs less
-// than both the COPY and an INSERT … ON CONFLICT DO NOTHING RETURNING, which
-// probes the primary key once before inserting and sends every new key back;
-// for the batches of many-reading uploads the COPY costs less
-// (docs/performance.md). Store.plainBatchRows holds it; tests set 0 to send
-// every batch down the COPY path.
-const defaultPlainBatchRows = 1000
+// less per row, in CPU and in WAL: COPY logs the rows it puts on a page in
+// one record (Heap2/MULTI_INSERT), where an INSERT logs a record per row,
+// header and all (about a third of a row's WAL, bench/sizing.sh WAL_PROFILE).
+// At the commit window's batches of a few readings the COPY's round trip
+// measured no CPU more; a batch of one reading (a quiet fleet, answered at
+// once) is a record either way, and saves the round trip.
+// Store.plainBatchRows holds it; tests set 0 to send every batch down the
+// COPY path.
+const defaultPlainBatchRows = 1
 
 // ksum is a Neumaier-compensated running sum: the total is s + c.
 type ksum struct{ s, c float64 }

@@ -10,8 +10,9 @@ import (
 )
 
 // Days generates the fleet day by day, for a store that loads a day at a
-// time, and calls load once for each UTC day of the history, in order,
-// up to workers days at once. The fleet is cut into workers groups of
+// time, and calls load once for each UTC day of the history, up to
+// workers days at once. The days are handed out in date order; the loads
+// run concurrently, so their calls may begin in another order. The fleet is cut into workers groups of
 // devices (Groups), each simulated by a generator goroutine from the first
 // day to the last (the physics is continuous) in chunks of at most
 // chunkRows readings of one day (DayChunks); load reads its day's chunks

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/servertest"
 	"github.com/kettlefleet/kettlefleet/server"
 )
 
@@ -36,24 +35,7 @@ func forEachStore(t *testing.T, f func(t *testing.T, dsn string)) {
 // user would, and stops it at the end of the test.
 func start(t *testing.T, dsn string, mod ...func(*server.Config)) *server.Server {
 	t.Helper()
-	cfg := server.Config{
-		Addr:    "127.0.0.1:0",
-		DB:      dsn,
-		DataDir: t.TempDir(),
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	if testing.Verbose() {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}
-	for _, m := range mod {
-		m(&cfg)
-	}
-	srv, err := server.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("start server: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
+	return servertest.Start(t, dsn, mod...)
 }
 
 var (

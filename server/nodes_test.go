@@ -96,6 +96,7 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
+	failedBeats := func() float64 { return metricValue(t, a, "kettle_cache_refresh_beats_failed_total") }
 	// The database server's periodic work is on /metrics (kettle capacity
 	// reads it to say whether a step held any).
 	if v := metricValue(t, a, "kettle_pg_checkpoint_timeout_seconds"); v <= 0 {
@@ -106,63 +107,16 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	if v := metricValue(t, a, "kettle_pg_wal_segment"); v < 1 {
 		t.Errorf("kettle_pg_wal_segment %v (absent?)", v)
 	}
-	// beats watches the node's own row in the nodes table: it returns once
-	// the node has beaten n times more (its seen_at moved n times), with
-	// the seen_at of the first of them. peers waits for the node's count
-	// of other writers (-1, a failed beat, passes on).
-	db, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	seenAt := func() time.Time {
-		t.Helper()
-		var at time.Time
-		if err := db.QueryRow(context.Background(), `SELECT coalesce(max(seen_at), 'epoch') FROM nodes WHERE kind = 'serve'`).Scan(&at); err != nil {
-			t.Fatal(err)
-		}
-		return at
-	}
-	beats := func(n int, what string) (first time.Time) {
-		t.Helper()
-		last := seenAt()
-		for seen, deadline := 0, time.Now().Add(60*time.Second); seen < n; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the node beat %d times in 60 s, want %d", what, seen, n)
-			}
-			if at := seenAt(); !at.Equal(last) {
-				if seen == 0 {
-					first = at
-				}
-				seen, last = seen+1, at
-			}
-		}
-		return first
-	}
-	peers := func(want float64, what string) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			n, _ := a.Service().RefreshStats() // what kettle_cache_refresh_peers shows, without a scrape every 10 ms
-			p := float64(n)
-			if p == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: peers %v for 30 s, want %v", what, p, want)
-			}
-		}
-	}
-	// A beat has a window of `every` to answer; on a loaded machine one can
-	// miss it, and the node refreshes then to be safe. A node that rescans
-	// at every beat refreshes as often as it beats: a third of the beats is
-	// far from both.
-	spurious := func(beats int) float64 { return float64(beats / 3) }
-
+	db, beats, peers := watchNode(t, dsn, a)
 	// Alone: over 15 beats, the first beat's refresh (and the failed beats').
 	beats(15, "alone")
 	peers(0, "alone")
-	if n := refreshes(); n < 1 || n > 1+spurious(15) {
-		t.Fatalf("alone for 15 beats of %s: %v refreshes; want 1 (at most %v more)", every, n, spurious(15))
+	// A beat has a window of `every` to answer; on a loaded machine one can
+	// miss it, and the node refreshes then to be safe: one refresh more for
+	// each failed beat (read after the refreshes, so it counts every
+	// failure whose refresh they count).
+	if n, f := refreshes(), failedBeats(); n < 1 || n > 1+f {
+		t.Fatalf("alone for 15 beats of %s: %v refreshes; want 1 (and one more for each of the %v failed beats)", every, n, f)
 	}
 	alone := refreshes()
 
@@ -213,13 +167,14 @@ func TestCacheRefreshOnlyWhileOthersWrite(t *testing.T) {
 	wg.Wait()
 	peers(0, "the other stopped")
 	beats(1, "after the other stopped") // the refresh after the beat that saw it gone is done
-	before := refreshes()
+	before, failedBefore := refreshes(), failedBeats()
 	if before <= alone {
 		t.Errorf("refreshes while the other wrote: %v, no more than the %v of before", before, alone)
 	}
 	beats(15, "alone again")
-	if n := refreshes(); n > before+spurious(15) {
-		t.Errorf("alone again: %v refreshes in 15 beats (from %v), want at most %v (failed beats)", n-before, before, spurious(15))
+	// At most one refresh of a beat that failed as the count began.
+	if n, f := refreshes(), failedBeats(); n-before > f-failedBefore+1 {
+		t.Errorf("alone again: %v refreshes in 15 beats (from %v), want one for each of the %v failed beats (and one at the start)", n-before, before, f-failedBefore)
 	}
 
 	// One beat of a process that beats often (its window 3 × the longer of
@@ -280,10 +235,12 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 		c.Ingest = fleet.Config{Refresh: every}
 	})
 	refreshes := func() float64 { return metricValue(t, a, "kettle_cache_refreshes_total") }
-	time.Sleep(6 * every)
-	if p := metricValue(t, a, "kettle_cache_refresh_peers"); p != 0 {
-		t.Fatalf("alone: %v peers (its own connections counted?)", p)
-	}
+	failedBeats := func() float64 { return metricValue(t, a, "kettle_cache_refresh_beats_failed_total") }
+	_, beats, waitPeers := watchNode(t, dsn, a)
+	// Alone (its own connections not counted): 0 peers at a beat that
+	// answered.
+	beats(3, "alone")
+	waitPeers(0, "alone (its own connections counted?)")
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -300,11 +257,14 @@ func TestCacheRefreshWhileOldVersionsConnected(t *testing.T) {
 		"with an old version's connection open: 1 peer and a refresh a beat")
 	old.Close(context.Background())
 	waitFor(t, func() bool { return peers() == 0 }, "the old version's connection closed: 0 peers")
-	time.Sleep(2 * every)
-	before = refreshes()
-	time.Sleep(2 * time.Second)
-	if n, p := refreshes(), peers(); p != 0 || n > before+1 {
-		t.Errorf("after the old version's connection closed: %v peers, %v refreshes in 2 s; want 0, at most 1", p, n-before)
+	// The beat that saw it gone refreshes once more (for the old version's
+	// last writes); then the refreshes pause.
+	beats(1, "after the old version's connection closed")
+	before, failedBefore := refreshes(), failedBeats()
+	beats(20, "alone again")
+	waitPeers(0, "alone again")
+	if n, f := refreshes(), failedBeats(); n-before > f-failedBefore+1 {
+		t.Errorf("after the old version's connection closed: %v refreshes in 20 beats, want at most one, and one for each of the %v failed beats", n-before, f-failedBefore)
 	}
 }
 
@@ -367,4 +327,55 @@ func TestV0LoginOnAnotherNode(t *testing.T) {
 	f(post(cb, never, 1), "an id B remembers as never issued, its database unreachable", 401)
 	bh.Block(false)
 	waitFor(t, func() bool { return post(cb, id, 0).status == 200 }, "a reading on B once its database is reachable again")
+}
+
+// watchNode watches a node through the nodes table, on a connection of
+// its own to the database (db, not a kettle's: no peer). beats returns once the node has beaten n times more (its
+// seen_at moved n times), with the seen_at of the first of them. peers
+// waits for the node's count of other writers (-1, a failed beat, passes
+// on).
+func watchNode(t *testing.T, dsn string, a *server.Server) (db *pgx.Conn, beats func(n int, what string) time.Time, peers func(want float64, what string)) {
+	db, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	seenAt := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := db.QueryRow(context.Background(), `SELECT coalesce(max(seen_at), 'epoch') FROM nodes WHERE kind = 'serve'`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	beats = func(n int, what string) (first time.Time) {
+		t.Helper()
+		last := seenAt()
+		for seen, deadline := 0, time.Now().Add(60*time.Second); seen < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the node beat %d times in 60 s, want %d", what, seen, n)
+			}
+			if at := seenAt(); !at.Equal(last) {
+				if seen == 0 {
+					first = at
+				}
+				seen, last = seen+1, at
+			}
+		}
+		return first
+	}
+	peers = func(want float64, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			n, _, _ := a.Service().RefreshStats() // what kettle_cache_refresh_peers shows, without a scrape every 10 ms
+			p := float64(n)
+			if p == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: peers %v for 30 s, want %v", what, p, want)
+			}
+		}
+	}
+	return db, beats, peers
 }

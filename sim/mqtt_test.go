@@ -3,11 +3,13 @@ package sim
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,8 +113,10 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 	cfg.Addr, cfg.MQTT.Addr = srv.Addr(), srv.MQTTAddr()
 	url, secret, op := srv.URL(), srv.Secret(), srv.OperatorToken()
 	var srv2 *server.Server
-	restarted := make(chan error, 1)
+	var restartErr error
+	restarted := make(chan struct{}) // closed once the second server is up (or could not start)
 	go func() {
+		defer close(restarted)
 		// The restart once every kettle is connected and the server has
 		// taken two readings a kettle, so each has something acknowledged
 		// before and something to resend after.
@@ -123,14 +127,20 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 			}
 			if time.Now().After(deadline) {
 				srv.Close()
-				restarted <- fmt.Errorf("after 20 s the server has %d connections and %d readings, want 20 and 40 before the restart", c.Connections.Load(), c.Readings.Load())
+				restartErr = fmt.Errorf("after 20 s the server has %d connections and %d readings, want 20 and 40 before the restart", c.Connections.Load(), c.Readings.Load())
 				return
 			}
 		}
 		srv.Close()
-		var err error
-		srv2, err = server.Start(ctx, cfg)
-		restarted <- err
+		// The same ports again: on a busy machine another process's
+		// outgoing connection may hold one of them (an ephemeral port) for
+		// a moment.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			srv2, restartErr = server.Start(ctx, cfg)
+			if !errors.Is(restartErr, syscall.EADDRINUSE) || time.Now().After(deadline) {
+				return
+			}
+		}
 	}()
 	res, err := Run(ctx, Config{
 		TargetConfig:    TargetConfig{Target: url, Secret: secret, Operator: op},
@@ -138,9 +148,20 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 		ScheduleConfig:  ScheduleConfig{Interval: time.Second, Jitter: 100 * time.Millisecond, Duration: 9 * time.Second},
 		TransportConfig: TransportConfig{Protocol: ProtocolMQTT, MQTTTarget: cfg.MQTT.Addr, Timeout: 3 * time.Second, ReserveFDs: 1000},
 		OutputConfig:    OutputConfig{Progress: io.Discard, Log: io.Discard},
+		// The audit reads the second server: on a loaded machine the
+		// restart may still be under way when the run ends.
+		AuditConfig: AuditConfig{AuditAfter: func(ctx context.Context) error {
+			select {
+			case <-restarted:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}},
 	})
-	if rerr := <-restarted; rerr != nil {
-		t.Fatalf("restart: %v", rerr)
+	<-restarted
+	if restartErr != nil {
+		t.Fatalf("restart: %v", restartErr)
 	}
 	t.Cleanup(func() { srv2.Close() })
 	if err != nil {

@@ -45,10 +45,8 @@ profile_during() {
 # profile_after BEFORE AFTER (sizing.sh's state JSON): the statements, the
 # WAL by record type between the two positions, and the profiles as tops.
 profile_after() {
-	local lsn0 lsn1 d=$PROFILE
-	lsn() { awk -v n="$1" 'BEGIN { printf "%X/%X", int(n / 4294967296), n % 4294967296 }'; }
-	lsn0=$(lsn "$(echo "$1" | jq .wal_bytes)") lsn1=$(lsn "$(echo "$2" | jq .wal_bytes)")
-	"$PGBIN_DIR/pg_waldump" --stats=record -p "$KETTLE_HA_DIR/$leader/data/pg_wal" -s "$lsn0" -e "$lsn1" >"$d/waldump.txt" 2>&1 || true
+	local d=$PROFILE
+	wal_profile "$d" "$1" "$2"
 	deploy/cluster.sh psql -P footer=off -F ' | ' -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms, round(mean_exec_time::numeric, 3) AS mean_ms, rows, wal_records, wal_fpi, wal_bytes, left(regexp_replace(query, '\s+', ' ', 'g'), 110) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25" >"$d/statements.txt"
 	deploy/cluster.sh psql -x -c "SELECT * FROM pg_stat_wal" >"$d/pg_stat_wal.txt"
 	go tool pprof -top -nodecount=45 "$KETTLE_BIN" "$d/cpu.pprof" >"$d/cpu-top.txt" 2>&1 || true
@@ -59,4 +57,42 @@ profile_after() {
 	done
 	perf report -i "$d/pg.perf" --stdio --no-children --sort comm,dso,symbol 2>/dev/null | grep -v '^$' | head -80 >"$d/pg-perf.txt" || true
 	echo "profile: $d ($(ls "$d" | tr '\n' ' '))"
+}
+
+# wal_profile DIR BEFORE AFTER (sizing.sh's state JSON): where the run's WAL
+# went, from pg_waldump over the primary's WAL between the two positions:
+# by record type (waldump.txt) and by relation (wal-relations.txt: bytes,
+# share and records of each relation's records, the first block's relation
+# naming a record; "-" for records of no relation, commits among them; each
+# relation's costliest record types beside it). It reads the WAL after the
+# run, so the run's figures stand (sizing.sh's WAL_PROFILE=DIR).
+wal_profile() {
+	local d=$1 lsn0 lsn1 wal=$KETTLE_HA_DIR/$leader/data/pg_wal
+	mkdir -p "$d"
+	lsn() { awk -v n="$1" 'BEGIN { printf "%X/%X", int(n / 4294967296), n % 4294967296 }'; }
+	lsn0=$(lsn "$(echo "$2" | jq .wal_bytes)") lsn1=$(lsn "$(echo "$3" | jq .wal_bytes)")
+	"$PGBIN_DIR/pg_waldump" --stats=record -p "$wal" -s "$lsn0" -e "$lsn1" >"$d/waldump.txt" 2>&1 || true
+	deploy/cluster.sh psql -d kettle -F ' ' -c "SELECT relfilenode, relname FROM pg_class WHERE relfilenode <> 0" >"$d/relfilenodes.txt"
+	"$PGBIN_DIR/pg_waldump" -p "$wal" -s "$lsn0" -e "$lsn1" 2>/dev/null | awk -v names="$d/relfilenodes.txt" '
+		BEGIN { while ((getline l < names) > 0) { split(l, f, " "); name[f[1]] = f[2] } }
+		{
+			tot = $0; sub(/.*len \(rec\/tot\): *[0-9]+\/ */, "", tot); tot += 0
+			type = $0; sub(/.*desc: /, "", type); sub(/[ ,].*/, "", type); type = $2 "/" type
+			rel = "-"
+			if (match($0, /blkref #0: rel [0-9]+\/[0-9]+\/[0-9]+/)) {
+				r = substr($0, RSTART, RLENGTH); sub(/.*\//, "", r)
+				rel = (r in name) ? name[r] : "relfilenode:" r
+			}
+			if ($0 ~ /FPW/) fpi[rel] += 1
+			bytes[rel] += tot; recs[rel]++; all += tot; n++
+			tb[rel SUBSEP type] += tot; tn[rel SUBSEP type]++
+		}
+		END {
+			for (r in bytes) {
+				top = ""
+				for (k in tb) { split(k, p, SUBSEP); if (p[1] == r) top = top sprintf("%s %d/%d; ", p[2], tb[k], tn[k]) }
+				printf "%-28s %10d %5.1f%% %8d %5d  %s\n", r, bytes[r], 100 * bytes[r] / all, recs[r], fpi[r], top
+			}
+			printf "%-28s %10d %5.1f%% %8d\n", "total", all, 100, n
+		}' | sort -k2,2nr | sed '1i relation bytes share records fpw record-types(bytes/records)' >"$d/wal-relations.txt"
 }
