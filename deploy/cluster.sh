@@ -35,7 +35,7 @@
 #        deploy/cluster.sh healthy                  (exit 0: a leader and two streaming standbys)
 #        deploy/cluster.sh patronictl ARGS…         (patronictl on this cluster)
 #        deploy/cluster.sh psql ARGS…               (psql on the primary, as postgres, unaligned)
-#        deploy/cluster.sh workers K                (K swarm workers, each a machine; prints the --workers list)
+#        deploy/cluster.sh workers K                (K swarm workers, each a machine, TLS from the CA; prints the --workers list)
 #        deploy/cluster.sh worker-token             (their --token, for the controller's --worker-token)
 #        deploy/cluster.sh machines                 (MEMBER ADDRESS, one line each, of what runs now)
 #
@@ -872,17 +872,23 @@ worker_token() {
 }
 
 start_worker() {
-	local k=$1 m=worker$1 a allow=()
+	local k=$1 m=worker$1 a allow=() tls=()
 	alive "$m" && return 0
 	machine "$m"
 	a=$(addr_of "$m")
-	# A worker loads only loopback, or the hosts it is allowed: the balancer and the nodes.
+	# A worker loads only loopback, or the hosts it is allowed: the balancer
+	# and the nodes. Off loopback its control listener is TLS only (the
+	# plans carry the device secret), with a certificate from the
+	# topology's CA: the controller's --worker-ca is `cluster.sh ca`.
 	if [ "$MODE" = netns ]; then
 		local t="$NET.30" n
 		for n in $(seq 1 "$NODES"); do t="$t,$NET.2$n"; done
 		allow=(--allow-target "$t")
+		[ "$TLS" = 1 ] || die "$m: a worker on a machine of its own listens with TLS only; run the topology with TLS (KETTLE_HA_TLS=1)"
+		tls_cert "$m" root
+		tls=(--tls-cert "$TLSDIR/$m.crt" --tls-key "$TLSDIR/$m.key")
 	fi
-	spawn "$m" root env KETTLE_TOKEN="$(worker_token)" "$KETTLE_BIN" swarm worker --listen "$a:7070" "${allow[@]}"
+	spawn "$m" root env KETTLE_TOKEN="$(worker_token)" "$KETTLE_BIN" swarm worker --listen "$a:7070" "${allow[@]}" "${tls[@]}"
 	wait_for "$m" 20 bash -c "exec 3<>/dev/tcp/$a/7070" || die "$m not listening on $a:7070; see $DIR/$m.log"
 }
 

@@ -11,8 +11,8 @@ import (
 
 // TestPatroniStopBounded: with synchronous_mode_strict a primary's stop
 // must be bounded (primary_stop_timeout), or a primary cut from etcd and
-// its standbys never finishes demoting itself: its backends end by
-// dropping kettle's staging table, a commit that waits for a synchronous
+// its standbys never finishes demoting itself when a backend ends by
+// dropping a temporary table, a commit that waits for a synchronous
 // standby on the far side of the cut, which SIGTERM does not end. The
 // rejoin after the heal is measured by make chaos's nem-primary-cut; this
 // keeps the setting from going missing between those runs.

@@ -33,6 +33,9 @@ func (s *Store) HoldPool(ctx context.Context) (release func(), err error) {
 	}, nil
 }
 
+// ResetPool closes every idle connection of s's pool: the next ones are new.
+func (s *Store) ResetPool() { s.pool.Reset() }
+
 // LockExpire is the advisory lock key Expire serialises on.
 const LockExpire = lockExpire
 

@@ -6,8 +6,8 @@
 // batch locks its devices, then goes in optimistically: by a plain INSERT
 // from arrays in the same round trip (up to 1000 readings), or by binary COPY
 // straight into the day's partition; only if a row is already stored does
-// it fall back (to a savepoint) to a per-connection staging table and
-// INSERT … ON CONFLICT DO NOTHING, so duplicates are detected and counted.
+// it fall back (to a savepoint) to INSERT … ON CONFLICT DO NOTHING from
+// arrays, so duplicates are detected and counted.
 // The devices' latest state, the hourly rollups and the fleet totals are
 // updated in the same transaction, two round trips in all (three with the
 // COPY, more on the fallback). The
@@ -243,12 +243,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		rp["statement_timeout"] = strconv.FormatInt(opts.StatementTimeout.Milliseconds(), 10)
 	}
 	s := &Store{opts: opts, plainBatchRows: defaultPlainBatchRows, parts: map[int]string{}, loadedDays: map[int]bool{}, shards: map[*pgconn.PgConn]int16{}, known: map[kettle.DeviceID]struct{}{}}
-	// The staging table of Write, once per connection. Temporary tables are
-	// private to the session, so concurrent batches never see each other's rows.
+	// A connection's set-up writes nothing (see sqlInsertNew): a new
+	// connection reads even while every commit waits for a standby.
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		if _, err := c.Exec(ctx, `CREATE TEMP TABLE IF NOT EXISTS stage (LIKE measurements) ON COMMIT DELETE ROWS`); err != nil {
-			return err
-		}
 		if err := prepareWrite(ctx, c.PgConn()); err != nil {
 			return err
 		}

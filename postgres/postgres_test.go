@@ -72,7 +72,7 @@ func conformance(t *testing.T, tune ...func(*postgres.Store)) {
 
 // TestConformanceCopyPath runs the suite again with every live batch, even
 // a single reading, written by the optimistic COPY (and its fallback to the
-// staging table on a duplicate) instead of the plain INSERT from arrays.
+// INSERT … ON CONFLICT on a duplicate) instead of the plain INSERT from arrays.
 func TestConformanceCopyPath(t *testing.T) { conformance(t, copyPath) }
 
 func rowAt(rng *rand.Rand, dev kettle.DeviceID, t time.Time) kettle.Measurement {
@@ -494,6 +494,49 @@ func BenchmarkWrite(b *testing.B) {
 			s := open(b, pgtest.Start(b))
 			defer s.Close()
 			storetest.WriteBenchmark(b, s, size)
+		})
+	}
+}
+
+// BenchmarkWriteResend times the careful path: every batch resends the
+// second half of the one before (a kettle that got no answer), so its
+// optimistic insert fails and it goes back to the savepoint and inserts
+// what is new with INSERT … ON CONFLICT DO NOTHING.
+func BenchmarkWriteResend(b *testing.B) {
+	for _, size := range []int{10, 1000} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			s := open(b, pgtest.Start(b))
+			defer s.Close()
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(1, 1))
+			t0 := time.Now().UTC().Truncate(time.Hour).Add(-time.Hour)
+			row := func(i int) kettle.Measurement {
+				return rowAt(rng, devID(i%100), t0.Add(time.Duration(i/100)*time.Second))
+			}
+			batch := make([]kettle.Measurement, size)
+			for j := range batch {
+				batch[j] = row(j)
+			}
+			if _, err := s.Write(ctx, batch, t0); err != nil {
+				b.Fatal(err)
+			}
+			next := size
+			b.ReportAllocs()
+			for b.Loop() {
+				copy(batch, batch[size/2:])
+				for j := size - size/2; j < size; j++ {
+					batch[j] = row(next)
+					next++
+				}
+				dup, err := s.Write(ctx, batch, t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !dup[0] || dup[size-1] {
+					b.Fatalf("duplicates %v … %v, want the first half", dup[0], dup[size-1])
+				}
+			}
+			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "rows/s")
 		})
 	}
 }

@@ -16,8 +16,8 @@ import (
 // faster path: under the devices' row locks it checks whether any of them
 // already has a measurement in its own time range in rows; if none has (the
 // usual case: a first seeding) the rows are COPYed straight into their partition,
-// no staging, no conflict check. Otherwise (a re-run) they go through the
-// staging table and INSERT … ON CONFLICT like Write, so re-seeding adds no
+// no conflict check. Otherwise (a re-run) they go by INSERT … ON CONFLICT
+// like Write, so re-seeding adds no
 // duplicates. Either way the devices, rollups and totals are updated from the
 // rows that were new, in the same transaction, so every derived figure stays
 // exact.
@@ -92,7 +92,7 @@ func (s *Store) bulkInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 		}
 		return nil
 	}
-	return insertViaStage(ctx, c, rows, idx, inserted)
+	return insertNew(ctx, conn, rows, idx, inserted)
 }
 
 // SeedDone leaves a freshly seeded store compact for its readers: it folds

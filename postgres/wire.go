@@ -22,14 +22,15 @@ import (
 // Statements of the write path, prepared on every connection of the pool
 // (see prepareWrite) and executed by name.
 var writeStmts = map[string]string{
-	"kettle_lock":     sqlLock,
-	"kettle_register": sqlRegister,
-	"kettle_insert":   sqlInsertArrays,
-	"kettle_devs":     sqlUpdateDevs,
-	"kettle_rollups":  sqlMergeRollups,
-	"kettle_hods":     sqlMergeHods,
-	"kettle_totals":   sqlAddTotals,
-	"kettle_seen":     sqlMoveSeen,
+	"kettle_lock":       sqlLock,
+	"kettle_register":   sqlRegister,
+	"kettle_insert":     sqlInsertArrays,
+	"kettle_insert_new": sqlInsertNew,
+	"kettle_devs":       sqlUpdateDevs,
+	"kettle_rollups":    sqlMergeRollups,
+	"kettle_hods":       sqlMergeHods,
+	"kettle_totals":     sqlAddTotals,
+	"kettle_seen":       sqlMoveSeen,
 }
 
 func prepareWrite(ctx context.Context, c *pgconn.PgConn) error {

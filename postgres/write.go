@@ -87,8 +87,14 @@ const (
 		FROM devices WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`
 	sqlInsertArrays = `INSERT INTO measurements (device, t, charge_mwh, full_mwh, rate_mw, ambient_c, water_c, level_ml)
 		SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::float8[], $4::float8[], $5::float8[], $6::float8[], $7::float8[], $8::float8[])`
-	sqlInsertStaged = `INSERT INTO measurements SELECT * FROM stage ON CONFLICT DO NOTHING RETURNING device, t`
-	sqlUpdateDevs   = `UPDATE devices d SET measurements = u.n, capacity_ml = u.cap, last_seen = u.seen,
+	// sqlInsertNew inserts what is not stored yet and returns it. From
+	// arrays, not a per-connection temporary table: a session that created
+	// one drops it when it ends, and that drop is a commit, which under
+	// synchronous_mode_strict with no synchronous standby waits for one
+	// forever (a backend that never exits, holding its connection slot and
+	// the server's stop).
+	sqlInsertNew  = sqlInsertArrays + ` ON CONFLICT DO NOTHING RETURNING device, t`
+	sqlUpdateDevs = `UPDATE devices d SET measurements = u.n, capacity_ml = u.cap, last_seen = u.seen,
 		latest_t = u.t, charge_mwh = u.c, full_mwh = u.f, rate_mw = u.r, ambient_c = u.a, water_c = u.w, level_ml = u.l
 		FROM unnest($1::tid[], $2::int8[], $3::float8[], $4::timestamptz[], $5::timestamptz[],
 			$6::float8[], $7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::float8[])
@@ -162,8 +168,8 @@ func mergeInto(table, key, typ string) string {
 // plain INSERT of the rows from arrays (a larger batch goes by binary COPY
 // straight into the day's partition, in a round trip of its own); only if
 // a row is already stored does the batch return to the savepoint and insert
-// through the staging table with INSERT … ON CONFLICT DO NOTHING RETURNING
-// the keys that were new. Last, aggregated in Go over the new rows, the
+// again from arrays with INSERT … ON CONFLICT DO NOTHING RETURNING the keys
+// that were new. Last, aggregated in Go over the new rows, the
 // devices' new state, the changes in the counts of devices per last_seen
 // value (appended to last_seen_moves), the hourly and hour-of-day rollups
 // and the totals row (those three in the connection's shard), and COMMIT.
@@ -519,7 +525,7 @@ func (s *Store) lockDevices(ctx context.Context, pg *pgconn.PgConn, rows []kettl
 // insertRows inserts what the first round trip did not, and sets
 // inserted[i] for each row that is new: every row after a plain insert that
 // succeeded; else row by row after one that failed on a row already stored,
-// by COPY for a bulk write, or through the staging table (liveInsert).
+// by COPY for a bulk write, or insertNew (liveInsert).
 func (s *Store) insertRows(ctx context.Context, conn *pgx.Conn, rows []kettle.Measurement, idArr []byte, idx map[key]int, lo, hi time.Time, bulk, plain, stored bool, inserted []bool) error {
 	switch {
 	case plain && !stored:
@@ -842,7 +848,7 @@ func maxTime(a, b time.Time) time.Time {
 
 // defaultPlainBatchRows is the largest live batch inserted in the first
 // round trip, by a plain INSERT from arrays (optimistic, like the COPY: under
-// the savepoint, falling back to the staging table if a row is already
+// the savepoint, falling back to insertNew if a row is already
 // stored); larger ones go by COPY (see liveInsert), a round trip more but
 // less per row, in CPU and in WAL: COPY logs the rows it puts on a page in
 // one record (Heap2/MULTI_INSERT), where an INSERT logs a record per row,
@@ -895,30 +901,38 @@ func (s *Store) liveInsert(ctx context.Context, c *pgx.Conn, rows []kettle.Measu
 
 // insertCareful is the way of a live batch whose optimistic insert (plain
 // INSERT or COPY) failed on a row already stored: back to the savepoint
-// kettle_insert, then through the staging table (insertViaStage).
+// kettle_insert, then insertNew.
 func insertCareful(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, inserted []bool) error {
 	if _, err := c.Exec(ctx, "ROLLBACK TO SAVEPOINT kettle_insert"); err != nil {
 		return err
 	}
-	return insertViaStage(ctx, c, rows, idx, inserted)
+	return insertNew(ctx, c.PgConn(), rows, idx, inserted)
 }
 
-// insertViaStage copies rows into the staging table, inserts them into
-// measurements skipping keys already stored, and marks in inserted those
-// that were new (idx maps keys to rows; nil: built here).
-func insertViaStage(ctx context.Context, c *pgx.Conn, rows []kettle.Measurement, idx map[key]int, inserted []bool) error {
-	if _, err := c.PgConn().CopyFrom(ctx, newCopyReader(rows), "COPY stage "+copyColumns+" FROM STDIN (FORMAT binary)"); err != nil {
-		return fmt.Errorf("copy into staging table: %w", err)
-	}
+// insertNew inserts rows into measurements, skipping keys already stored,
+// in key order (the order of every writer's locks), and marks in inserted
+// those that were new (idx maps keys to rows; nil: built here).
+func insertNew(ctx context.Context, pg *pgconn.PgConn, rows []kettle.Measurement, idx map[key]int, inserted []bool) error {
 	if idx == nil {
 		idx = indexRows(rows)
 	}
-	br := c.SendBatch(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sqlInsertStaged}}})
-	if err := markInserted(br, idx, inserted); err != nil {
-		br.Close()
+	rr := pg.ExecPrepared(ctx, "kettle_insert_new", insertParams(byKey(rows)), bin(8), bin(2))
+	for rr.NextRow() {
+		v := rr.Values()
+		var id kettle.DeviceID
+		copy(id[:], v[0])
+		t := decTime(v[1])
+		i, ok := idx[key{id, t.UnixMicro()}]
+		if !ok {
+			rr.Close()
+			return fmt.Errorf("insert measurements: returned a row (%s, %s) that is not in the batch", id, t.UTC().Format(time.RFC3339Nano))
+		}
+		inserted[i] = true
+	}
+	if _, err := rr.Close(); err != nil {
 		return fmt.Errorf("insert measurements: %w", err)
 	}
-	return br.Close()
+	return nil
 }
 
 // isUniqueViolation reports whether err is PostgreSQL's unique_violation.

@@ -45,8 +45,8 @@ attached as the day's partition, and the devices, rollups and totals
 updated from the day's rows before the commit. A day that has a partition
 already (today's, made ahead; a re-run; a later --end) goes in chunks of
 --chunk-rows readings, each its own transaction: binary COPY straight
-into the partition, or through the staging table and INSERT … ON
-CONFLICT when some of its rows are already stored. At the end the
+into the partition, or INSERT … ON CONFLICT when some of its rows are
+already stored. At the end the
 rollups' per-connection shards are folded once, the small tables the
 statistics read are rewritten, and the partitions filled chunk by chunk
 get VACUUM (ANALYZE), as after any bulk load (shown as "finishing" in the

@@ -35,6 +35,9 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 		return r.fail("%v", err)
 	}
 	defer t.down()
+	out := filepath.Join(e.out, "nem-worker-cut")
+	os.RemoveAll(out)
+	t.keep = out // the members' logs, the workers' too, also when they do not start
 	list, err := t.cmd(ctx, 2*time.Minute, "workers", "3")
 	if err != nil {
 		return r.fail("cluster.sh workers 3: %v: %s", err, lastLines(list, 3))
@@ -44,13 +47,16 @@ func partWorkerCut(ctx context.Context, e *env) *Result {
 	if err != nil {
 		return r.fail("cluster.sh worker-token: %v", err)
 	}
-	out := filepath.Join(e.out, "nem-worker-cut")
-	os.RemoveAll(out)
-	t.keep = out
+	// Off loopback the workers listen with TLS, certificates from the
+	// topology's CA.
+	ca, err := t.cmd(ctx, 30*time.Second, "ca")
+	if err != nil {
+		return r.fail("cluster.sh ca: %v: %s", err, ca)
+	}
 	// The workers' token travels in the environment (kettle swarm's
 	// KETTLE_WORKER_TOKEN), never in argv.
 	os.Setenv("KETTLE_WORKER_TOKEN", token)
-	sw, err := startSwarm(e, t.balancer, out, append([]string{"--workers", list, "--api", "v1", "--devices", "300", "--interval", "2s",
+	sw, err := startSwarm(e, t.balancer, out, append([]string{"--workers", list, "--worker-ca", ca, "--api", "v1", "--devices", "300", "--interval", "2s",
 		"--duration", d.String(), "--hatch-rate", "0"}, t.swarmArgs()...)...)
 	os.Unsetenv("KETTLE_WORKER_TOKEN")
 	if err != nil {
