@@ -76,22 +76,17 @@ func (s *Service) Lookups() LookupStats {
 // store (see lookups); when the store cannot say, it returns an
 // EUnavailable error (503 + Retry-After), never false.
 func (s *Service) Issued(ctx context.Context, id kettle.DeviceID) (bool, error) {
-	s.mu.RLock()
-	d := s.cache.get(id)
-	ok := d != nil && !d.revoked
-	s.mu.RUnlock()
-	if d != nil {
+	if ok, known := s.issuedHere(id); known {
 		return ok, nil
 	}
-	now := s.now().UnixNano()
-	s.missMu.Lock()
-	miss := s.misses.has(id, now)
-	s.missMu.Unlock()
-	if miss {
-		s.missHits.Add(1)
-		return false, nil
-	}
-	ch := s.flight.DoChan(string(id[:]), func() (any, error) { return s.lookup(id) })
+	ch := s.flight.DoChan(string(id[:]), func() (any, error) {
+		// A flight that ended between this caller's look and its DoChan
+		// has cached its answer: no second store lookup.
+		if ok, known := s.issuedHere(id); known {
+			return ok, nil
+		}
+		return s.lookup(id)
+	})
 	select {
 	case r := <-ch:
 		if r.Err != nil {
@@ -103,6 +98,27 @@ func (s *Service) Issued(ctx context.Context, id kettle.DeviceID) (bool, error) 
 		// on for the others waiting on it.
 		return false, s.unavailable("look up device", ctx.Err())
 	}
+}
+
+// issuedHere answers Issued from this node alone: known reports whether
+// the device is cached or remembered as unknown, ok whether it is issued.
+func (s *Service) issuedHere(id kettle.DeviceID) (ok, known bool) {
+	s.mu.RLock()
+	d := s.cache.get(id)
+	ok = d != nil && !d.revoked
+	s.mu.RUnlock()
+	if d != nil {
+		return ok, true
+	}
+	now := s.now().UnixNano()
+	s.missMu.Lock()
+	miss := s.misses.has(id, now)
+	s.missMu.Unlock()
+	if miss {
+		s.missHits.Add(1)
+		return false, true
+	}
+	return false, false
 }
 
 // lookup asks the store about id, once for every caller waiting on it, and
