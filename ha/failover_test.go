@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kettlefleet/kettlefleet/fleet"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/sim"
 )
 
@@ -353,11 +354,8 @@ func (tp *topo) waitReporting(t *testing.T, node string, devices, rounds int) ti
 	deadline := time.Now().Add(2 * time.Minute)
 	wait := func(what string, ok func() bool) {
 		t.Helper()
-		for read(); !ok(); read() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 2 min (%d kettles reporting, %d readings stored)", what, st.Reporting, st.Measurements)
-			}
-			time.Sleep(250 * time.Millisecond)
+		if !testkit.Poll(time.Until(deadline), 250*time.Millisecond, func() bool { read(); return ok() }) {
+			t.Fatalf("%s: not within 2 min (%d kettles reporting, %d readings stored)", what, st.Reporting, st.Measurements)
 		}
 	}
 	wait(fmt.Sprintf("%d kettles reporting", devices), func() bool { return st.Reporting >= int64(devices) })

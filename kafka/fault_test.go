@@ -130,11 +130,9 @@ func brokerFault(t *testing.T, fault string) {
 	// waitAcked waits up to ackWait for n acknowledged uploads sent after
 	// since of every kettle.
 	waitAcked := func(n int, since time.Time, what string) bool {
-		for deadline := time.Now().Add(ackWait); acked(since) < n; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Errorf("%s: a kettle had %d acknowledged uploads in %s, want %d each", what, acked(since), ackWait, n)
-				return false
-			}
+		if !testkit.Poll(ackWait, 50*time.Millisecond, func() bool { return acked(since) >= n }) {
+			t.Errorf("%s: a kettle had %d acknowledged uploads in %s, want %d each", what, acked(since), ackWait, n)
+			return false
 		}
 		return true
 	}

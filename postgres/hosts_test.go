@@ -15,6 +15,7 @@ import (
 
 	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 )
 
 // dsnFields splits a keyword/value DSN (pgtest's form).
@@ -202,10 +203,8 @@ func TestHungHostProbe(t *testing.T) {
 	state := g.state(pausedAddr)
 	probed := func(what string) {
 		t.Helper()
-		for end := time.Now().Add(10 * time.Second); state.probing.Load(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("%s: the probe still out after 10 s (it is bounded by %s)", what, probeTimeout)
-			}
+		if !testkit.Poll(10*time.Second, 10*time.Millisecond, func() bool { return !state.probing.Load() }) {
+			t.Fatalf("%s: the probe still out after 10 s (it is bounded by %s)", what, probeTimeout)
 		}
 	}
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kettlefleet/kettlefleet/httpapi"
 	"github.com/kettlefleet/kettlefleet/internal/blackhole"
 	"github.com/kettlefleet/kettlefleet/internal/pgtest"
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/postgres"
 	"github.com/kettlefleet/kettlefleet/server"
 	"github.com/kettlefleet/kettlefleet/wire"
@@ -351,30 +352,30 @@ func watchNode(t *testing.T, dsn string, a *server.Server) (db *pgx.Conn, beats 
 	beats = func(n int, what string) (first time.Time) {
 		t.Helper()
 		last := seenAt()
-		for seen, deadline := 0, time.Now().Add(60*time.Second); seen < n; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the node beat %d times in 60 s, want %d", what, seen, n)
-			}
+		seen := 0
+		counted := func() bool {
 			if at := seenAt(); !at.Equal(last) {
 				if seen == 0 {
 					first = at
 				}
 				seen, last = seen+1, at
 			}
+			return seen >= n
+		}
+		if !testkit.Poll(60*time.Second, 10*time.Millisecond, counted) {
+			t.Fatalf("%s: the node beat %d times in 60 s, want %d", what, seen, n)
 		}
 		return first
 	}
 	peers = func(want float64, what string) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var p float64
+		if !testkit.Poll(30*time.Second, 10*time.Millisecond, func() bool {
 			n, _, _ := a.Service().RefreshStats() // what kettle_cache_refresh_peers shows, without a scrape every 10 ms
-			p := float64(n)
-			if p == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: peers %v for 30 s, want %v", what, p, want)
-			}
+			p = float64(n)
+			return p == want
+		}) {
+			t.Fatalf("%s: peers %v for 30 s, want %v", what, p, want)
 		}
 	}
 	return db, beats, peers

@@ -15,6 +15,7 @@ import (
 
 	"github.com/eclipse/paho.golang/packets"
 
+	"github.com/kettlefleet/kettlefleet/internal/testkit"
 	"github.com/kettlefleet/kettlefleet/mqttapi"
 	"github.com/kettlefleet/kettlefleet/server"
 )
@@ -120,27 +121,20 @@ func TestSwarmMQTTReconnects(t *testing.T) {
 		// The restart once every kettle is connected and the server has
 		// taken two readings a kettle, so each has something acknowledged
 		// before and something to resend after.
-		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			c := srv.MQTTCounters()
-			if c.Connections.Load() == 20 && c.Readings.Load() >= 40 {
-				break
-			}
-			if time.Now().After(deadline) {
-				srv.Close()
-				restartErr = fmt.Errorf("after 20 s the server has %d connections and %d readings, want 20 and 40 before the restart", c.Connections.Load(), c.Readings.Load())
-				return
-			}
+		c := srv.MQTTCounters()
+		if !testkit.Poll(20*time.Second, 10*time.Millisecond, func() bool { return c.Connections.Load() == 20 && c.Readings.Load() >= 40 }) {
+			srv.Close()
+			restartErr = fmt.Errorf("after 20 s the server has %d connections and %d readings, want 20 and 40 before the restart", c.Connections.Load(), c.Readings.Load())
+			return
 		}
 		srv.Close()
 		// The same ports again: on a busy machine another process's
 		// outgoing connection may hold one of them (an ephemeral port) for
 		// a moment.
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		testkit.Poll(30*time.Second, 50*time.Millisecond, func() bool {
 			srv2, restartErr = server.Start(ctx, cfg)
-			if !errors.Is(restartErr, syscall.EADDRINUSE) || time.Now().After(deadline) {
-				return
-			}
-		}
+			return !errors.Is(restartErr, syscall.EADDRINUSE)
+		})
 	}()
 	res, err := Run(ctx, Config{
 		TargetConfig:    TargetConfig{Target: url, Secret: secret, Operator: op},

@@ -96,16 +96,29 @@ func FreeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
+// Poll checks cond at once and then every interval until it holds or limit
+// has passed, and reports whether it held: the one polling loop of the
+// tests, for waits that end on a condition and fail in their own words.
+func Poll(limit, every time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
 // WaitFor polls cond every 100 ms until it holds and returns how long that
 // took; past limit the test fails naming what.
 func WaitFor(t testing.TB, what string, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %s", what, limit)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if !Poll(limit, 100*time.Millisecond, cond) {
+		t.Fatalf("%s: not within %s", what, limit)
 	}
 	return time.Since(start)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kettlefleet/kettlefleet/internal/testkit"
@@ -33,6 +34,21 @@ func TestWaitFor(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("polled %d times, want 3", n)
 	}
+}
+
+// TestPoll: cond is checked at once, then once an interval; past the limit
+// Poll gives up and says so (in a synctest bubble: the clock is fake).
+func TestPoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n, start := 0, time.Now()
+		if !testkit.Poll(time.Minute, time.Second, func() bool { n++; return n == 3 }) || n != 3 || time.Since(start) != 2*time.Second {
+			t.Errorf("held on the third check: polled %d times over %s, want 3 over 2s", n, time.Since(start))
+		}
+		n, start = 0, time.Now()
+		if testkit.Poll(10*time.Second, time.Second, func() bool { n++; return false }) || time.Since(start) != 11*time.Second || n != 12 {
+			t.Errorf("never held: polled %d times over %s, want 12 over 11s and false", n, time.Since(start))
+		}
+	})
 }
 
 // TestAnswers200: 200 is true; another status or no server is false.
